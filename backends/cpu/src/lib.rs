@@ -1,0 +1,50 @@
+//! CPU backend plugin: ggml's CPU module, one device, a thread count option.
+
+use abi_stable::{export_root_module, prefix_type::PrefixTypeTrait, std_types::{RResult, RString, RVec}};
+use engine_core::abi::{BackendOpenRequest, BackendPlugin, BackendPluginRef, BackendSessionBox, DeviceKind, OptionKind, OptionSpec, OptionValue, PluginInfo};
+use engine_core::backend_kit::{self, BackendFlavor, GgmlSession};
+use ggml_sys::{Backend, Device, Registry};
+
+#[export_root_module]
+pub fn get_library() -> BackendPluginRef {
+    BackendPlugin { info, option_specs, open }.leak_into_prefix()
+}
+
+extern "C" fn info() -> PluginInfo {
+    engine_core::abi::plugin_info("cpu", env!("CARGO_PKG_VERSION"), "ggml CPU backend")
+}
+
+extern "C" fn option_specs() -> RVec<OptionSpec> {
+    RVec::from(vec![backend_kit::spec("threads", OptionKind::Int, OptionValue::Int(0), "worker threads; 0 = all cores")])
+}
+
+struct Cpu {
+    threads: usize,
+}
+
+impl BackendFlavor for Cpu {
+    fn classify(&self, _registry: &Registry, _index: usize, _device: &Device) -> Option<DeviceKind> {
+        Some(DeviceKind::Cpu)
+    }
+
+    fn configure(&self, backend: &Backend) -> u32 {
+        backend.set_n_threads(self.threads);
+        self.threads as u32
+    }
+}
+
+extern "C" fn open(req: &BackendOpenRequest) -> RResult<BackendSessionBox, RString> {
+    backend_kit::guarded_open(|| {
+        let threads = match backend_kit::option_int(req, "threads") {
+            n if n < 0 => return Err(format!("threads must be 0 or more, got {n}")),
+            0 => std::thread::available_parallelism().map_or(1, |n| n.get()),
+            n => n as usize,
+        };
+        let (registry, facts) = backend_kit::load_stamped_module(
+            std::path::Path::new(req.plugin_path.as_str()),
+            env!("TTS_MODULE_FILE"),
+            env!("TTS_MODULE_STAMP"),
+        )?;
+        Ok(GgmlSession::new(Cpu { threads }, registry, facts).into_box())
+    })
+}

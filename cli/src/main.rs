@@ -1,0 +1,130 @@
+//! `tts`: text-to-speech on ggml, with backends and model families as plugins.
+
+mod devices;
+mod logging;
+
+use clap::{Args, CommandFactory, FromArgMatches, Parser, Subcommand};
+use engine_core::engine::{self, Engine};
+use engine_core::profile::Profile;
+use std::path::PathBuf;
+use std::process::ExitCode;
+
+#[derive(Parser, Debug)]
+#[command(name = "tts", about = "Text to speech on ggml; backends and model families are plugins.", args_conflicts_with_subcommands = true)]
+struct Cli {
+    #[command(subcommand)]
+    command: Option<Command>,
+    #[command(flatten)]
+    synth: SynthArgs,
+}
+
+#[derive(Args, Debug, Clone)]
+struct Common {
+    /// Profile (TOML). Without it the profile built into `tts` is used.
+    #[arg(long, global = true, value_name = "FILE")]
+    profile: Option<PathBuf>,
+    /// Plugin directory (repeatable); overrides the profile's [plugins] dirs.
+    #[arg(long = "plugin-dir", global = true, value_name = "DIR")]
+    plugin_dirs: Vec<PathBuf>,
+}
+
+#[derive(Args, Debug)]
+struct SynthArgs {
+    #[command(flatten)]
+    common: Common,
+    /// Text to speak.
+    #[arg(long)]
+    text: Option<String>,
+    /// Output WAV file.
+    #[arg(long, value_name = "FILE")]
+    out: Option<PathBuf>,
+    /// Override a [synthesis] option, e.g. --set steps=8 (repeatable).
+    #[arg(long = "set", value_name = "KEY=VALUE", value_parser = parse_key_value)]
+    set: Vec<(String, String)>,
+}
+
+#[derive(Subcommand, Debug)]
+enum Command {
+    /// List plugins, devices, capability probes and resolved policies.
+    Devices {
+        #[command(flatten)]
+        common: Common,
+        /// Print JSON instead of a table.
+        #[arg(long)]
+        json: bool,
+    },
+}
+
+fn parse_key_value(s: &str) -> Result<(String, String), String> {
+    let (k, v) = s.split_once('=').ok_or_else(|| format!("`{s}` is not KEY=VALUE"))?;
+    if k.trim().is_empty() {
+        return Err(format!("`{s}` has an empty key"));
+    }
+    Ok((k.trim().to_string(), v.to_string()))
+}
+
+fn version_line() -> String {
+    format!(
+        "{} (plugin ABI {}, ggml {} from {})",
+        env!("CARGO_PKG_VERSION"),
+        engine_core::PLUGIN_ABI_VERSION,
+        ggml_sys::GGML_VERSION,
+        ggml_sys::SOURCE_PACKAGE
+    )
+}
+
+fn main() -> ExitCode {
+    logging::init();
+    let version: &'static str = Box::leak(version_line().into_boxed_str());
+    let matches = Cli::command().version(version).get_matches();
+    let cli = match Cli::from_arg_matches(&matches) {
+        Ok(c) => c,
+        Err(e) => e.exit(),
+    };
+    match run(cli) {
+        Ok(()) => ExitCode::SUCCESS,
+        Err(e) => {
+            eprintln!("error: {}", e.replace('\n', " "));
+            ExitCode::FAILURE
+        }
+    }
+}
+
+fn open_engine(common: &Common) -> Result<Engine, String> {
+    let profile = match &common.profile {
+        Some(p) => Profile::load(p).map_err(|e| e.to_string())?,
+        None => Profile::embedded_default(),
+    };
+    let dirs = if common.plugin_dirs.is_empty() {
+        engine::plugin_dirs(&profile, std::env::current_exe().ok().as_deref())
+    } else {
+        common.plugin_dirs.clone()
+    };
+    Engine::open(profile, dirs).map_err(|e| e.to_string())
+}
+
+fn run(cli: Cli) -> Result<(), String> {
+    match cli.command {
+        Some(Command::Devices { common, json }) => {
+            let engine = open_engine(&common)?;
+            let report = engine.devices_report();
+            if json {
+                println!("{}", serde_json::to_string_pretty(&report).map_err(|e| e.to_string())?);
+            } else {
+                devices::print(&report);
+            }
+            Ok(())
+        }
+        None => {
+            let args = cli.synth;
+            let (Some(text), Some(out)) = (args.text.as_deref(), args.out.as_deref()) else {
+                return Err("give --text and --out to synthesize (or a subcommand; see --help)".into());
+            };
+            let engine = open_engine(&args.common)?;
+            let output = engine.synthesize_to_wav(text, &args.set, out).map_err(|e| e.to_string())?;
+            let seconds = output.samples.len() as f64 / output.sample_rate.max(1) as f64;
+            eprintln!("wrote {} ({seconds:.2} s at {} Hz)", out.display(), output.sample_rate);
+            Ok(())
+        }
+    }
+}

@@ -1,0 +1,267 @@
+//! End-to-end checks of the `tts` binary: plugin discovery and refusal, profile
+//! errors, policy resolution, and the one-line error contract (no panic, non-zero
+//! exit, no output file).
+
+use serde_json::Value;
+use std::path::{Path, PathBuf};
+use std::process::{Command, Output};
+
+fn tts() -> PathBuf {
+    PathBuf::from(env!("CARGO_BIN_EXE_tts"))
+}
+
+fn artifacts() -> PathBuf {
+    tts().parent().unwrap().to_path_buf()
+}
+
+fn repo() -> PathBuf {
+    Path::new(env!("CARGO_MANIFEST_DIR")).parent().unwrap().to_path_buf()
+}
+
+/// A plugin directory holding the named backend plugins with their ggml modules.
+fn plugin_dir(backends: &[&str]) -> tempfile::TempDir {
+    let dir = tempfile::tempdir().unwrap();
+    for b in backends {
+        for file in [format!("libtts_backend_{b}.so"), format!("libggml-{b}.so"), format!("libggml-{b}.so.stamp.json")] {
+            std::fs::copy(artifacts().join(&file), dir.path().join(&file))
+                .unwrap_or_else(|e| panic!("{file}: {e} (build the workspace first: cargo build --workspace)"));
+        }
+    }
+    dir
+}
+
+fn run(args: &[&str]) -> Output {
+    Command::new(tts()).args(args).env_remove("TTS_LOG").output().unwrap()
+}
+
+fn stderr(o: &Output) -> String {
+    String::from_utf8_lossy(&o.stderr).to_string()
+}
+
+/// Asserts the error contract: exit 1, exactly one line on stderr starting with `error: `.
+fn assert_one_line_error(o: &Output, contains: &str) {
+    let err = stderr(o);
+    assert_eq!(o.status.code(), Some(1), "exit status; stderr: {err}");
+    assert!(!err.contains("panicked"), "panic: {err}");
+    let lines: Vec<&str> = err.lines().collect();
+    assert_eq!(lines.len(), 1, "want one line, got: {err}");
+    assert!(lines[0].starts_with("error: "), "{err}");
+    assert!(lines[0].contains(contains), "want `{contains}` in: {err}");
+}
+
+fn devices_json(profile: &Path, plugin_dir: &Path) -> Value {
+    let o = run(&["devices", "--json", "--profile", profile.to_str().unwrap(), "--plugin-dir", plugin_dir.to_str().unwrap()]);
+    assert!(o.status.success(), "tts devices failed: {}", stderr(&o));
+    serde_json::from_slice(&o.stdout).unwrap()
+}
+
+fn backend<'a>(report: &'a Value, name: &str) -> &'a Value {
+    report["backends"].as_array().unwrap().iter().find(|b| b["name"] == name).unwrap_or_else(|| panic!("no backend {name} in {report}"))
+}
+
+fn write_profile(dir: &Path, body: &str) -> PathBuf {
+    let p = dir.join("profile.toml");
+    std::fs::write(&p, body).unwrap();
+    p
+}
+
+#[test]
+fn version_names_ggml_and_plugin_abi() {
+    let o = run(&["--version"]);
+    let out = String::from_utf8_lossy(&o.stdout);
+    assert!(out.contains("plugin ABI 1.0.0") && out.contains("ggml 0.26.0"), "{out}");
+}
+
+#[test]
+fn ci_profile_lists_cpu_and_lavapipe_with_every_probe_and_policy() {
+    let plugins = plugin_dir(&["cpu", "vulkan"]);
+    let report = devices_json(&repo().join("profiles/ci.toml"), plugins.path());
+    for (name, kind) in [("cpu", "cpu"), ("vulkan", "software-gpu")] {
+        let b = backend(&report, name);
+        assert_eq!(b["available"], true, "{b}");
+        let devices = b["devices"].as_array().unwrap();
+        let device = devices.iter().find(|d| d["kind"] == kind).unwrap_or_else(|| panic!("no {kind} device in {b}"));
+        let probes = device["probes"].as_array().unwrap();
+        let names: Vec<&str> = probes.iter().map(|p| p["name"].as_str().unwrap()).collect();
+        assert_eq!(names, engine_probe_names(), "{name}");
+        assert!(probes.iter().all(|p| p["supported"].is_boolean()));
+        let decisions = device["policies"]["decisions"].as_array().unwrap_or_else(|| panic!("{name}: {}", device["policy_error"]));
+        assert_eq!(decisions.len(), 8, "{name}");
+        assert!(decisions.iter().all(|d| d["enabled"].is_boolean() && !d["reason"].as_str().unwrap().is_empty()));
+    }
+    // lavapipe has no BF16: kv_bf16 = "auto" resolves off there and the cache stays F16.
+    let vk = &backend(&report, "vulkan")["devices"][0];
+    let bf16 = vk["probes"].as_array().unwrap().iter().find(|p| p["name"] == "flash_attn_bf16_kv").unwrap();
+    if bf16["supported"] == false {
+        assert_eq!(vk["policies"]["kv_type"], "f16");
+    }
+    assert_eq!(report["selected"]["backend"], "vulkan");
+}
+
+fn engine_probe_names() -> Vec<&'static str> {
+    vec![
+        "native_leaky_relu",
+        "mul_mat_f16_weight",
+        "mul_mat_f16_activation",
+        "flash_attn_f32_kv",
+        "flash_attn_f16_kv",
+        "flash_attn_bf16_kv",
+        "flash_attn_q8_0_kv",
+        "conv_transpose_1d",
+        "pinned_host_buffer",
+    ]
+}
+
+#[test]
+fn missing_vulkan_plugin_leaves_cpu_working() {
+    let plugins = plugin_dir(&["cpu"]);
+    let report = devices_json(&repo().join("profiles/ci.toml"), plugins.path());
+    let vk = backend(&report, "vulkan");
+    assert_eq!(vk["available"], false);
+    assert!(vk["reason"].as_str().unwrap().starts_with("no plugin file libtts_backend_vulkan.so in "), "{vk}");
+    assert_eq!(report["selected"]["backend"], "cpu");
+
+    let o = run(&["devices", "--profile", repo().join("profiles/ci.toml").to_str().unwrap(), "--plugin-dir", plugins.path().to_str().unwrap()]);
+    let text = String::from_utf8_lossy(&o.stdout);
+    assert!(text.contains("backend vulkan: unavailable: no plugin file libtts_backend_vulkan.so"), "{text}");
+}
+
+#[test]
+fn corrupt_plugin_file_is_refused_by_name() {
+    let plugins = plugin_dir(&["cpu"]);
+    std::fs::write(plugins.path().join("libtts_backend_vulkan.so"), b"\x7fELF this is not a shared object").unwrap();
+    let report = devices_json(&repo().join("profiles/ci.toml"), plugins.path());
+    let reason = backend(&report, "vulkan")["reason"].as_str().unwrap().to_string();
+    assert!(reason.contains("libtts_backend_vulkan.so is not a loadable library"), "{reason}");
+    assert_eq!(report["selected"]["backend"], "cpu");
+}
+
+#[test]
+fn library_without_root_module_is_not_a_plugin() {
+    let plugins = plugin_dir(&["cpu"]);
+    std::fs::copy(artifacts().join("libggml-cpu.so"), plugins.path().join("libtts_backend_vulkan.so")).unwrap();
+    let report = devices_json(&repo().join("profiles/ci.toml"), plugins.path());
+    let reason = backend(&report, "vulkan")["reason"].as_str().unwrap().to_string();
+    assert!(reason.ends_with("libtts_backend_vulkan.so is a library but not a tts plugin (no plugin root module exported)"), "{reason}");
+}
+
+#[test]
+fn plugin_for_another_abi_version_is_refused() {
+    let plugins = plugin_dir(&["cpu"]);
+    std::fs::copy(artifacts().join("libtts_test_abi_mismatch.so"), plugins.path().join("libtts_backend_future.so")).unwrap();
+    let report = devices_json(&repo().join("profiles/ci.toml"), plugins.path());
+    let reason = backend(&report, "future")["reason"].as_str().unwrap().to_string();
+    assert!(reason.ends_with("libtts_backend_future.so was built for plugin ABI 2.0.0; this host speaks plugin ABI 1.0.0"), "{reason}");
+    assert_eq!(report["selected"]["backend"], "cpu", "a bad plugin never stops the others");
+}
+
+#[test]
+fn module_with_a_foreign_stamp_is_refused() {
+    let plugins = plugin_dir(&["cpu"]);
+    let stamp = plugins.path().join("libggml-cpu.so.stamp.json");
+    let mut json: Value = serde_json::from_str(&std::fs::read_to_string(&stamp).unwrap()).unwrap();
+    json["patches_fingerprint"] = Value::String("0000".into());
+    std::fs::write(&stamp, json.to_string()).unwrap();
+    let report = devices_json(&repo().join("profiles/ci.toml"), plugins.path());
+    let reason = backend(&report, "cpu")["reason"].as_str().unwrap().to_string();
+    assert!(reason.contains("does not match this plugin: patches_fingerprint is 0000 in its stamp"), "{reason}");
+}
+
+#[test]
+fn unknown_profile_key_is_a_one_line_error_with_line() {
+    let dir = tempfile::tempdir().unwrap();
+    let p = write_profile(dir.path(), "[backend]\nprefer = [\"cpu\"]\n\n[policies]\nflash_atn = \"on\"\n");
+    let o = run(&["devices", "--profile", p.to_str().unwrap()]);
+    assert_one_line_error(&o, &format!("{}:5:1: unknown field `flash_atn`", p.display()));
+}
+
+#[test]
+fn unknown_backend_option_is_a_one_line_error_with_line() {
+    let dir = tempfile::tempdir().unwrap();
+    let plugins = plugin_dir(&["cpu"]);
+    let p = write_profile(dir.path(), "[backend]\nprefer = [\"cpu\"]\n[backends.cpu]\nthreads = 2\nthread_pool = 4\n");
+    let o = run(&["devices", "--profile", p.to_str().unwrap(), "--plugin-dir", plugins.path().to_str().unwrap()]);
+    assert_one_line_error(&o, ":5:15: unknown key `thread_pool` in [backends.cpu] (known: threads)");
+}
+
+#[test]
+fn forced_on_unsupported_policy_is_an_error() {
+    let dir = tempfile::tempdir().unwrap();
+    let plugins = plugin_dir(&["cpu"]);
+    // The CPU device has no pinned host buffer type.
+    let p = write_profile(dir.path(), "[backend]\nprefer = [\"cpu\"]\n[policies]\npinned_host = \"on\"\n[model]\nfiles = [\"m.gguf\"]\n");
+    let report = devices_json(&p, plugins.path());
+    let cpu = &backend(&report, "cpu")["devices"][0];
+    let err = cpu["policy_error"].as_str().unwrap();
+    assert!(err.starts_with("policy `pinned_host` is on, but CPU ("), "{err}");
+    assert!(err.contains("does not support it (probe pinned_host_buffer:"), "{err}");
+
+    let wav = dir.path().join("out.wav");
+    let o = run(&["--profile", p.to_str().unwrap(), "--plugin-dir", plugins.path().to_str().unwrap(), "--text", "hello", "--out", wav.to_str().unwrap()]);
+    assert_one_line_error(&o, "policy `pinned_host` is on, but CPU");
+    assert!(!wav.exists());
+}
+
+#[test]
+fn deny_list_hit_switches_feature_off_and_refuses_on() {
+    let dir = tempfile::tempdir().unwrap();
+    let plugins = plugin_dir(&["cpu"]);
+    let rule = "[[deny]]\ndevice = \"cpu*\"\nfeatures = [\"native_leaky_relu\"]\nops = [\"CONV_TRANSPOSE_1D\"]\nreason = \"test rule\"\n";
+    let p = write_profile(dir.path(), &format!("[backend]\nprefer = [\"cpu\"]\n{rule}"));
+    let report = devices_json(&p, plugins.path());
+    let policies = &backend(&report, "cpu")["devices"][0]["policies"];
+    let decision = |f: &str| policies["decisions"].as_array().unwrap().iter().find(|d| d["feature"] == f).unwrap().clone();
+    assert_eq!(decision("native_leaky_relu")["enabled"], false);
+    assert_eq!(decision("native_leaky_relu")["reason"], "deny rule 1 (device \"cpu*\"): test rule");
+    assert_eq!(decision("conv_transpose_1d")["enabled"], false, "denied op switches off the feature using it");
+    assert_eq!(policies["denied_ops"], serde_json::json!(["CONV_TRANSPOSE_1D"]));
+
+    let p = write_profile(dir.path(), &format!("[backend]\nprefer = [\"cpu\"]\n[policies]\nnative_leaky_relu = \"on\"\n{rule}"));
+    let report = devices_json(&p, plugins.path());
+    let err = backend(&report, "cpu")["devices"][0]["policy_error"].as_str().unwrap().to_string();
+    assert!(err.starts_with("policy `native_leaky_relu` is on, but deny rule 1 (device \"cpu*\"): test rule disables it on CPU"), "{err}");
+}
+
+#[test]
+fn no_fallback_when_profile_forbids_it() {
+    let dir = tempfile::tempdir().unwrap();
+    let plugins = plugin_dir(&["cpu"]);
+    let p = write_profile(dir.path(), "[backend]\nprefer = [\"vulkan\", \"cpu\"]\nfallback = false\n");
+    let report = devices_json(&p, plugins.path());
+    let err = report["selection_error"].as_str().unwrap();
+    assert!(err.starts_with("no backend of [vulkan] is usable (fallback = false): vulkan: no plugin file"), "{err}");
+}
+
+#[test]
+fn synthesis_input_errors_are_one_line_and_leave_no_file() {
+    let dir = tempfile::tempdir().unwrap();
+    let plugins = plugin_dir(&["cpu"]);
+    let wav = dir.path().join("out.wav");
+    let plugin_args = ["--plugin-dir", plugins.path().to_str().unwrap()];
+
+    let p = write_profile(dir.path(), "[backend]\nprefer = [\"cpu\"]\n");
+    let mut args = vec!["--profile", p.to_str().unwrap(), "--text", "  ", "--out", wav.to_str().unwrap()];
+    args.extend(plugin_args);
+    assert_one_line_error(&run(&args), "text is empty");
+
+    args[3] = "hello";
+    assert_one_line_error(&run(&args), "[model] files is empty");
+
+    let p = write_profile(dir.path(), "[backend]\nprefer = [\"cpu\"]\n[model]\nfiles = [\"missing.gguf\"]\n");
+    args[1] = p.to_str().unwrap();
+    assert_one_line_error(&run(&args), "missing.gguf does not exist");
+
+    std::fs::write(dir.path().join("truncated.gguf"), b"GGUF\x03\x00\x00\x00\x01").unwrap();
+    let p = write_profile(dir.path(), "[backend]\nprefer = [\"cpu\"]\n[model]\nfiles = [\"truncated.gguf\"]\n");
+    assert_one_line_error(&run(&args), "truncated.gguf is not a valid GGUF file");
+    assert!(!wav.exists());
+    let _ = p;
+}
+
+#[test]
+fn missing_profile_and_missing_arguments() {
+    assert_one_line_error(&run(&["devices", "--profile", "/nonexistent/p.toml"]), "/nonexistent/p.toml: cannot read profile");
+    assert_one_line_error(&run(&["--text", "hi"]), "give --text and --out");
+    let o = run(&["--bogus-flag"]);
+    assert_eq!(o.status.code(), Some(2), "clap usage errors exit 2");
+}

@@ -1,0 +1,370 @@
+#![allow(non_local_definitions)]
+//! The Rust-to-Rust plugin ABI (abi_stable). Every type here is layout-checked when
+//! a plugin loads; changing one is an ABI change and bumps [`PLUGIN_ABI_VERSION`].
+//!
+//! Two root modules exist: [`BackendPluginRef`] (one per ggml backend: CPU,
+//! Vulkan, ...) and [`ModelPluginRef`] (one per model family). A backend plugin
+//! hands out [`BackendHandle`]s; a model plugin builds its graphs on them. Both
+//! sides link the same shared `libggml-base`, so the raw ggml pointers inside a
+//! handle are valid in every plugin of the process.
+
+use abi_stable::{
+    declare_root_module_statics,
+    library::RootModule,
+    sabi_trait,
+    sabi_types::VersionStrings,
+    std_types::{RBox, RResult, RString, RVec, Tuple2},
+    StableAbi,
+};
+use std::ffi::c_void;
+
+/// Version of this ABI. Plugins built against another major version are refused.
+pub const PLUGIN_ABI_VERSION: &str = "1.0.0";
+
+/// Identity of a plugin file.
+#[repr(C)]
+#[derive(StableAbi, Debug, Clone)]
+pub struct PluginInfo {
+    /// Short name: "cpu", "vulkan", "supertonic", ...
+    pub name: RString,
+    /// The plugin crate's own version.
+    pub version: RString,
+    /// ggml version of the pinned source the plugin was built against.
+    pub ggml_version: RString,
+    /// Fingerprint of that source (must equal the host's).
+    pub ggml_source_fingerprint: RString,
+    pub description: RString,
+}
+
+/// Kind of a device, as used for automatic device choice.
+#[repr(u8)]
+#[derive(StableAbi, Debug, Clone, Copy, PartialEq, Eq)]
+pub enum DeviceKind {
+    Gpu,
+    IntegratedGpu,
+    Accelerator,
+    Cpu,
+    /// A CPU-type device behind a GPU API (lavapipe, SwiftShader).
+    SoftwareGpu,
+}
+
+impl DeviceKind {
+    pub fn as_str(&self) -> &'static str {
+        match self {
+            DeviceKind::Gpu => "gpu",
+            DeviceKind::IntegratedGpu => "igpu",
+            DeviceKind::Accelerator => "accel",
+            DeviceKind::Cpu => "cpu",
+            DeviceKind::SoftwareGpu => "software-gpu",
+        }
+    }
+
+    /// Higher is preferred by `device = "auto"`.
+    pub fn preference(&self) -> u8 {
+        match self {
+            DeviceKind::Gpu => 4,
+            DeviceKind::IntegratedGpu => 3,
+            DeviceKind::Accelerator => 2,
+            DeviceKind::Cpu => 1,
+            DeviceKind::SoftwareGpu => 0,
+        }
+    }
+}
+
+#[repr(C)]
+#[derive(StableAbi, Debug, Clone)]
+pub struct DeviceInfo {
+    /// Index within its backend plugin.
+    pub index: u32,
+    /// ggml device name ("CPU", "Vulkan0", ...).
+    pub name: RString,
+    pub description: RString,
+    pub kind: DeviceKind,
+    pub memory_free: u64,
+    pub memory_total: u64,
+}
+
+/// The answer of one capability probe on one device.
+#[repr(C)]
+#[derive(StableAbi, Debug, Clone)]
+pub struct ProbeResult {
+    pub name: RString,
+    pub supported: bool,
+    /// What was asked (op, types, shape) — printed by `tts devices`.
+    pub detail: RString,
+}
+
+/// A typed option value (backend options, synthesis options).
+#[repr(C, u8)]
+#[derive(StableAbi, Debug, Clone, PartialEq)]
+pub enum OptionValue {
+    Bool(bool),
+    Int(i64),
+    Float(f64),
+    Str(RString),
+}
+
+#[repr(u8)]
+#[derive(StableAbi, Debug, Clone, Copy, PartialEq, Eq)]
+pub enum OptionKind {
+    Bool,
+    Int,
+    Float,
+    Str,
+    /// A string naming a file or directory; relative paths resolve against the profile.
+    Path,
+}
+
+impl OptionKind {
+    pub fn as_str(&self) -> &'static str {
+        match self {
+            OptionKind::Bool => "boolean",
+            OptionKind::Int => "integer",
+            OptionKind::Float => "float",
+            OptionKind::Str => "string",
+            OptionKind::Path => "path",
+        }
+    }
+
+    /// "a boolean", "an integer", ... for messages.
+    pub fn with_article(&self) -> &'static str {
+        match self {
+            OptionKind::Bool => "a boolean",
+            OptionKind::Int => "an integer",
+            OptionKind::Float => "a float",
+            OptionKind::Str => "a string",
+            OptionKind::Path => "a path",
+        }
+    }
+}
+
+/// One option a plugin accepts. The host validates profile tables against these
+/// (unknown key, wrong type → error with the key and line) before the plugin sees them.
+#[repr(C)]
+#[derive(StableAbi, Debug, Clone)]
+pub struct OptionSpec {
+    pub key: RString,
+    pub kind: OptionKind,
+    pub default: OptionValue,
+    pub help: RString,
+}
+
+pub type OptionList = RVec<Tuple2<RString, OptionValue>>;
+
+/// What the host passes when it opens a backend plugin.
+#[repr(C)]
+#[derive(StableAbi, Debug, Clone)]
+pub struct BackendOpenRequest {
+    /// Where the plugin file was loaded from; its ggml module sits beside it.
+    pub plugin_path: RString,
+    /// Validated options from `[backends.<name>]`, defaults filled in.
+    pub options: OptionList,
+}
+
+/// An initialised device, usable by any model plugin in the process.
+/// Dropping it frees the ggml backend.
+#[repr(C)]
+#[derive(StableAbi)]
+pub struct BackendHandle {
+    /// `ggml_backend_t`
+    pub backend: *mut c_void,
+    /// `ggml_backend_dev_t`
+    pub device: *mut c_void,
+    pub backend_name: RString,
+    pub device_name: RString,
+    /// CPU worker threads (0 when the backend has none).
+    pub threads: u32,
+    pub free: extern "C" fn(*mut c_void),
+}
+
+unsafe impl Send for BackendHandle {}
+unsafe impl Sync for BackendHandle {}
+
+impl Drop for BackendHandle {
+    fn drop(&mut self) {
+        (self.free)(self.backend);
+    }
+}
+
+impl BackendHandle {
+    /// A non-owning view of the ggml backend (the handle stays the owner).
+    pub fn ggml_backend(&self) -> ggml_sys::Backend {
+        unsafe { ggml_sys::Backend::from_raw(self.backend.cast()) }.expect("BackendHandle holds a null backend")
+    }
+}
+
+/// One backend plugin, opened with options.
+#[sabi_trait]
+pub trait BackendSession: Send + Sync {
+    /// Devices this plugin exposes under its options.
+    fn devices(&self) -> RVec<DeviceInfo>;
+    /// Capability probes for one device (cached by the plugin).
+    fn probe(&self, device: u32) -> RResult<RVec<ProbeResult>, RString>;
+    /// Initialises a device.
+    fn init_device(&self, device: u32) -> RResult<BackendHandle, RString>;
+    /// Facts about the loaded ggml module (file, stamp, build features).
+    #[sabi(last_prefix_field)]
+    fn module_facts(&self) -> OptionList;
+}
+
+pub type BackendSessionBox = BackendSession_TO<'static, RBox<()>>;
+
+/// Root module of a backend plugin (`libtts_backend_<name>.so`).
+#[repr(C)]
+#[derive(StableAbi)]
+#[sabi(kind(Prefix(prefix_ref = BackendPluginRef)))]
+#[sabi(missing_field(panic))]
+pub struct BackendPlugin {
+    pub info: extern "C" fn() -> PluginInfo,
+    pub option_specs: extern "C" fn() -> RVec<OptionSpec>,
+    #[sabi(last_prefix_field)]
+    pub open: extern "C" fn(&BackendOpenRequest) -> RResult<BackendSessionBox, RString>,
+}
+
+impl RootModule for BackendPluginRef {
+    declare_root_module_statics! {BackendPluginRef}
+    const BASE_NAME: &'static str = "tts_backend";
+    const NAME: &'static str = "tts backend plugin";
+    const VERSION_STRINGS: VersionStrings = VersionStrings::new(PLUGIN_ABI_VERSION);
+}
+
+/// K/V cache element type chosen by policy resolution.
+#[repr(u8)]
+#[derive(StableAbi, Debug, Clone, Copy, PartialEq, Eq)]
+pub enum KvType {
+    F32,
+    F16,
+    Bf16,
+    Q8_0,
+}
+
+impl KvType {
+    pub fn as_str(&self) -> &'static str {
+        match self {
+            KvType::F32 => "f32",
+            KvType::F16 => "f16",
+            KvType::Bf16 => "bf16",
+            KvType::Q8_0 => "q8_0",
+        }
+    }
+}
+
+/// The outcome of policy resolution for one device; what model plugins obey.
+#[repr(C)]
+#[derive(StableAbi, Debug, Clone, PartialEq)]
+pub struct ResolvedPolicies {
+    pub flash_attn: bool,
+    pub kv_type: KvType,
+    pub f16_weights: bool,
+    pub native_leaky_relu: bool,
+    pub conv_transpose_1d: bool,
+    pub pinned_host: bool,
+    /// ggml op names a deny rule forbids on this device; model plugins use fallbacks.
+    pub denied_ops: RVec<RString>,
+}
+
+/// Which families and GGUF files a model plugin takes.
+#[repr(C)]
+#[derive(StableAbi, Debug, Clone)]
+pub struct ModelFamilyInfo {
+    pub family: RString,
+    /// `general.architecture` values this plugin loads.
+    pub architectures: RVec<RString>,
+    /// Variant names (read from GGUF metadata at load): "v2", "turbo", ...
+    pub variants: RVec<RString>,
+}
+
+#[repr(C)]
+#[derive(StableAbi, Debug, Clone)]
+pub struct ModelLoadRequest {
+    /// GGUF files from the profile, in order.
+    pub files: RVec<RString>,
+    pub policies: ResolvedPolicies,
+}
+
+#[repr(C)]
+#[derive(StableAbi, Debug, Clone)]
+pub struct LoadedModelInfo {
+    pub family: RString,
+    pub variant: RString,
+    pub sample_rate: u32,
+}
+
+#[repr(C)]
+#[derive(StableAbi, Debug, Clone)]
+pub struct SynthesisRequest {
+    pub text: RString,
+    /// Validated synthesis options (voice, language, steps, speed, seed, ...).
+    pub options: OptionList,
+}
+
+#[repr(C)]
+#[derive(StableAbi, Debug, Clone)]
+pub struct StageTiming {
+    pub stage: RString,
+    pub ms: f64,
+}
+
+#[repr(C)]
+#[derive(StableAbi, Debug, Clone)]
+pub struct SynthesisOutput {
+    /// Mono samples in [-1, 1].
+    pub samples: RVec<f32>,
+    pub sample_rate: u32,
+    pub timings: RVec<StageTiming>,
+}
+
+/// A loaded model, bound to the backend it was loaded on.
+#[sabi_trait]
+pub trait Model: Send {
+    fn info(&self) -> LoadedModelInfo;
+    #[sabi(last_prefix_field)]
+    fn synthesize(&mut self, request: &SynthesisRequest) -> RResult<SynthesisOutput, RString>;
+}
+
+pub type ModelBox = Model_TO<'static, RBox<()>>;
+
+/// Root module of a model-family plugin (`libtts_model_<family>.so`).
+#[repr(C)]
+#[derive(StableAbi)]
+#[sabi(kind(Prefix(prefix_ref = ModelPluginRef)))]
+#[sabi(missing_field(panic))]
+pub struct ModelPlugin {
+    pub info: extern "C" fn() -> PluginInfo,
+    pub family: extern "C" fn() -> ModelFamilyInfo,
+    /// Schema of `[synthesis]` options.
+    pub option_specs: extern "C" fn() -> RVec<OptionSpec>,
+    #[sabi(last_prefix_field)]
+    pub load: extern "C" fn(&ModelLoadRequest, &BackendHandle) -> RResult<ModelBox, RString>,
+}
+
+impl RootModule for ModelPluginRef {
+    declare_root_module_statics! {ModelPluginRef}
+    const BASE_NAME: &'static str = "tts_model";
+    const NAME: &'static str = "tts model plugin";
+    const VERSION_STRINGS: VersionStrings = VersionStrings::new(PLUGIN_ABI_VERSION);
+}
+
+/// The engine-core crate version, for `tts --version`.
+pub fn engine_core_version() -> &'static str {
+    env!("CARGO_PKG_VERSION")
+}
+
+/// Plugin info filled from this build (plugins call this with their own name).
+pub fn plugin_info(name: &str, version: &str, description: &str) -> PluginInfo {
+    PluginInfo {
+        name: name.into(),
+        version: version.into(),
+        ggml_version: ggml_sys::GGML_VERSION.into(),
+        ggml_source_fingerprint: ggml_sys::SOURCE_FINGERPRINT.into(),
+        description: description.into(),
+    }
+}
+
+pub fn option_list(pairs: impl IntoIterator<Item = (String, OptionValue)>) -> OptionList {
+    pairs.into_iter().map(|(k, v)| Tuple2(RString::from(k), v)).collect()
+}
+
+pub fn find_option<'a>(options: &'a OptionList, key: &str) -> Option<&'a OptionValue> {
+    options.iter().find(|Tuple2(k, _)| k.as_str() == key).map(|Tuple2(_, v)| v)
+}

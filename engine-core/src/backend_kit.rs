@@ -1,0 +1,232 @@
+//! What every backend plugin does the same way: load its stamped ggml module from
+//! beside the plugin file, list devices, probe them (cached per device) and hand
+//! out [`BackendHandle`]s. A plugin supplies a [`BackendFlavor`] for the parts
+//! that differ (device classification, extra probes, per-device init).
+
+use crate::abi::{
+    find_option, BackendHandle, BackendOpenRequest, BackendSession, BackendSessionBox, BackendSession_TO, DeviceInfo,
+    DeviceKind, OptionList, OptionValue, ProbeResult,
+};
+use crate::probes;
+use abi_stable::std_types::{RResult, RString, RVec, Tuple2};
+use ggml_sys::{Device, Registry};
+use sha2::{Digest, Sha256};
+use std::path::{Path, PathBuf};
+use std::sync::Mutex;
+
+/// The backend-specific parts of a plugin.
+pub trait BackendFlavor: Send + Sync + 'static {
+    /// Classifies a ggml device; `None` hides it (e.g. software devices not allowed).
+    fn classify(&self, registry: &Registry, index: usize, device: &Device) -> Option<DeviceKind>;
+    /// Adjusts or extends the common probe results for a device.
+    fn adjust_probes(&self, _device: &Device, _results: &mut Vec<ProbeResult>) {}
+    /// Called on a freshly initialised backend (threads, ...). Returns the thread count.
+    fn configure(&self, _backend: &ggml_sys::Backend) -> u32 {
+        0
+    }
+}
+
+/// A module stamp as written by the build (see `ggml-build-support`).
+struct Stamp {
+    json: serde_json::Value,
+}
+
+impl Stamp {
+    fn field(&self, key: &str) -> String {
+        self.json.get(key).and_then(|v| v.as_str()).unwrap_or("").to_string()
+    }
+}
+
+/// Loads `<plugin dir>/<module_file>` after checking its stamp against the one the
+/// plugin was built with: same ggml version, same source, same patch series, and
+/// the file's hash matches its own stamp (not swapped or truncated after stamping).
+/// This is also how a module built elsewhere (CUDA with nvcc on a GPU host) is
+/// accepted: it must carry a stamp from the same pinned source and patches.
+pub fn load_stamped_module(plugin_path: &Path, module_file: &str, expected_stamp: &str) -> Result<(Registry, OptionList), String> {
+    let dir = plugin_path.parent().unwrap_or(Path::new("."));
+    let module = dir.join(module_file);
+    if !module.is_file() {
+        return Err(format!("ggml module {} is missing (it ships beside the plugin)", module.display()));
+    }
+    let stamp_path = PathBuf::from(format!("{}.stamp.json", module.display()));
+    let text = std::fs::read_to_string(&stamp_path).map_err(|_| {
+        format!("ggml module {} has no build stamp {} (was it built from this project's pinned source?)", module.display(), stamp_path.display())
+    })?;
+    let found = Stamp { json: serde_json::from_str(&text).map_err(|e| format!("{}: not a valid stamp: {e}", stamp_path.display()))? };
+    let expected = Stamp { json: serde_json::from_str(expected_stamp).map_err(|e| format!("plugin's compiled-in stamp: {e}"))? };
+    for key in ["ggml_version", "source_fingerprint", "patches_fingerprint"] {
+        if found.field(key) != expected.field(key) {
+            return Err(format!(
+                "ggml module {} does not match this plugin: {key} is {} in its stamp, the plugin expects {}",
+                module.display(),
+                found.field(key),
+                expected.field(key)
+            ));
+        }
+    }
+    let bytes = std::fs::read(&module).map_err(|e| format!("{}: {e}", module.display()))?;
+    let sha = hex::encode(Sha256::digest(&bytes));
+    if sha != found.field("module_sha256") {
+        return Err(format!("ggml module {} was modified after it was stamped (sha256 {} != {})", module.display(), &sha[..12], &found.field("module_sha256").chars().take(12).collect::<String>()));
+    }
+    let registry = ggml_sys::load_backend_module(&module).map_err(|e| e.to_string())?;
+    let mut facts: Vec<(String, OptionValue)> = vec![
+        ("module".into(), OptionValue::Str(module.display().to_string().into())),
+        ("registry".into(), OptionValue::Str(registry.name().into())),
+        ("ggml_version".into(), OptionValue::Str(found.field("ggml_version").into())),
+        ("patches_fingerprint".into(), OptionValue::Str(found.field("patches_fingerprint").into())),
+    ];
+    for (k, v) in registry.features() {
+        facts.push((format!("feature.{k}"), OptionValue::Str(v.into())));
+    }
+    Ok((registry, crate::abi::option_list(facts)))
+}
+
+struct DeviceEntry {
+    info: DeviceInfo,
+    device: Device,
+    probes: Mutex<Option<Vec<ProbeResult>>>,
+}
+
+/// A [`BackendSession`] over a loaded module's devices.
+pub struct GgmlSession<F: BackendFlavor> {
+    flavor: F,
+    devices: Vec<DeviceEntry>,
+    facts: OptionList,
+}
+
+impl<F: BackendFlavor> GgmlSession<F> {
+    pub fn new(flavor: F, registry: Registry, facts: OptionList) -> Self {
+        let devices = registry
+            .devices()
+            .into_iter()
+            .enumerate()
+            .filter_map(|(i, device)| {
+                let kind = flavor.classify(&registry, i, &device)?;
+                Some((device, kind))
+            })
+            .enumerate()
+            .map(|(index, (device, kind))| {
+                let (free, total) = device.memory();
+                DeviceEntry {
+                    info: DeviceInfo {
+                        index: index as u32,
+                        name: device.name().into(),
+                        description: device.description().into(),
+                        kind,
+                        memory_free: free as u64,
+                        memory_total: total as u64,
+                    },
+                    device,
+                    probes: Mutex::new(None),
+                }
+            })
+            .collect();
+        GgmlSession { flavor, devices, facts }
+    }
+
+    pub fn into_box(self) -> BackendSessionBox {
+        BackendSession_TO::from_value(self, abi_stable::sabi_trait::TD_Opaque)
+    }
+
+    fn entry(&self, index: u32) -> Result<&DeviceEntry, RString> {
+        self.devices.get(index as usize).ok_or_else(|| format!("no device {index} (this backend has {})", self.devices.len()).into())
+    }
+}
+
+extern "C" fn free_backend(p: *mut std::ffi::c_void) {
+    unsafe { ggml_sys::Backend::free_raw(p.cast()) }
+}
+
+impl<F: BackendFlavor> BackendSession for GgmlSession<F> {
+    fn devices(&self) -> RVec<DeviceInfo> {
+        self.devices.iter().map(|d| d.info.clone()).collect()
+    }
+
+    fn probe(&self, device: u32) -> RResult<RVec<ProbeResult>, RString> {
+        let entry = match self.entry(device) {
+            Ok(e) => e,
+            Err(e) => return RResult::RErr(e),
+        };
+        let mut cache = entry.probes.lock().unwrap_or_else(|p| p.into_inner());
+        let results = cache.get_or_insert_with(|| {
+            let mut r = probes::run_all(entry.device);
+            self.flavor.adjust_probes(&entry.device, &mut r);
+            r
+        });
+        RResult::ROk(results.iter().cloned().collect())
+    }
+
+    fn init_device(&self, device: u32) -> RResult<BackendHandle, RString> {
+        let entry = match self.entry(device) {
+            Ok(e) => e,
+            Err(e) => return RResult::RErr(e),
+        };
+        match entry.device.init(None) {
+            Ok(backend) => {
+                let threads = self.flavor.configure(&backend);
+                RResult::ROk(BackendHandle {
+                    backend_name: backend.name().into(),
+                    device_name: entry.info.name.clone(),
+                    device: entry.device.as_ptr().cast(),
+                    threads,
+                    backend: backend.into_raw().cast(),
+                    free: free_backend,
+                })
+            }
+            Err(e) => RResult::RErr(e.to_string().into()),
+        }
+    }
+
+    fn module_facts(&self) -> OptionList {
+        self.facts.clone()
+    }
+}
+
+/// Reads a validated option (the host filled defaults, so absence is a bug).
+pub fn option_bool(req: &BackendOpenRequest, key: &str) -> bool {
+    matches!(find_option(&req.options, key), Some(OptionValue::Bool(true)))
+}
+
+pub fn option_int(req: &BackendOpenRequest, key: &str) -> i64 {
+    match find_option(&req.options, key) {
+        Some(OptionValue::Int(i)) => *i,
+        _ => 0,
+    }
+}
+
+pub fn option_str(req: &BackendOpenRequest, key: &str) -> String {
+    match find_option(&req.options, key) {
+        Some(OptionValue::Str(s)) => s.to_string(),
+        _ => String::new(),
+    }
+}
+
+/// Wraps a plugin's open function so a panic becomes an error, not an abort.
+pub fn guarded_open(f: impl FnOnce() -> Result<BackendSessionBox, String> + std::panic::UnwindSafe) -> RResult<BackendSessionBox, RString> {
+    match std::panic::catch_unwind(f) {
+        Ok(Ok(s)) => RResult::ROk(s),
+        Ok(Err(e)) => RResult::RErr(e.into()),
+        Err(_) => RResult::RErr("backend plugin panicked while opening".into()),
+    }
+}
+
+/// Convenience for option specs.
+pub fn spec(key: &str, kind: crate::abi::OptionKind, default: OptionValue, help: &str) -> crate::abi::OptionSpec {
+    crate::abi::OptionSpec { key: key.into(), kind, default, help: help.into() }
+}
+
+pub fn facts_to_pairs(facts: &OptionList) -> Vec<(String, String)> {
+    facts
+        .iter()
+        .map(|Tuple2(k, v)| {
+            let v = match v {
+                OptionValue::Bool(b) => b.to_string(),
+                OptionValue::Int(i) => i.to_string(),
+                OptionValue::Float(f) => f.to_string(),
+                OptionValue::Str(s) => s.to_string(),
+            };
+            (k.to_string(), v)
+        })
+        .collect()
+}

@@ -1,0 +1,367 @@
+//! The host side: opens the plugins a profile asks for, reports devices, probes and
+//! resolved policies, picks a device, and runs synthesis through a model plugin.
+
+use crate::abi::{BackendOpenRequest, BackendSessionBox, DeviceInfo, ModelLoadRequest, ProbeResult, SynthesisOutput, SynthesisRequest};
+use crate::loader::{self, PluginFile, PluginKind};
+use crate::policy::{self, DeviceRef, Resolution};
+use crate::profile::{DeviceChoice, Profile};
+use abi_stable::std_types::RResult;
+use serde::Serialize;
+use std::path::{Path, PathBuf};
+
+/// Plugin directories: the profile's, else `<exe dir>/plugins` when it exists,
+/// else the executable's own directory (a development build tree).
+pub fn plugin_dirs(profile: &Profile, exe: Option<&Path>) -> Vec<PathBuf> {
+    if !profile.plugin_dirs.is_empty() {
+        return profile.plugin_dirs.clone();
+    }
+    let Some(dir) = exe.and_then(Path::parent) else { return vec![PathBuf::from(".")] };
+    let bundled = dir.join("plugins");
+    vec![if bundled.is_dir() { bundled } else { dir.to_path_buf() }]
+}
+
+#[derive(Debug, Serialize)]
+pub struct PluginReport {
+    pub kind: &'static str,
+    pub name: String,
+    pub path: String,
+    pub loaded: bool,
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub version: Option<String>,
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub error: Option<String>,
+}
+
+#[derive(Debug, Serialize)]
+pub struct DeviceReport {
+    pub index: u32,
+    pub name: String,
+    pub description: String,
+    pub kind: &'static str,
+    pub memory_free: u64,
+    pub memory_total: u64,
+    pub probes: Vec<ProbeReport>,
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub policies: Option<Resolution>,
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub policy_error: Option<String>,
+}
+
+#[derive(Debug, Serialize)]
+pub struct ProbeReport {
+    pub name: String,
+    pub supported: bool,
+    pub detail: String,
+}
+
+#[derive(Debug, Serialize)]
+pub struct BackendReport {
+    pub name: String,
+    pub preferred: bool,
+    pub available: bool,
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub reason: Option<String>,
+    pub module: Vec<(String, String)>,
+    pub devices: Vec<DeviceReport>,
+}
+
+#[derive(Debug, Serialize)]
+pub struct Selection {
+    pub backend: String,
+    pub device: u32,
+    pub device_name: String,
+}
+
+#[derive(Debug, Serialize)]
+pub struct DevicesReport {
+    pub host_version: String,
+    pub plugin_abi: String,
+    pub ggml_version: String,
+    pub profile: String,
+    /// Every file named libggml-base mapped into this process (one expected).
+    pub ggml_base_loaded: Vec<String>,
+    pub plugin_dirs: Vec<String>,
+    pub plugins: Vec<PluginReport>,
+    pub backends: Vec<BackendReport>,
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub selected: Option<Selection>,
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub selection_error: Option<String>,
+}
+
+struct OpenBackend {
+    name: String,
+    session: BackendSessionBox,
+    devices: Vec<DeviceInfo>,
+    facts: Vec<(String, String)>,
+}
+
+enum BackendState {
+    Open(OpenBackend),
+    Unavailable(String),
+}
+
+pub struct Engine {
+    profile: Profile,
+    dirs: Vec<PathBuf>,
+    files: Vec<PluginFile>,
+    plugin_reports: Vec<PluginReport>,
+    backends: Vec<(String, BackendState)>,
+}
+
+#[derive(Debug, thiserror::Error)]
+#[error("{0}")]
+pub struct EngineError(pub String);
+
+fn fail<T>(msg: impl Into<String>) -> Result<T, EngineError> {
+    Err(EngineError(msg.into()))
+}
+
+impl Engine {
+    /// Loads and opens every backend plugin the profile prefers or the plugin
+    /// directories hold. A backend that cannot be opened is recorded as unavailable
+    /// with its reason; only profile errors fail here.
+    pub fn open(profile: Profile, dirs: Vec<PathBuf>) -> Result<Engine, EngineError> {
+        let files = loader::discover(&dirs);
+        let mut names: Vec<String> = profile.prefer.clone();
+        for f in files.iter().filter(|f| f.kind == PluginKind::Backend) {
+            if !names.contains(&f.name) {
+                names.push(f.name.clone());
+            }
+        }
+        let mut engine = Engine { profile, dirs, files, plugin_reports: Vec::new(), backends: Vec::new() };
+        for name in names {
+            let state = engine.open_backend(&name)?;
+            engine.backends.push((name, state));
+        }
+        for f in engine.files.iter().filter(|f| f.kind == PluginKind::Model) {
+            let (loaded, version, error) = match loader::load_model(&f.path) {
+                Ok((_, info)) => (true, Some(info.version.to_string()), None),
+                Err(e) => (false, None, Some(e.to_string())),
+            };
+            engine.plugin_reports.push(PluginReport { kind: "model", name: f.name.clone(), path: f.path.display().to_string(), loaded, version, error });
+        }
+        Ok(engine)
+    }
+
+    fn open_backend(&mut self, name: &str) -> Result<BackendState, EngineError> {
+        let Some(file) = self.files.iter().find(|f| f.kind == PluginKind::Backend && f.name == name) else {
+            let dirs: Vec<String> = self.dirs.iter().map(|d| d.display().to_string()).collect();
+            return Ok(BackendState::Unavailable(format!("no plugin file {} in {}", loader::backend_file_name(name), dirs.join(", "))));
+        };
+        let path = file.path.clone();
+        let mut report = PluginReport { kind: "backend", name: name.into(), path: path.display().to_string(), loaded: false, version: None, error: None };
+        let loaded = match loader::load_backend(&path) {
+            Ok((loaded, info)) => {
+                report.loaded = true;
+                report.version = Some(info.version.to_string());
+                loaded
+            }
+            Err(e) => {
+                report.error = Some(e.to_string());
+                self.plugin_reports.push(report);
+                return Ok(BackendState::Unavailable(e.to_string()));
+            }
+        };
+        self.plugin_reports.push(report);
+        let specs: Vec<_> = (loaded.module.option_specs())().into_iter().collect();
+        let options = self.profile.backend_options(name, &specs).map_err(|e| EngineError(e.to_string()))?;
+        let request = BackendOpenRequest { plugin_path: path.display().to_string().into(), options };
+        match (loaded.module.open())(&request) {
+            RResult::ROk(session) => {
+                let devices: Vec<DeviceInfo> = session.devices().into_iter().collect();
+                let facts = crate::backend_kit::facts_to_pairs(&session.module_facts());
+                Ok(BackendState::Open(OpenBackend { name: name.into(), session, devices, facts }))
+            }
+            RResult::RErr(e) => Ok(BackendState::Unavailable(format!("{} could not open its ggml module: {e}", path.display()))),
+        }
+    }
+
+    pub fn profile(&self) -> &Profile {
+        &self.profile
+    }
+
+    fn resolve(&self, backend: &OpenBackend, device: &DeviceInfo) -> (Vec<ProbeResult>, Result<Resolution, String>) {
+        let probes: Vec<ProbeResult> = match backend.session.probe(device.index) {
+            RResult::ROk(p) => p.into_iter().collect(),
+            RResult::RErr(e) => return (Vec::new(), Err(format!("probing {} failed: {e}", device.name))),
+        };
+        let dev = DeviceRef { backend: &backend.name, name: device.name.as_str(), description: device.description.as_str() };
+        let resolution = policy::resolve(&self.profile.policies, &self.profile.deny, &dev, &probes);
+        (probes, resolution)
+    }
+
+    pub fn devices_report(&self) -> DevicesReport {
+        let backends = self
+            .backends
+            .iter()
+            .map(|(name, state)| match state {
+                BackendState::Unavailable(reason) => BackendReport {
+                    name: name.clone(),
+                    preferred: self.profile.prefer.contains(name),
+                    available: false,
+                    reason: Some(reason.clone()),
+                    module: Vec::new(),
+                    devices: Vec::new(),
+                },
+                BackendState::Open(b) => BackendReport {
+                    name: name.clone(),
+                    preferred: self.profile.prefer.contains(name),
+                    available: true,
+                    reason: b.devices.is_empty().then(|| "the module reports no usable device".to_string()),
+                    module: b.facts.clone(),
+                    devices: b
+                        .devices
+                        .iter()
+                        .map(|d| {
+                            let (probes, resolution) = self.resolve(b, d);
+                            let (policies, policy_error) = match resolution {
+                                Ok(r) => (Some(r), None),
+                                Err(e) => (None, Some(e)),
+                            };
+                            DeviceReport {
+                                index: d.index,
+                                name: d.name.to_string(),
+                                description: d.description.to_string(),
+                                kind: d.kind.as_str(),
+                                memory_free: d.memory_free,
+                                memory_total: d.memory_total,
+                                probes: probes
+                                    .into_iter()
+                                    .map(|p| ProbeReport { name: p.name.into(), supported: p.supported, detail: p.detail.into() })
+                                    .collect(),
+                                policies,
+                                policy_error,
+                            }
+                        })
+                        .collect(),
+                },
+            })
+            .collect();
+        let (selected, selection_error) = match self.select() {
+            Ok((b, d, _)) => (Some(Selection { backend: b.name.clone(), device: d.index, device_name: d.name.to_string() }), None),
+            Err(e) => (None, Some(e.0)),
+        };
+        DevicesReport {
+            host_version: env!("CARGO_PKG_VERSION").into(),
+            plugin_abi: crate::PLUGIN_ABI_VERSION.into(),
+            ggml_version: ggml_sys::runtime_version(),
+            profile: self.profile.origin().into(),
+            ggml_base_loaded: loaded_libraries("libggml-base"),
+            plugin_dirs: self.dirs.iter().map(|d| d.display().to_string()).collect(),
+            plugins: self.plugin_reports.iter().map(|p| PluginReport { kind: p.kind, name: p.name.clone(), path: p.path.clone(), loaded: p.loaded, version: p.version.clone(), error: p.error.clone() }).collect(),
+            backends,
+            selected,
+            selection_error,
+        }
+    }
+
+    /// Picks backend and device as the profile says and resolves policies for it.
+    fn select(&self) -> Result<(&OpenBackend, &DeviceInfo, Resolution), EngineError> {
+        let mut reasons = Vec::new();
+        let candidates = if self.profile.fallback { &self.profile.prefer[..] } else { &self.profile.prefer[..1] };
+        for name in candidates {
+            let Some((_, state)) = self.backends.iter().find(|(n, _)| n == name) else { continue };
+            let backend = match state {
+                BackendState::Open(b) if !b.devices.is_empty() => b,
+                BackendState::Open(_) => {
+                    reasons.push(format!("{name}: no usable device"));
+                    continue;
+                }
+                BackendState::Unavailable(r) => {
+                    reasons.push(format!("{name}: {r}"));
+                    continue;
+                }
+            };
+            let device = match &self.profile.device {
+                DeviceChoice::Auto => backend.devices.iter().max_by_key(|d| (d.kind.preference(), std::cmp::Reverse(d.index))),
+                DeviceChoice::Name(n) => backend.devices.iter().find(|d| d.name.as_str() == n),
+                DeviceChoice::Index(i) => backend.devices.get(*i as usize),
+            };
+            let Some(device) = device else {
+                let names: Vec<&str> = backend.devices.iter().map(|d| d.name.as_str()).collect();
+                reasons.push(format!("{name}: no device {:?} (devices: {})", self.profile.device, names.join(", ")));
+                continue;
+            };
+            let (_, resolution) = self.resolve(backend, device);
+            return match resolution {
+                Ok(r) => Ok((backend, device, r)),
+                Err(e) => fail(format!("{} on {}: {e}", self.profile.origin(), device.name)),
+            };
+        }
+        let policy = if self.profile.fallback { "" } else { " (fallback = false)" };
+        fail(format!("no backend of [{}] is usable{policy}: {}", candidates.join(", "), reasons.join("; ")))
+    }
+
+    /// Full synthesis path: select device, load the model plugin for the profile's
+    /// GGUF, synthesize `text`, and write a WAV atomically.
+    pub fn synthesize_to_wav(&self, text: &str, overrides: &[(String, String)], out: &Path) -> Result<SynthesisOutput, EngineError> {
+        if text.trim().is_empty() {
+            return fail("text is empty");
+        }
+        let (backend, device, resolution) = self.select()?;
+        let Some(first) = self.profile.model_files.first() else {
+            return fail(format!("{}: [model] files is empty; name the model GGUF file(s)", self.profile.origin()));
+        };
+        let gguf = ggml_sys::gguf::GgufFile::open(first).map_err(|e| EngineError(e.to_string()))?;
+        let arch = gguf.get_str("general.architecture").map_err(|e| EngineError(e.to_string()))?;
+        drop(gguf);
+        let mut tried = Vec::new();
+        let mut chosen = None;
+        for f in self.files.iter().filter(|f| f.kind == PluginKind::Model) {
+            match loader::load_model(&f.path) {
+                Ok((m, _)) => {
+                    let family = (m.module.family())();
+                    if family.architectures.iter().any(|a| a.as_str() == arch) {
+                        chosen = Some(m);
+                        break;
+                    }
+                    tried.push(family.family.to_string());
+                }
+                Err(e) => tried.push(format!("{} ({e})", f.name)),
+            }
+        }
+        let Some(model_plugin) = chosen else {
+            return fail(format!(
+                "no model plugin loads architecture '{arch}' of {} (model plugins found: {})",
+                first.display(),
+                if tried.is_empty() { "none".into() } else { tried.join(", ") }
+            ));
+        };
+        let specs: Vec<_> = (model_plugin.module.option_specs())().into_iter().collect();
+        let options = self.profile.synthesis_options(&specs, overrides).map_err(|e| EngineError(e.to_string()))?;
+        let handle = match backend.session.init_device(device.index) {
+            RResult::ROk(h) => h,
+            RResult::RErr(e) => return fail(format!("initialising {}: {e}", device.name)),
+        };
+        let request = ModelLoadRequest {
+            files: self.profile.model_files.iter().map(|p| p.display().to_string().into()).collect(),
+            policies: resolution.policies,
+        };
+        let mut model = match (model_plugin.module.load())(&request, &handle) {
+            RResult::ROk(m) => m,
+            RResult::RErr(e) => return fail(e.to_string()),
+        };
+        let output = match model.synthesize(&SynthesisRequest { text: text.into(), options }) {
+            RResult::ROk(o) => o,
+            RResult::RErr(e) => return fail(e.to_string()),
+        };
+        crate::audio::write_wav_atomic(out, &output.samples, output.sample_rate).map_err(EngineError)?;
+        Ok(output)
+    }
+}
+
+/// Distinct mapped files whose name starts with `prefix` (Linux; empty elsewhere).
+/// Lets `tts devices` show that every plugin shares one libggml-base.
+pub fn loaded_libraries(prefix: &str) -> Vec<String> {
+    let maps = std::fs::read_to_string("/proc/self/maps").unwrap_or_default();
+    let mut found: Vec<String> = maps
+        .lines()
+        .filter_map(|l| l.split_whitespace().nth(5))
+        .filter(|p| Path::new(p).file_name().is_some_and(|f| f.to_string_lossy().starts_with(prefix)))
+        .map(str::to_string)
+        .collect();
+    found.sort();
+    found.dedup();
+    found
+}

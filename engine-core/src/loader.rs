@@ -1,0 +1,166 @@
+//! Finding and loading plugin files. Each load checks, in order: the file exists,
+//! it is a loadable library (`libloading`), it exports a plugin root module, its
+//! plugin ABI version matches, every type reachable from the root module has the
+//! layout this host expects (abi_stable), and it was built against the same ggml
+//! source as the host. Plugins are never unloaded.
+
+use crate::abi::{BackendPluginRef, ModelPluginRef, PluginInfo};
+use abi_stable::library::{lib_header_from_path, LibraryError, RootModule};
+use std::path::{Path, PathBuf};
+
+/// File name prefixes: `libtts_backend_<name>.so`, `libtts_model_<family>.so`.
+pub const BACKEND_PREFIX: &str = "libtts_backend_";
+pub const MODEL_PREFIX: &str = "libtts_model_";
+pub const PLUGIN_SUFFIX: &str = std::env::consts::DLL_SUFFIX;
+
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum PluginKind {
+    Backend,
+    Model,
+}
+
+/// A plugin file found in a plugin directory (not loaded yet).
+#[derive(Debug, Clone)]
+pub struct PluginFile {
+    pub kind: PluginKind,
+    /// Name from the file name: "cpu", "vulkan", "supertonic".
+    pub name: String,
+    pub path: PathBuf,
+}
+
+#[derive(Debug, thiserror::Error)]
+pub enum PluginError {
+    #[error("plugin file {0} does not exist")]
+    Missing(PathBuf),
+    #[error("plugin {path} is not a loadable library: {reason}")]
+    NotLoadable { path: PathBuf, reason: String },
+    #[error("{0} is a library but not a tts plugin (no plugin root module exported)")]
+    NotAPlugin(PathBuf),
+    #[error("plugin {path} was built for plugin ABI {found}; this host speaks plugin ABI {expected}")]
+    AbiVersion { path: PathBuf, found: String, expected: String },
+    #[error("plugin {path} has an incompatible ABI layout (built against a different engine-core): {detail}")]
+    AbiLayout { path: PathBuf, detail: String },
+    #[error("plugin {path} was built against ggml {found_version} (source {found}), the host against ggml {expected_version} (source {expected})")]
+    GgmlMismatch { path: PathBuf, found: String, found_version: String, expected: String, expected_version: String },
+    #[error("plugin {path} failed to initialise: {reason}")]
+    Init { path: PathBuf, reason: String },
+}
+
+/// Lists plugin files in `dirs` (non-recursive), sorted by kind and name. A name
+/// found in an earlier directory shadows later ones.
+pub fn discover(dirs: &[PathBuf]) -> Vec<PluginFile> {
+    let mut found: Vec<PluginFile> = Vec::new();
+    for dir in dirs {
+        let Ok(entries) = std::fs::read_dir(dir) else { continue };
+        let mut names: Vec<PathBuf> = entries.filter_map(|e| e.ok().map(|e| e.path())).collect();
+        names.sort();
+        for path in names {
+            let Some(file) = path.file_name().and_then(|f| f.to_str()) else { continue };
+            let Some(stem) = file.strip_suffix(PLUGIN_SUFFIX) else { continue };
+            let (kind, name) = if let Some(n) = stem.strip_prefix(BACKEND_PREFIX) {
+                (PluginKind::Backend, n)
+            } else if let Some(n) = stem.strip_prefix(MODEL_PREFIX) {
+                (PluginKind::Model, n)
+            } else {
+                continue;
+            };
+            if !found.iter().any(|f| f.kind == kind && f.name == name) {
+                found.push(PluginFile { kind, name: name.to_string(), path });
+            }
+        }
+    }
+    found.sort_by(|a, b| (a.kind as u8, &a.name).cmp(&(b.kind as u8, &b.name)));
+    found
+}
+
+/// The file name a backend plugin would have.
+pub fn backend_file_name(name: &str) -> String {
+    format!("{BACKEND_PREFIX}{name}{PLUGIN_SUFFIX}")
+}
+
+/// A loaded backend plugin.
+#[derive(Clone, Copy)]
+pub struct LoadedBackendPlugin {
+    pub module: BackendPluginRef,
+}
+
+/// A loaded model plugin.
+#[derive(Clone, Copy)]
+pub struct LoadedModelPlugin {
+    pub module: ModelPluginRef,
+}
+
+pub fn load_backend(path: &Path) -> Result<(LoadedBackendPlugin, PluginInfo), PluginError> {
+    let module: BackendPluginRef = load_root(path)?;
+    let info = (module.info())();
+    check_ggml(path, &info)?;
+    Ok((LoadedBackendPlugin { module }, info))
+}
+
+pub fn load_model(path: &Path) -> Result<(LoadedModelPlugin, PluginInfo), PluginError> {
+    let module: ModelPluginRef = load_root(path)?;
+    let info = (module.info())();
+    check_ggml(path, &info)?;
+    Ok((LoadedModelPlugin { module }, info))
+}
+
+fn load_root<M: RootModule>(path: &Path) -> Result<M, PluginError> {
+    if !path.is_file() {
+        return Err(PluginError::Missing(path.to_path_buf()));
+    }
+    // Open with libloading first: its error is the plain dlopen reason (bad ELF,
+    // wrong architecture, missing dependency), which we want to show as is.
+    let library = unsafe { libloading::Library::new(path) }.map_err(|e| PluginError::NotLoadable {
+        path: path.to_path_buf(),
+        reason: one_line(&e.to_string()),
+    })?;
+    let exported = unsafe { library.get::<*const ()>(abi_stable::library::ROOT_MODULE_LOADER_NAME_WITH_NUL.as_bytes()) }.is_ok();
+    // Plugins are never unloaded (abi_stable hands out 'static references into them).
+    std::mem::forget(library);
+    if !exported {
+        return Err(PluginError::NotAPlugin(path.to_path_buf()));
+    }
+    let header = lib_header_from_path(path).map_err(|e| map_library_error(path, e))?;
+    header.init_root_module::<M>().map_err(|e| map_library_error(path, e))
+}
+
+fn map_library_error(path: &Path, e: LibraryError) -> PluginError {
+    let path = path.to_path_buf();
+    match e {
+        e @ LibraryError::OpenError { .. } => PluginError::NotLoadable { path, reason: one_line(&e.to_string()) },
+        LibraryError::GetSymbolError { .. } => PluginError::NotAPlugin(path),
+        LibraryError::IncompatibleVersionNumber { expected_version, actual_version, .. } => PluginError::AbiVersion {
+            path,
+            found: actual_version.to_string(),
+            expected: expected_version.to_string(),
+        },
+        LibraryError::AbiInstability(detail) => PluginError::AbiLayout { path, detail: first_line(&detail.to_string()) },
+        other => PluginError::Init { path, reason: one_line(&other.to_string()) },
+    }
+}
+
+fn check_ggml(path: &Path, info: &PluginInfo) -> Result<(), PluginError> {
+    if info.ggml_source_fingerprint.as_str() != ggml_sys::SOURCE_FINGERPRINT {
+        return Err(PluginError::GgmlMismatch {
+            path: path.to_path_buf(),
+            found: short(info.ggml_source_fingerprint.as_str()),
+            found_version: info.ggml_version.to_string(),
+            expected: short(ggml_sys::SOURCE_FINGERPRINT),
+            expected_version: ggml_sys::GGML_VERSION.to_string(),
+        });
+    }
+    Ok(())
+}
+
+fn short(fp: &str) -> String {
+    fp.chars().take(12).collect()
+}
+
+fn one_line(s: &str) -> String {
+    s.split_whitespace().collect::<Vec<_>>().join(" ")
+}
+
+fn first_line(s: &str) -> String {
+    let lines: Vec<&str> = s.lines().map(str::trim).filter(|l| !l.is_empty()).take(3).collect();
+    one_line(&lines.join("; "))
+}

@@ -1,0 +1,312 @@
+//! Policy resolution. Each policy in a profile is `auto`, `on` or `off`:
+//! `auto` follows the device's probe, `on` for an unsupported or denied feature is
+//! an error, `off` is off. Deny rules match device names (globs) and switch features
+//! or ggml ops off for those devices.
+
+use crate::abi::{KvType, ProbeResult, ResolvedPolicies};
+use crate::probes;
+use serde::{Deserialize, Serialize};
+
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Deserialize, Serialize, Default)]
+#[serde(rename_all = "lowercase")]
+pub enum Policy {
+    #[default]
+    Auto,
+    On,
+    Off,
+}
+
+impl Policy {
+    pub fn as_str(&self) -> &'static str {
+        match self {
+            Policy::Auto => "auto",
+            Policy::On => "on",
+            Policy::Off => "off",
+        }
+    }
+}
+
+/// The `[policies]` table.
+#[derive(Debug, Clone, Deserialize, Serialize, PartialEq, Eq)]
+#[serde(deny_unknown_fields, default)]
+pub struct PolicyConfig {
+    /// Fused flash attention (F32 K/V).
+    pub flash_attn: Policy,
+    /// F16 K/V cache through flash attention.
+    pub kv_f16: Policy,
+    /// BF16 K/V cache (off by default: precision).
+    pub kv_bf16: Policy,
+    /// Q8_0 K/V cache (off by default: precision).
+    pub kv_q8_0: Policy,
+    /// F16 storage of large matmul weights.
+    pub f16_weights: Policy,
+    /// The backend's own LEAKY_RELU instead of a decomposition.
+    pub native_leaky_relu: Policy,
+    /// The backend's own CONV_TRANSPOSE_1D instead of a decomposition.
+    pub conv_transpose_1d: Policy,
+    /// Pinned host staging buffers for uploads.
+    pub pinned_host: Policy,
+}
+
+impl Default for PolicyConfig {
+    fn default() -> Self {
+        PolicyConfig {
+            flash_attn: Policy::Auto,
+            kv_f16: Policy::Auto,
+            kv_bf16: Policy::Off,
+            kv_q8_0: Policy::Off,
+            f16_weights: Policy::Auto,
+            native_leaky_relu: Policy::Auto,
+            conv_transpose_1d: Policy::Auto,
+            pinned_host: Policy::Auto,
+        }
+    }
+}
+
+/// Feature names (the `[policies]` keys), valid in deny rules' `features`.
+pub const FEATURES: [&str; 8] = [
+    "flash_attn",
+    "kv_f16",
+    "kv_bf16",
+    "kv_q8_0",
+    "f16_weights",
+    "native_leaky_relu",
+    "conv_transpose_1d",
+    "pinned_host",
+];
+
+impl PolicyConfig {
+    fn get(&self, feature: &str) -> Policy {
+        match feature {
+            "flash_attn" => self.flash_attn,
+            "kv_f16" => self.kv_f16,
+            "kv_bf16" => self.kv_bf16,
+            "kv_q8_0" => self.kv_q8_0,
+            "f16_weights" => self.f16_weights,
+            "native_leaky_relu" => self.native_leaky_relu,
+            "conv_transpose_1d" => self.conv_transpose_1d,
+            "pinned_host" => self.pinned_host,
+            _ => Policy::Off,
+        }
+    }
+}
+
+/// The probe a feature follows.
+pub fn feature_probe(feature: &str) -> &'static str {
+    match feature {
+        "flash_attn" => probes::FLASH_ATTN_F32_KV,
+        "kv_f16" => probes::FLASH_ATTN_F16_KV,
+        "kv_bf16" => probes::FLASH_ATTN_BF16_KV,
+        "kv_q8_0" => probes::FLASH_ATTN_Q8_0_KV,
+        "f16_weights" => probes::MUL_MAT_F16_WEIGHT,
+        "native_leaky_relu" => probes::NATIVE_LEAKY_RELU,
+        "conv_transpose_1d" => probes::CONV_TRANSPOSE_1D,
+        _ => probes::PINNED_HOST_BUFFER,
+    }
+}
+
+/// One `[[deny]]` rule.
+#[derive(Debug, Clone)]
+pub struct DenyRule {
+    /// 1-based position in the profile, for messages.
+    pub number: usize,
+    pub device_pattern: String,
+    pub matcher: globset::GlobMatcher,
+    pub backend: Option<String>,
+    pub features: Vec<String>,
+    pub ops: Vec<String>,
+    pub reason: Option<String>,
+}
+
+impl DenyRule {
+    /// Matches the glob against the device name and its description.
+    pub fn matches(&self, backend: &str, device_name: &str, device_description: &str) -> bool {
+        self.backend.as_deref().is_none_or(|b| b.eq_ignore_ascii_case(backend))
+            && (self.matcher.is_match(device_name) || self.matcher.is_match(device_description))
+    }
+
+    fn describe(&self) -> String {
+        let reason = self.reason.as_deref().map(|r| format!(": {r}")).unwrap_or_default();
+        format!("deny rule {} (device \"{}\"){reason}", self.number, self.device_pattern)
+    }
+}
+
+/// How one feature was decided, for `tts devices`.
+#[derive(Debug, Clone, Serialize, PartialEq, Eq)]
+pub struct Decision {
+    pub feature: String,
+    pub setting: Policy,
+    pub enabled: bool,
+    pub reason: String,
+}
+
+#[derive(Debug, Clone, Serialize)]
+pub struct Resolution {
+    pub decisions: Vec<Decision>,
+    pub kv_type: String,
+    pub denied_ops: Vec<String>,
+    #[serde(skip)]
+    pub policies: ResolvedPolicies,
+}
+
+/// The device a resolution is for.
+pub struct DeviceRef<'a> {
+    pub backend: &'a str,
+    pub name: &'a str,
+    pub description: &'a str,
+}
+
+pub fn resolve(config: &PolicyConfig, deny: &[DenyRule], device: &DeviceRef<'_>, probes: &[ProbeResult]) -> Result<Resolution, String> {
+    let rules: Vec<&DenyRule> = deny.iter().filter(|r| r.matches(device.backend, device.name, device.description)).collect();
+    let mut denied_ops: Vec<String> = rules.iter().flat_map(|r| r.ops.iter().cloned()).collect();
+    denied_ops.sort();
+    denied_ops.dedup();
+
+    let mut decisions = Vec::new();
+    for feature in FEATURES {
+        let setting = config.get(feature);
+        let probe_name = feature_probe(feature);
+        let probe = probes.iter().find(|p| p.name.as_str() == probe_name);
+        let denying_rule = rules.iter().find(|r| {
+            r.features.iter().any(|f| f == feature)
+                || probes::probe_op(probe_name).is_some_and(|op| r.ops.iter().any(|o| o == op))
+        });
+        let (enabled, reason) = match (setting, denying_rule, probe) {
+            (Policy::Off, _, _) => (false, "off in profile".to_string()),
+            (Policy::On, Some(rule), _) => {
+                return Err(format!(
+                    "policy `{feature}` is on, but {} disables it on {} ({})",
+                    rule.describe(),
+                    device.name,
+                    device.description
+                ))
+            }
+            (Policy::Auto, Some(rule), _) => (false, rule.describe()),
+            (_, None, Some(p)) if p.supported => (true, format!("probe {probe_name}: supported")),
+            (Policy::On, None, p) => {
+                let detail = p.map(|p| p.detail.to_string()).unwrap_or_else(|| "not probed".into());
+                return Err(format!(
+                    "policy `{feature}` is on, but {} ({}) does not support it (probe {probe_name}: {detail})",
+                    device.name, device.description
+                ));
+            }
+            (Policy::Auto, None, _) => (false, format!("probe {probe_name}: unsupported")),
+        };
+        decisions.push(Decision { feature: feature.into(), setting, enabled, reason });
+    }
+
+    let on = |f: &str| decisions.iter().any(|d| d.feature == f && d.enabled);
+    let forced_kv: Vec<&str> = ["kv_f16", "kv_bf16", "kv_q8_0"].into_iter().filter(|f| config.get(f) == Policy::On).collect();
+    if forced_kv.len() > 1 {
+        return Err(format!("policies {} are all on; a K/V cache has one type, turn all but one off", forced_kv.join(" and ")));
+    }
+    // Most compact enabled type wins: kv_bf16 / kv_q8_0 are off unless asked for.
+    let kv_type = if on("kv_q8_0") {
+        KvType::Q8_0
+    } else if on("kv_bf16") {
+        KvType::Bf16
+    } else if on("kv_f16") {
+        KvType::F16
+    } else {
+        KvType::F32
+    };
+    let policies = ResolvedPolicies {
+        flash_attn: on("flash_attn"),
+        kv_type,
+        f16_weights: on("f16_weights"),
+        native_leaky_relu: on("native_leaky_relu"),
+        conv_transpose_1d: on("conv_transpose_1d"),
+        pinned_host: on("pinned_host"),
+        denied_ops: denied_ops.iter().map(|s| s.as_str().into()).collect(),
+    };
+    Ok(Resolution { decisions, kv_type: kv_type.as_str().into(), denied_ops, policies })
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn probe(name: &str, supported: bool) -> ProbeResult {
+        ProbeResult { name: name.into(), supported, detail: "synthetic".into() }
+    }
+
+    fn all_probes(supported: bool) -> Vec<ProbeResult> {
+        probes::ALL.iter().map(|n| probe(n, supported)).collect()
+    }
+
+    fn rule(pattern: &str, features: &[&str], ops: &[&str]) -> DenyRule {
+        DenyRule {
+            number: 1,
+            device_pattern: pattern.into(),
+            matcher: globset::GlobBuilder::new(pattern).case_insensitive(true).build().unwrap().compile_matcher(),
+            backend: None,
+            features: features.iter().map(|s| s.to_string()).collect(),
+            ops: ops.iter().map(|s| s.to_string()).collect(),
+            reason: Some("test".into()),
+        }
+    }
+
+    const DEV: DeviceRef<'static> = DeviceRef { backend: "vulkan", name: "Vulkan0", description: "Mali-G78" };
+
+    #[test]
+    fn auto_follows_probes() {
+        let r = resolve(&PolicyConfig::default(), &[], &DEV, &all_probes(true)).unwrap();
+        assert!(r.policies.flash_attn && r.policies.f16_weights && r.policies.native_leaky_relu);
+        assert_eq!(r.policies.kv_type, KvType::F16, "bf16/q8_0 are off by default");
+        let r = resolve(&PolicyConfig::default(), &[], &DEV, &all_probes(false)).unwrap();
+        assert!(!r.policies.flash_attn && !r.policies.f16_weights);
+        assert_eq!(r.policies.kv_type, KvType::F32);
+    }
+
+    #[test]
+    fn forced_on_unsupported_is_an_error() {
+        let cfg = PolicyConfig { kv_bf16: Policy::On, kv_f16: Policy::Off, ..Default::default() };
+        let mut p = all_probes(true);
+        p.iter_mut().find(|p| p.name.as_str() == probes::FLASH_ATTN_BF16_KV).unwrap().supported = false;
+        let e = resolve(&cfg, &[], &DEV, &p).unwrap_err();
+        assert!(e.starts_with("policy `kv_bf16` is on, but Vulkan0 (Mali-G78) does not support it"), "{e}");
+    }
+
+    #[test]
+    fn deny_rule_disables_auto_and_rejects_on() {
+        let deny = [rule("*mali*", &["flash_attn"], &[])];
+        let r = resolve(&PolicyConfig::default(), &deny, &DEV, &all_probes(true)).unwrap();
+        let d = r.decisions.iter().find(|d| d.feature == "flash_attn").unwrap();
+        assert!(!d.enabled);
+        assert_eq!(d.reason, "deny rule 1 (device \"*mali*\"): test");
+        let cfg = PolicyConfig { flash_attn: Policy::On, ..Default::default() };
+        let e = resolve(&cfg, &deny, &DEV, &all_probes(true)).unwrap_err();
+        assert_eq!(e, "policy `flash_attn` is on, but deny rule 1 (device \"*mali*\"): test disables it on Vulkan0 (Mali-G78)");
+    }
+
+    #[test]
+    fn denied_op_switches_off_every_feature_using_it() {
+        let deny = [rule("Vulkan*", &[], &["FLASH_ATTN_EXT"])];
+        let r = resolve(&PolicyConfig::default(), &deny, &DEV, &all_probes(true)).unwrap();
+        assert!(!r.policies.flash_attn);
+        assert_eq!(r.policies.kv_type, KvType::F32);
+        assert_eq!(r.denied_ops, vec!["FLASH_ATTN_EXT".to_string()]);
+        assert!(r.policies.native_leaky_relu);
+    }
+
+    #[test]
+    fn non_matching_rule_is_ignored() {
+        let deny = [rule("*Adreno*", &["flash_attn"], &[])];
+        let r = resolve(&PolicyConfig::default(), &deny, &DEV, &all_probes(true)).unwrap();
+        assert!(r.policies.flash_attn);
+    }
+
+    #[test]
+    fn two_forced_kv_types_conflict() {
+        let cfg = PolicyConfig { kv_bf16: Policy::On, kv_q8_0: Policy::On, ..Default::default() };
+        let e = resolve(&cfg, &[], &DEV, &all_probes(true)).unwrap_err();
+        assert!(e.contains("kv_bf16 and kv_q8_0"), "{e}");
+    }
+
+    #[test]
+    fn most_compact_enabled_kv_type_wins() {
+        let cfg = PolicyConfig { kv_q8_0: Policy::Auto, ..Default::default() };
+        let r = resolve(&cfg, &[], &DEV, &all_probes(true)).unwrap();
+        assert_eq!(r.policies.kv_type, KvType::Q8_0);
+    }
+}

@@ -1,0 +1,440 @@
+//! Helpers shared by the build scripts of `ggml-sys` and of every backend plugin.
+//!
+//! All of them build from one pinned ggml tree (the `llama.cpp/ggml` subtree of the
+//! registry package named below), so every module in a process agrees with the one
+//! shared `libggml-base`. A backend plugin may patch only its own backend directory;
+//! [`prepare_source`] enforces that, which is what keeps the shared base identical.
+
+use sha2::{Digest, Sha256};
+use std::fs;
+use std::io;
+use std::path::{Path, PathBuf};
+use std::process::Command;
+
+/// Registry package that carries the pinned ggml tree.
+pub const PINNED_CRATE: &str = "llama-cpp-sys-2";
+/// Exact version pinned in this crate's Cargo.toml.
+pub const PINNED_VERSION: &str = "0.1.161";
+/// Environment variable that points at a ggml source directory (offline packagers).
+pub const SOURCE_DIR_ENV: &str = "TTS_GGML_SOURCE_DIR";
+
+type Result<T> = std::result::Result<T, String>;
+
+/// Finds the pristine ggml directory: `$TTS_GGML_SOURCE_DIR`, else the unpacked
+/// registry package, else its cached `.crate` archive (unpacked into `scratch`),
+/// else after running `cargo fetch` on the workspace.
+pub fn locate_source(scratch: &Path) -> Result<PathBuf> {
+    cargo_directive(&format!("rerun-if-env-changed={SOURCE_DIR_ENV}"));
+    if let Ok(dir) = std::env::var(SOURCE_DIR_ENV) {
+        let dir = PathBuf::from(dir);
+        return if dir.join("CMakeLists.txt").is_file() && dir.join("include/ggml.h").is_file() {
+            Ok(dir)
+        } else {
+            Err(format!("{SOURCE_DIR_ENV}={} is not a ggml source directory", dir.display()))
+        };
+    }
+    if let Some(dir) = find_in_registry()? {
+        return Ok(dir);
+    }
+    if let Some(dir) = unpack_cached_crate(scratch)? {
+        return Ok(dir);
+    }
+    fetch_workspace()?;
+    find_in_registry()?.ok_or_else(|| {
+        format!(
+            "pinned ggml source {PINNED_CRATE}-{PINNED_VERSION} not found after `cargo fetch`; \
+             set {SOURCE_DIR_ENV} to a ggml source directory"
+        )
+    })
+}
+
+/// Prints a `cargo:` directive when running as a build script (not from xtask).
+fn cargo_directive(text: &str) {
+    if std::env::var_os("OUT_DIR").is_some() {
+        println!("cargo:{text}");
+    }
+}
+
+fn cargo_home() -> PathBuf {
+    std::env::var_os("CARGO_HOME")
+        .map(PathBuf::from)
+        .unwrap_or_else(|| PathBuf::from(std::env::var_os("HOME").unwrap_or_default()).join(".cargo"))
+}
+
+fn crate_dir_name() -> String {
+    format!("{PINNED_CRATE}-{PINNED_VERSION}")
+}
+
+fn find_in_registry() -> Result<Option<PathBuf>> {
+    let src = cargo_home().join("registry/src");
+    for index in read_dir_sorted(&src) {
+        let ggml = index.join(crate_dir_name()).join("llama.cpp/ggml");
+        if ggml.join("CMakeLists.txt").is_file() {
+            return Ok(Some(ggml));
+        }
+    }
+    Ok(None)
+}
+
+fn unpack_cached_crate(scratch: &Path) -> Result<Option<PathBuf>> {
+    let cache = cargo_home().join("registry/cache");
+    for index in read_dir_sorted(&cache) {
+        let archive = index.join(format!("{}.crate", crate_dir_name()));
+        if archive.is_file() {
+            let file = fs::File::open(&archive).map_err(|e| format!("{}: {e}", archive.display()))?;
+            tar::Archive::new(flate2::read::GzDecoder::new(file))
+                .unpack(scratch)
+                .map_err(|e| format!("unpacking {}: {e}", archive.display()))?;
+            return Ok(Some(scratch.join(crate_dir_name()).join("llama.cpp/ggml")));
+        }
+    }
+    Ok(None)
+}
+
+fn fetch_workspace() -> Result<()> {
+    // Outside a build script (xtask) there is no manifest dir; the caller fetched.
+    let Ok(manifest_dir) = std::env::var("CARGO_MANIFEST_DIR").map(PathBuf::from) else {
+        return Ok(());
+    };
+    let Some(root) = manifest_dir.ancestors().find(|d| d.join("Cargo.lock").is_file()) else {
+        return Ok(());
+    };
+    let cargo = std::env::var("CARGO").unwrap_or_else(|_| "cargo".into());
+    let status = Command::new(cargo)
+        .args(["fetch", "--manifest-path"])
+        .arg(root.join("Cargo.toml"))
+        .status()
+        .map_err(|e| format!("running cargo fetch: {e}"))?;
+    if status.success() {
+        Ok(())
+    } else {
+        Err(format!("cargo fetch failed ({status}); run it once by hand or set {SOURCE_DIR_ENV}"))
+    }
+}
+
+fn read_dir_sorted(dir: &Path) -> Vec<PathBuf> {
+    let mut entries: Vec<PathBuf> = fs::read_dir(dir)
+        .map(|rd| rd.filter_map(|e| e.ok().map(|e| e.path())).collect())
+        .unwrap_or_default();
+    entries.sort();
+    entries
+}
+
+/// The files that make up `libggml-base` and `libggml` (the registry/loader).
+/// Their hash identifies the pinned source a module was built from.
+fn base_files(src: &Path) -> Vec<PathBuf> {
+    let mut files = Vec::new();
+    for dir in [src.join("include"), src.join("src")] {
+        for path in read_dir_sorted(&dir) {
+            let is_source = matches!(
+                path.extension().and_then(|e| e.to_str()),
+                Some("h" | "c" | "cpp")
+            );
+            if path.is_file() && is_source {
+                files.push(path);
+            }
+        }
+    }
+    files
+}
+
+/// Hex SHA-256 over the relative names and contents of the base files.
+pub fn source_fingerprint(src: &Path) -> Result<String> {
+    let mut hasher = Sha256::new();
+    for path in base_files(src) {
+        let rel = path.strip_prefix(src).unwrap_or(&path);
+        hasher.update(rel.to_string_lossy().as_bytes());
+        hasher.update([0]);
+        hasher.update(fs::read(&path).map_err(|e| format!("{}: {e}", path.display()))?);
+    }
+    Ok(hex::encode(hasher.finalize()))
+}
+
+/// Hex SHA-256 over a patch series, in application order.
+pub fn patches_fingerprint(patches: &[PathBuf]) -> Result<String> {
+    let mut hasher = Sha256::new();
+    for patch in patches {
+        hasher.update(fs::read(patch).map_err(|e| format!("{}: {e}", patch.display()))?);
+    }
+    Ok(hex::encode(hasher.finalize()))
+}
+
+/// The `*.patch` files of a directory, sorted by name (the series order).
+pub fn patch_series(dir: &Path) -> Vec<PathBuf> {
+    cargo_directive(&format!("rerun-if-changed={}", dir.display()));
+    read_dir_sorted(dir)
+        .into_iter()
+        .filter(|p| p.extension().is_some_and(|e| e == "patch"))
+        .collect()
+}
+
+/// Copies the pristine tree to `dest` (fresh), adds the `ggml.pc.in` the registry
+/// package omits, and applies `patches` in order. Each patch may touch only paths
+/// under `allowed_dir` (e.g. `src/ggml-vulkan/`).
+pub fn prepare_source(pristine: &Path, dest: &Path, patches: &[PathBuf], allowed_dir: &str) -> Result<()> {
+    if dest.exists() {
+        fs::remove_dir_all(dest).map_err(|e| format!("{}: {e}", dest.display()))?;
+    }
+    copy_tree(pristine, dest).map_err(|e| format!("copying ggml source to {}: {e}", dest.display()))?;
+    let pc_in = dest.join("ggml.pc.in");
+    if !pc_in.exists() {
+        fs::write(&pc_in, "").map_err(|e| e.to_string())?;
+    }
+    for patch in patches {
+        let text = fs::read_to_string(patch).map_err(|e| format!("{}: {e}", patch.display()))?;
+        for line in text.lines().filter(|l| l.starts_with("+++ ") || l.starts_with("--- ")) {
+            let path = line[4..].split('\t').next().unwrap_or("").trim();
+            let rel = path.strip_prefix("a/").or_else(|| path.strip_prefix("b/")).unwrap_or(path);
+            if rel != "/dev/null" && !rel.starts_with(allowed_dir) {
+                return Err(format!(
+                    "{}: touches {rel}; a backend patch may only change {allowed_dir} \
+                     (the shared libggml-base must stay identical across plugins)",
+                    patch.display()
+                ));
+            }
+        }
+        let out = Command::new("patch")
+            .args(["-p1", "--batch", "--forward", "--silent", "-i"])
+            .arg(patch)
+            .current_dir(dest)
+            .output()
+            .map_err(|e| format!("running patch (install the `patch` package): {e}"))?;
+        if !out.status.success() {
+            return Err(format!(
+                "{} does not apply to {PINNED_CRATE}-{PINNED_VERSION}: {}{}",
+                patch.display(),
+                String::from_utf8_lossy(&out.stdout),
+                String::from_utf8_lossy(&out.stderr)
+            ));
+        }
+    }
+    Ok(())
+}
+
+fn copy_tree(from: &Path, to: &Path) -> io::Result<()> {
+    fs::create_dir_all(to)?;
+    for entry in fs::read_dir(from)? {
+        let entry = entry?;
+        let target = to.join(entry.file_name());
+        if entry.file_type()?.is_dir() {
+            copy_tree(&entry.path(), &target)?;
+        } else {
+            fs::copy(entry.path(), &target)?;
+        }
+    }
+    Ok(())
+}
+
+/// CMake cache options for one ggml build (configured and built with Ninja).
+#[derive(Clone, Debug)]
+pub struct CmakeOptions {
+    pub defines: Vec<(String, String)>,
+}
+
+impl Default for CmakeOptions {
+    /// The options every build in this project shares: shared libs, DL backends,
+    /// no backend unless asked for, no tests or examples.
+    fn default() -> Self {
+        let defines = [
+            ("CMAKE_BUILD_TYPE", "Release"),
+            ("BUILD_SHARED_LIBS", "ON"),
+            ("GGML_BACKEND_DL", "ON"),
+            ("GGML_CPU", "OFF"),
+            // ggml refuses GGML_NATIVE with DL modules; ISA switches are explicit.
+            ("GGML_NATIVE", "OFF"),
+            ("GGML_BUILD_TESTS", "OFF"),
+            ("GGML_BUILD_EXAMPLES", "OFF"),
+            ("GGML_CCACHE", "OFF"),
+        ];
+        CmakeOptions { defines: defines.iter().map(|(k, v)| (k.to_string(), v.to_string())).collect() }
+    }
+}
+
+impl CmakeOptions {
+    pub fn define(mut self, key: &str, value: &str) -> Self {
+        self.defines.retain(|(k, _)| k != key);
+        self.defines.push((key.to_string(), value.to_string()));
+        self
+    }
+
+    fn configure_and_build(&self, source: &Path, build_dir: &Path, targets: &[&str]) -> Result<()> {
+        fs::create_dir_all(build_dir).map_err(|e| e.to_string())?;
+        let mut configure = Command::new("cmake");
+        configure.arg("-G").arg("Ninja").arg("-S").arg(source).arg("-B").arg(build_dir);
+        for (k, v) in &self.defines {
+            configure.arg(format!("-D{k}={v}"));
+        }
+        run(&mut configure, "cmake configure")?;
+        let jobs = std::env::var("NUM_JOBS").unwrap_or_else(|_| "2".into());
+        let mut build = Command::new("cmake");
+        build.arg("--build").arg(build_dir).args(["-j", &jobs]);
+        for t in targets {
+            build.args(["--target", t]);
+        }
+        run(&mut build, "cmake build")
+    }
+}
+
+fn run(cmd: &mut Command, what: &str) -> Result<()> {
+    let out = cmd.output().map_err(|e| format!("{what}: cannot run cmake (install cmake and ninja-build): {e}"))?;
+    if out.status.success() {
+        Ok(())
+    } else {
+        let stderr = String::from_utf8_lossy(&out.stderr);
+        let stdout = String::from_utf8_lossy(&out.stdout);
+        let tail: String = stdout.lines().rev().take(40).collect::<Vec<_>>().into_iter().rev().collect::<Vec<_>>().join("\n");
+        Err(format!("{what} failed:\n{tail}\n{stderr}"))
+    }
+}
+
+/// `target/<profile>` for the crate being built, where cargo puts cdylibs and binaries.
+/// Build outputs that must sit next to them (shared libs, backend modules) go there too.
+pub fn artifact_dir() -> Result<PathBuf> {
+    let out = PathBuf::from(std::env::var("OUT_DIR").map_err(|e| e.to_string())?);
+    // OUT_DIR = <target>/<profile>/build/<pkg>-<hash>/out
+    out.ancestors()
+        .nth(3)
+        .map(Path::to_path_buf)
+        .ok_or_else(|| format!("unexpected OUT_DIR layout: {}", out.display()))
+}
+
+/// Copies a file (and the symlinks that point at it, as plain copies) into `dir`.
+pub fn copy_into(file: &Path, dir: &Path) -> Result<PathBuf> {
+    fs::create_dir_all(dir).map_err(|e| e.to_string())?;
+    let name = file.file_name().ok_or("no file name")?;
+    let dest = dir.join(name);
+    let tmp = dir.join(format!(".{}.tmp", name.to_string_lossy()));
+    fs::copy(file, &tmp).map_err(|e| format!("copy {}: {e}", file.display()))?;
+    fs::rename(&tmp, &dest).map_err(|e| e.to_string())?;
+    Ok(dest)
+}
+
+/// What a backend module was built from. Written beside the module as
+/// `<module>.stamp.json`; a backend plugin refuses a module whose stamp differs
+/// from what the plugin itself was built against.
+#[derive(Debug, Clone, PartialEq, Eq, serde::Serialize, serde::Deserialize)]
+pub struct ModuleStamp {
+    pub ggml_version: String,
+    pub source_package: String,
+    pub source_fingerprint: String,
+    pub patches_fingerprint: String,
+    pub module_file: String,
+    pub module_sha256: String,
+}
+
+pub fn file_sha256(path: &Path) -> Result<String> {
+    let bytes = fs::read(path).map_err(|e| format!("{}: {e}", path.display()))?;
+    Ok(hex::encode(Sha256::digest(bytes)))
+}
+
+/// Reads `GGML_VERSION_{MAJOR,MINOR,PATCH}` from the tree's CMakeLists.txt.
+pub fn ggml_version(src: &Path) -> Result<String> {
+    let text = fs::read_to_string(src.join("CMakeLists.txt")).map_err(|e| e.to_string())?;
+    let part = |name: &str| -> Result<String> {
+        let key = format!("set(GGML_VERSION_{name} ");
+        text.lines()
+            .find_map(|l| l.trim().strip_prefix(&key).map(|v| v.trim_end_matches(')').trim().to_string()))
+            .ok_or_else(|| format!("GGML_VERSION_{name} not found in CMakeLists.txt"))
+    };
+    Ok(format!("{}.{}.{}", part("MAJOR")?, part("MINOR")?, part("PATCH")?))
+}
+
+/// A configured and built ggml tree, shared by every build-script run that asks
+/// for the same source, patches, CMake options and targets.
+pub struct CachedBuild {
+    pub src: PathBuf,
+    pub build: PathBuf,
+}
+
+/// Prepares (copy + patch) and builds a ggml tree under
+/// `<target>/ggml-cache/<key>`, where the key hashes everything that affects the
+/// result. Cargo re-runs build scripts whenever a dependency's features shift
+/// between invocations; with this cache such a re-run costs a no-op ninja call
+/// instead of a full ggml (or 4-minute Vulkan shader) rebuild. A file lock keeps
+/// concurrent build scripts from building the same tree twice.
+pub fn cached_build(pristine: &Path, patches: &[PathBuf], allowed_dir: &str, cmake: CmakeOptions, targets: &[&str]) -> Result<CachedBuild> {
+    let mut key = Sha256::new();
+    key.update(source_fingerprint(pristine)?);
+    key.update(patches_fingerprint(patches)?);
+    key.update(allowed_dir);
+    for (k, v) in &cmake.defines {
+        key.update(format!("{k}={v};"));
+    }
+    for t in targets {
+        key.update(format!("target={t};"));
+    }
+    let key = hex::encode(key.finalize());
+    let root = target_dir()?.join("ggml-cache").join(&key[..16]);
+    fs::create_dir_all(&root).map_err(|e| format!("{}: {e}", root.display()))?;
+    let lock = fs::File::create(root.join(".lock")).map_err(|e| e.to_string())?;
+    lock.lock().map_err(|e| format!("locking {}: {e}", root.display()))?;
+
+    let src = root.join("src");
+    let prepared = root.join(".prepared");
+    if !prepared.is_file() {
+        prepare_source(pristine, &src, patches, allowed_dir)?;
+        fs::write(&prepared, "").map_err(|e| e.to_string())?;
+    }
+    let build = root.join("build");
+    cmake.configure_and_build(&src, &build, targets)?;
+    Ok(CachedBuild { src, build })
+}
+
+/// Cargo's target directory (`<target>/<profile>/build/<pkg>-<hash>/out` → `<target>`).
+fn target_dir() -> Result<PathBuf> {
+    let out = PathBuf::from(std::env::var("OUT_DIR").map_err(|e| e.to_string())?);
+    out.ancestors()
+        .nth(4)
+        .map(Path::to_path_buf)
+        .ok_or_else(|| format!("unexpected OUT_DIR layout: {}", out.display()))
+}
+
+/// Everything a backend plugin's build script does: patch, build the module,
+/// stamp it, place it next to the plugin, and export the stamp to the plugin's code
+/// as `TTS_MODULE_STAMP` (JSON) and the module's file name as `TTS_MODULE_FILE`.
+pub fn build_backend_module(backend_dir: &str, module_target: &str, extra_defines: &[(&str, &str)]) -> Result<PathBuf> {
+    let out = PathBuf::from(std::env::var("OUT_DIR").map_err(|e| e.to_string())?);
+    let manifest = PathBuf::from(std::env::var("CARGO_MANIFEST_DIR").map_err(|e| e.to_string())?);
+    let pristine = locate_source(&out.join("registry"))?;
+    let patches = patch_series(&manifest.join("patches"));
+    let mut cmake = CmakeOptions::default();
+    for (k, v) in extra_defines {
+        cmake = cmake.define(k, v);
+    }
+    let built = cached_build(&pristine, &patches, &format!("src/{backend_dir}/"), cmake, &[module_target])?;
+    let module_name = format!("lib{module_target}.so");
+    let module = built.build.join("bin").join(&module_name);
+    if !module.is_file() {
+        return Err(format!("cmake did not produce {}", module.display()));
+    }
+    let stamp = ModuleStamp {
+        ggml_version: ggml_version(&pristine)?,
+        source_package: format!("{PINNED_CRATE}-{PINNED_VERSION}"),
+        source_fingerprint: source_fingerprint(&pristine)?,
+        patches_fingerprint: patches_fingerprint(&patches)?,
+        module_file: module_name.clone(),
+        module_sha256: file_sha256(&module)?,
+    };
+    let stamp_json = serde_json::to_string(&stamp).map_err(|e| e.to_string())?;
+    let artifacts = artifact_dir()?;
+    let placed = copy_into(&module, &artifacts)?;
+    fs::write(artifacts.join(format!("{module_name}.stamp.json")), &stamp_json).map_err(|e| e.to_string())?;
+    println!("cargo:rustc-env=TTS_MODULE_STAMP={stamp_json}");
+    println!("cargo:rustc-env=TTS_MODULE_FILE={module_name}");
+    Ok(placed)
+}
+
+/// The stamp a module built from `pristine` + `patches` must carry, with the
+/// module's own file name and hash left as `@MODULE_FILE@` / `@MODULE_SHA256@`
+/// for a build script outside cargo to fill in.
+pub fn stamp_template(pristine: &Path, patches: &[PathBuf]) -> Result<String> {
+    let stamp = ModuleStamp {
+        ggml_version: ggml_version(pristine)?,
+        source_package: format!("{PINNED_CRATE}-{PINNED_VERSION}"),
+        source_fingerprint: source_fingerprint(pristine)?,
+        patches_fingerprint: patches_fingerprint(patches)?,
+        module_file: "@MODULE_FILE@".into(),
+        module_sha256: "@MODULE_SHA256@".into(),
+    };
+    serde_json::to_string(&stamp).map_err(|e| e.to_string())
+}

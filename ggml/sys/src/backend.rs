@@ -1,0 +1,241 @@
+//! Backend registries (DL modules), devices, backends and buffers.
+
+use crate::context::{Context, Graph, Tensor};
+use crate::{cstr_to_string, err, sys, Result};
+use std::ffi::CString;
+use std::path::Path;
+use std::ptr::NonNull;
+
+/// A backend registry: one loaded ggml backend module (`libggml-cpu.so`, ...).
+/// Registries are never unloaded; the handle is `'static`.
+#[derive(Clone, Copy)]
+pub struct Registry(NonNull<sys::ggml_backend_reg>);
+
+unsafe impl Send for Registry {}
+unsafe impl Sync for Registry {}
+
+/// Loads a ggml DL backend module through the shared `libggml` loader, which also
+/// checks the module's backend API version against the shared base.
+pub fn load_backend_module(path: &Path) -> Result<Registry> {
+    let c = CString::new(path.to_string_lossy().as_bytes()).map_err(|e| crate::Error::Msg(e.to_string()))?;
+    match NonNull::new(unsafe { sys::ggml_backend_load(c.as_ptr()) }) {
+        Some(reg) => Ok(Registry(reg)),
+        None => err(format!(
+            "ggml could not load backend module {} (not a ggml module, a backend API version mismatch, or missing dependencies; ggml's log says which)",
+            path.display()
+        )),
+    }
+}
+
+impl Registry {
+    pub fn as_ptr(&self) -> sys::ggml_backend_reg_t {
+        self.0.as_ptr()
+    }
+
+    pub fn name(&self) -> String {
+        unsafe { cstr_to_string(sys::ggml_backend_reg_name(self.as_ptr())) }
+    }
+
+    pub fn devices(&self) -> Vec<Device> {
+        let n = unsafe { sys::ggml_backend_reg_dev_count(self.as_ptr()) };
+        (0..n)
+            .filter_map(|i| NonNull::new(unsafe { sys::ggml_backend_reg_dev_get(self.as_ptr(), i) }).map(Device))
+            .collect()
+    }
+
+    /// A function the module exports by name (`ggml_backend_set_n_threads`, ...).
+    pub fn proc_address(&self, name: &str) -> Option<NonNull<std::ffi::c_void>> {
+        let c = CString::new(name).ok()?;
+        NonNull::new(unsafe { sys::ggml_backend_reg_get_proc_address(self.as_ptr(), c.as_ptr()) })
+    }
+
+    /// `name=value` build features the module reports (CPU ISA, CUDA archs, ...).
+    pub fn features(&self) -> Vec<(String, String)> {
+        type GetFeatures = unsafe extern "C" fn(sys::ggml_backend_reg_t) -> *const sys::ggml_backend_feature;
+        let Some(f) = self.proc_address("ggml_backend_get_features") else { return Vec::new() };
+        let f: GetFeatures = unsafe { std::mem::transmute(f.as_ptr()) };
+        let mut out = Vec::new();
+        unsafe {
+            let mut p = f(self.as_ptr());
+            while !p.is_null() && !(*p).name.is_null() {
+                out.push((cstr_to_string((*p).name), cstr_to_string((*p).value)));
+                p = p.add(1);
+            }
+        }
+        out
+    }
+}
+
+/// Device kinds as ggml reports them.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum DeviceKind {
+    Cpu,
+    Gpu,
+    IntegratedGpu,
+    Accelerator,
+    Other,
+}
+
+/// A device of a loaded registry. Devices live as long as the process.
+#[derive(Clone, Copy, PartialEq, Eq)]
+pub struct Device(NonNull<sys::ggml_backend_device>);
+
+unsafe impl Send for Device {}
+unsafe impl Sync for Device {}
+
+impl Device {
+    pub fn as_ptr(&self) -> sys::ggml_backend_dev_t {
+        self.0.as_ptr()
+    }
+
+    pub unsafe fn from_raw(p: sys::ggml_backend_dev_t) -> Option<Device> {
+        NonNull::new(p).map(Device)
+    }
+
+    pub fn name(&self) -> String {
+        unsafe { cstr_to_string(sys::ggml_backend_dev_name(self.as_ptr())) }
+    }
+
+    pub fn description(&self) -> String {
+        unsafe { cstr_to_string(sys::ggml_backend_dev_description(self.as_ptr())) }
+    }
+
+    pub fn kind(&self) -> DeviceKind {
+        match unsafe { sys::ggml_backend_dev_type(self.as_ptr()) } {
+            sys::GGML_BACKEND_DEVICE_TYPE_CPU => DeviceKind::Cpu,
+            sys::GGML_BACKEND_DEVICE_TYPE_GPU => DeviceKind::Gpu,
+            sys::GGML_BACKEND_DEVICE_TYPE_IGPU => DeviceKind::IntegratedGpu,
+            sys::GGML_BACKEND_DEVICE_TYPE_ACCEL => DeviceKind::Accelerator,
+            _ => DeviceKind::Other,
+        }
+    }
+
+    /// (free, total) bytes.
+    pub fn memory(&self) -> (usize, usize) {
+        let (mut free, mut total) = (0usize, 0usize);
+        unsafe { sys::ggml_backend_dev_memory(self.as_ptr(), &mut free, &mut total) };
+        (free, total)
+    }
+
+    pub fn registry(&self) -> Option<Registry> {
+        NonNull::new(unsafe { sys::ggml_backend_dev_backend_reg(self.as_ptr()) }).map(Registry)
+    }
+
+    /// Whether the device can run `node` as built (a synthetic node is enough:
+    /// nothing is allocated or computed).
+    pub fn supports_op(&self, node: Tensor<'_>) -> bool {
+        unsafe { sys::ggml_backend_dev_supports_op(self.as_ptr(), node.as_ptr()) }
+    }
+
+    /// The pinned host buffer type, if the device offers one.
+    pub fn host_buffer_type(&self) -> Option<sys::ggml_backend_buffer_type_t> {
+        let p = unsafe { sys::ggml_backend_dev_host_buffer_type(self.as_ptr()) };
+        (!p.is_null()).then_some(p)
+    }
+
+    pub fn init(&self, params: Option<&str>) -> Result<Backend> {
+        let c = params.map(|p| CString::new(p).unwrap_or_default());
+        let p = unsafe { sys::ggml_backend_dev_init(self.as_ptr(), c.as_ref().map_or(std::ptr::null(), |c| c.as_ptr())) };
+        match NonNull::new(p) {
+            Some(ptr) => Ok(Backend { ptr, owned: true }),
+            None => err(format!("device {} failed to initialise", self.name())),
+        }
+    }
+}
+
+/// A backend (an initialised device stream). Freed on drop when owned.
+pub struct Backend {
+    ptr: NonNull<sys::ggml_backend>,
+    owned: bool,
+}
+
+unsafe impl Send for Backend {}
+
+impl Backend {
+    pub fn as_ptr(&self) -> sys::ggml_backend_t {
+        self.ptr.as_ptr()
+    }
+
+    /// Borrows a backend created elsewhere in the process (another plugin).
+    /// The returned value does not free it.
+    pub unsafe fn from_raw(p: sys::ggml_backend_t) -> Option<Backend> {
+        NonNull::new(p).map(|ptr| Backend { ptr, owned: false })
+    }
+
+    /// Gives up ownership; the caller frees the raw pointer with [`Backend::free_raw`].
+    pub fn into_raw(self) -> sys::ggml_backend_t {
+        let p = self.as_ptr();
+        std::mem::forget(self);
+        p
+    }
+
+    pub unsafe fn free_raw(p: sys::ggml_backend_t) {
+        if !p.is_null() {
+            unsafe { sys::ggml_backend_free(p) }
+        }
+    }
+
+    pub fn name(&self) -> String {
+        unsafe { cstr_to_string(sys::ggml_backend_name(self.as_ptr())) }
+    }
+
+    pub fn device(&self) -> Option<Device> {
+        unsafe { Device::from_raw(sys::ggml_backend_get_device(self.as_ptr())) }
+    }
+
+    /// Sets the worker thread count where the backend has one (CPU). Returns
+    /// whether the backend took it.
+    pub fn set_n_threads(&self, n: usize) -> bool {
+        type SetThreads = unsafe extern "C" fn(sys::ggml_backend_t, std::os::raw::c_int);
+        let Some(f) = self.device().and_then(|d| d.registry()).and_then(|r| r.proc_address("ggml_backend_set_n_threads")) else {
+            return false;
+        };
+        let f: SetThreads = unsafe { std::mem::transmute(f.as_ptr()) };
+        unsafe { f(self.as_ptr(), n as std::os::raw::c_int) };
+        true
+    }
+
+    /// Allocates every tensor of `ctx` in one buffer of this backend.
+    pub fn alloc_ctx_tensors(&self, ctx: &Context) -> Result<Buffer> {
+        match NonNull::new(unsafe { sys::ggml_backend_alloc_ctx_tensors(ctx.as_ptr(), self.as_ptr()) }) {
+            Some(ptr) => Ok(Buffer { ptr }),
+            None => err(format!("{}: could not allocate tensor buffer", self.name())),
+        }
+    }
+
+    pub fn compute(&self, graph: &Graph<'_>) -> Result<()> {
+        let status = unsafe { sys::ggml_backend_graph_compute(self.as_ptr(), graph.as_ptr()) };
+        if status == sys::GGML_STATUS_SUCCESS {
+            Ok(())
+        } else {
+            err(format!("{}: graph compute failed (status {status})", self.name()))
+        }
+    }
+}
+
+impl Drop for Backend {
+    fn drop(&mut self) {
+        if self.owned {
+            unsafe { sys::ggml_backend_free(self.ptr.as_ptr()) }
+        }
+    }
+}
+
+/// A backend buffer holding tensor data.
+pub struct Buffer {
+    ptr: NonNull<sys::ggml_backend_buffer>,
+}
+
+unsafe impl Send for Buffer {}
+
+impl Buffer {
+    pub fn size(&self) -> usize {
+        unsafe { sys::ggml_backend_buffer_get_size(self.ptr.as_ptr()) }
+    }
+}
+
+impl Drop for Buffer {
+    fn drop(&mut self) {
+        unsafe { sys::ggml_backend_buffer_free(self.ptr.as_ptr()) }
+    }
+}

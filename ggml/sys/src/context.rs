@@ -1,0 +1,216 @@
+//! Contexts, tensors and graphs. Contexts are created with `no_alloc` by default:
+//! tensor data lives in backend buffers ([`crate::Buffer`]), the context holds
+//! only metadata.
+
+use crate::{err, sys, Result, Type};
+use std::ffi::CString;
+use std::marker::PhantomData;
+use std::ptr::NonNull;
+
+/// An owned ggml context.
+pub struct Context {
+    ptr: NonNull<sys::ggml_context>,
+}
+
+unsafe impl Send for Context {}
+
+impl Context {
+    /// A metadata-only context able to hold `max_tensors` tensors plus one graph of
+    /// `graph_nodes` nodes.
+    pub fn new_no_alloc(max_tensors: usize, graph_nodes: usize) -> Result<Self> {
+        let mem = max_tensors * unsafe { sys::ggml_tensor_overhead() }
+            + unsafe { sys::ggml_graph_overhead_custom(graph_nodes, false) };
+        let params = sys::ggml_init_params { mem_size: mem, mem_buffer: std::ptr::null_mut(), no_alloc: true };
+        NonNull::new(unsafe { sys::ggml_init(params) })
+            .map(|ptr| Context { ptr })
+            .ok_or_else(|| crate::Error::Msg("ggml_init failed".into()))
+    }
+
+    pub fn as_ptr(&self) -> *mut sys::ggml_context {
+        self.ptr.as_ptr()
+    }
+
+    /// A new tensor with dimensions in ggml order (ne0 fastest), 1 to 4 of them.
+    pub fn new_tensor(&self, ty: Type, ne: &[i64]) -> Result<Tensor<'_>> {
+        let p = unsafe {
+            match *ne {
+                [a] => sys::ggml_new_tensor_1d(self.as_ptr(), ty, a),
+                [a, b] => sys::ggml_new_tensor_2d(self.as_ptr(), ty, a, b),
+                [a, b, c] => sys::ggml_new_tensor_3d(self.as_ptr(), ty, a, b, c),
+                [a, b, c, d] => sys::ggml_new_tensor_4d(self.as_ptr(), ty, a, b, c, d),
+                _ => return err(format!("tensor rank {} not in 1..=4", ne.len())),
+            }
+        };
+        self.wrap(p)
+    }
+
+    fn wrap(&self, p: *mut sys::ggml_tensor) -> Result<Tensor<'_>> {
+        NonNull::new(p)
+            .map(|ptr| Tensor { ptr, _ctx: PhantomData })
+            .ok_or_else(|| crate::Error::Msg("ggml context out of memory".into()))
+    }
+
+    pub fn mul_mat<'a>(&'a self, a: Tensor<'a>, b: Tensor<'a>) -> Result<Tensor<'a>> {
+        self.wrap(unsafe { sys::ggml_mul_mat(self.as_ptr(), a.as_ptr(), b.as_ptr()) })
+    }
+
+    pub fn leaky_relu<'a>(&'a self, a: Tensor<'a>, slope: f32) -> Result<Tensor<'a>> {
+        self.wrap(unsafe { sys::ggml_leaky_relu(self.as_ptr(), a.as_ptr(), slope, false) })
+    }
+
+    pub fn conv_transpose_1d<'a>(&'a self, kernel: Tensor<'a>, input: Tensor<'a>, stride: i32, padding: i32, dilation: i32) -> Result<Tensor<'a>> {
+        self.wrap(unsafe {
+            sys::ggml_conv_transpose_1d(self.as_ptr(), kernel.as_ptr(), input.as_ptr(), stride, padding, dilation)
+        })
+    }
+
+    /// Fused attention: q `[d, n_q, heads]`, k/v `[d, n_kv, heads]`, optional F16 mask
+    /// `[n_kv, n_q_padded]`. Result is `[d, heads, n_q]`.
+    pub fn flash_attn_ext<'a>(&'a self, q: Tensor<'a>, k: Tensor<'a>, v: Tensor<'a>, mask: Option<Tensor<'a>>, scale: f32) -> Result<Tensor<'a>> {
+        let m = mask.map_or(std::ptr::null_mut(), |m| m.as_ptr());
+        self.wrap(unsafe { sys::ggml_flash_attn_ext(self.as_ptr(), q.as_ptr(), k.as_ptr(), v.as_ptr(), m, scale, 0.0, 0.0) })
+    }
+
+    pub fn cast<'a>(&'a self, a: Tensor<'a>, ty: Type) -> Result<Tensor<'a>> {
+        self.wrap(unsafe { sys::ggml_cast(self.as_ptr(), a.as_ptr(), ty) })
+    }
+
+    pub fn new_graph(&self, nodes: usize) -> Result<Graph<'_>> {
+        NonNull::new(unsafe { sys::ggml_new_graph_custom(self.as_ptr(), nodes, false) })
+            .map(|ptr| Graph { ptr, _ctx: PhantomData })
+            .ok_or_else(|| crate::Error::Msg("ggml context has no room for the graph".into()))
+    }
+}
+
+impl Drop for Context {
+    fn drop(&mut self) {
+        unsafe { sys::ggml_free(self.ptr.as_ptr()) }
+    }
+}
+
+/// A tensor owned by a [`Context`].
+#[derive(Clone, Copy)]
+pub struct Tensor<'ctx> {
+    ptr: NonNull<sys::ggml_tensor>,
+    _ctx: PhantomData<&'ctx Context>,
+}
+
+impl<'ctx> Tensor<'ctx> {
+    pub fn as_ptr(&self) -> *mut sys::ggml_tensor {
+        self.ptr.as_ptr()
+    }
+
+    fn raw(&self) -> &sys::ggml_tensor {
+        unsafe { self.ptr.as_ref() }
+    }
+
+    pub fn ne(&self) -> [i64; 4] {
+        self.raw().ne
+    }
+
+    pub fn ty(&self) -> Type {
+        self.raw().type_
+    }
+
+    pub fn op(&self) -> sys::ggml_op {
+        self.raw().op
+    }
+
+    pub fn n_elements(&self) -> usize {
+        unsafe { sys::ggml_nelements(self.as_ptr()) as usize }
+    }
+
+    pub fn n_bytes(&self) -> usize {
+        unsafe { sys::ggml_nbytes(self.as_ptr()) }
+    }
+
+    pub fn set_name(self, name: &str) -> Self {
+        let c = CString::new(name).unwrap_or_default();
+        unsafe { sys::ggml_set_name(self.as_ptr(), c.as_ptr()) };
+        self
+    }
+
+    pub fn name(&self) -> String {
+        unsafe { crate::cstr_to_string(sys::ggml_get_name(self.as_ptr())) }
+    }
+
+    /// Uploads host values, converting from f32 to the tensor's type (F32, F16, BF16).
+    pub fn set_f32(&self, values: &[f32]) -> Result<()> {
+        if values.len() != self.n_elements() {
+            return err(format!("tensor '{}' has {} elements, got {}", self.name(), self.n_elements(), values.len()));
+        }
+        if self.raw().buffer.is_null() {
+            return err(format!("tensor '{}' has no backend buffer", self.name()));
+        }
+        let bytes = convert_from_f32(values, self.ty())?;
+        unsafe { sys::ggml_backend_tensor_set(self.as_ptr(), bytes.as_ptr().cast(), 0, bytes.len()) };
+        Ok(())
+    }
+
+    /// Downloads the tensor as f32 (F32, F16, BF16).
+    pub fn get_f32(&self) -> Result<Vec<f32>> {
+        if self.raw().buffer.is_null() {
+            return err(format!("tensor '{}' has no backend buffer", self.name()));
+        }
+        let mut bytes = vec![0u8; self.n_bytes()];
+        unsafe { sys::ggml_backend_tensor_get(self.as_ptr(), bytes.as_mut_ptr().cast(), 0, bytes.len()) };
+        convert_to_f32(&bytes, self.ty(), self.n_elements())
+    }
+}
+
+fn convert_from_f32(values: &[f32], ty: Type) -> Result<Vec<u8>> {
+    let n = values.len();
+    unsafe {
+        match ty {
+            sys::GGML_TYPE_F32 => Ok(values.iter().flat_map(|v| v.to_ne_bytes()).collect()),
+            sys::GGML_TYPE_F16 => {
+                let mut out = vec![0u16; n];
+                sys::ggml_fp32_to_fp16_row(values.as_ptr(), out.as_mut_ptr(), n as i64);
+                Ok(out.iter().flat_map(|v| v.to_ne_bytes()).collect())
+            }
+            sys::GGML_TYPE_BF16 => {
+                let mut out = vec![sys::ggml_bf16_t::default(); n];
+                sys::ggml_fp32_to_bf16_row(values.as_ptr(), out.as_mut_ptr(), n as i64);
+                Ok(out.iter().flat_map(|v| v.bits.to_ne_bytes()).collect())
+            }
+            other => err(format!("cannot upload f32 values into a {} tensor", crate::type_name(other))),
+        }
+    }
+}
+
+fn convert_to_f32(bytes: &[u8], ty: Type, n: usize) -> Result<Vec<f32>> {
+    let mut out = vec![0f32; n];
+    unsafe {
+        match ty {
+            sys::GGML_TYPE_F32 => {
+                for (o, c) in out.iter_mut().zip(bytes.chunks_exact(4)) {
+                    *o = f32::from_ne_bytes([c[0], c[1], c[2], c[3]]);
+                }
+            }
+            sys::GGML_TYPE_F16 => sys::ggml_fp16_to_fp32_row(bytes.as_ptr().cast(), out.as_mut_ptr(), n as i64),
+            sys::GGML_TYPE_BF16 => sys::ggml_bf16_to_fp32_row(bytes.as_ptr().cast(), out.as_mut_ptr(), n as i64),
+            other => return err(format!("cannot download a {} tensor as f32", crate::type_name(other))),
+        }
+    }
+    Ok(out)
+}
+
+/// A compute graph living in a [`Context`].
+pub struct Graph<'ctx> {
+    ptr: NonNull<sys::ggml_cgraph>,
+    _ctx: PhantomData<&'ctx Context>,
+}
+
+impl<'ctx> Graph<'ctx> {
+    pub fn as_ptr(&self) -> *mut sys::ggml_cgraph {
+        self.ptr.as_ptr()
+    }
+
+    pub fn build_forward(&mut self, output: Tensor<'ctx>) {
+        unsafe { sys::ggml_build_forward_expand(self.as_ptr(), output.as_ptr()) }
+    }
+
+    pub fn n_nodes(&self) -> usize {
+        unsafe { sys::ggml_graph_n_nodes(self.as_ptr()) as usize }
+    }
+}
