@@ -265,3 +265,89 @@ fn missing_profile_and_missing_arguments() {
     let o = run(&["--bogus-flag"]);
     assert_eq!(o.status.code(), Some(2), "clap usage errors exit 2");
 }
+
+/// A model directory holding the tone fixture model plugin as `libtts_model_tone.so`
+/// beside the named backends, and a GGUF for it.
+fn tone_setup(backends: &[&str]) -> (tempfile::TempDir, PathBuf) {
+    let plugins = plugin_dir(backends);
+    std::fs::copy(artifacts().join("libtts_test_tone.so"), plugins.path().join("libtts_model_tone.so")).unwrap();
+    let gguf = plugins.path().join("tone.gguf");
+    let mut w = ggml_sys::gguf::GgufWriter::new();
+    w.set_str("general.architecture", "tts-test-tone").set_u32("tts-test-tone.sample_rate", 16000).set_f32("tts-test-tone.frequency", 440.0);
+    w.write_metadata(&gguf).unwrap();
+    (plugins, gguf)
+}
+
+fn read_wav(path: &Path) -> (u32, Vec<f32>) {
+    let mut r = hound::WavReader::open(path).unwrap();
+    let rate = r.spec().sample_rate;
+    (rate, r.samples::<i16>().map(|s| s.unwrap() as f32 / i16::MAX as f32).collect())
+}
+
+/// The model ABI end to end on each backend: the host picks the model plugin by
+/// GGUF architecture, the model computes on the device a backend plugin created.
+/// Tolerance: 16-bit quantisation (1/32767) plus 1e-4 for sin on F32 arguments up
+/// to ~2800 rad.
+#[test]
+fn model_plugin_synthesizes_on_cpu_and_vulkan() {
+    let (plugins, gguf) = tone_setup(&["cpu", "vulkan"]);
+    for backend in ["cpu", "vulkan"] {
+        let dir = tempfile::tempdir().unwrap();
+        let profile = write_profile(
+            dir.path(),
+            &format!(
+                "[backend]\nprefer = [\"{backend}\"]\nfallback = false\n[backends.vulkan]\nallow_software = true\npipeline_cache = false\n[model]\nfiles = [\"{}\"]\n[synthesis]\ngain = 0.25\n",
+                gguf.display()
+            ),
+        );
+        let wav = dir.path().join("tone.wav");
+        let o = run(&["--profile", profile.to_str().unwrap(), "--plugin-dir", plugins.path().to_str().unwrap(), "--text", "hello", "--out", wav.to_str().unwrap(), "--set", "gain=0.5"]);
+        assert!(o.status.success(), "{backend}: {}", stderr(&o));
+        let (rate, samples) = read_wav(&wav);
+        assert_eq!(rate, 16000);
+        assert_eq!(samples.len(), 5 * 1600, "0.1 s per character");
+        let worst = samples
+            .iter()
+            .enumerate()
+            .map(|(n, s)| (s - 0.5 * (std::f64::consts::TAU * 440.0 * n as f64 / 16000.0).sin() as f32).abs())
+            .fold(0.0f32, f32::max);
+        eprintln!("{backend}: tone max error {worst:.2e}");
+        assert!(worst < 1.0 / 32767.0 + 1e-4, "{backend}: max error {worst}");
+        let names: Vec<String> = std::fs::read_dir(dir.path()).unwrap().map(|e| e.unwrap().file_name().to_string_lossy().into()).collect();
+        assert!(!names.iter().any(|n| n.contains("partial")), "no temporary left: {names:?}");
+    }
+}
+
+#[test]
+fn model_errors_are_one_line_and_leave_no_file() {
+    let (plugins, gguf) = tone_setup(&["cpu"]);
+    let dir = tempfile::tempdir().unwrap();
+    let profile = write_profile(dir.path(), &format!("[backend]\nprefer = [\"cpu\"]\n[model]\nfiles = [\"{}\"]\n", gguf.display()));
+    let wav = dir.path().join("x.wav");
+    let base = ["--profile", profile.to_str().unwrap(), "--plugin-dir", plugins.path().to_str().unwrap(), "--text", "hi", "--out", wav.to_str().unwrap()];
+    let with = |extra: &[&str]| {
+        let mut a = base.to_vec();
+        a.extend_from_slice(extra);
+        run(&a)
+    };
+    assert_one_line_error(&with(&["--set", "fail=true"]), "tone model: synthesis failed on request");
+    assert_one_line_error(&with(&["--set", "gain=loud"]), "option `gain`: `loud` is not a float");
+    assert_one_line_error(&with(&["--set", "voice=x"]), "unknown synthesis option `voice` (known: gain, fail)");
+    assert!(!wav.exists());
+
+    // A GGUF of an architecture no plugin loads.
+    let other = dir.path().join("other.gguf");
+    let mut w = ggml_sys::gguf::GgufWriter::new();
+    w.set_str("general.architecture", "not-a-tts-family");
+    w.write_metadata(&other).unwrap();
+    let profile = write_profile(dir.path(), &format!("[backend]\nprefer = [\"cpu\"]\n[model]\nfiles = [\"{}\"]\n", other.display()));
+    let mut a = base.to_vec();
+    a[1] = profile.to_str().unwrap();
+    assert_one_line_error(&run(&a), "no model plugin loads architecture 'not-a-tts-family'");
+    // Output into a directory that does not exist.
+    let profile = write_profile(dir.path(), &format!("[backend]\nprefer = [\"cpu\"]\n[model]\nfiles = [\"{}\"]\n", gguf.display()));
+    let mut a = base.to_vec();
+    a[1] = profile.to_str().unwrap();
+    a[7] = "/nonexistent-dir/x.wav";
+    assert_one_line_error(&run(&a), "output directory /nonexistent-dir does not exist");
+}

@@ -82,6 +82,21 @@ pub fn load_stamped_module(plugin_path: &Path, module_file: &str, expected_stamp
     Ok((registry, crate::abi::option_list(facts)))
 }
 
+/// Loads the ggml module this backend plugin was built with, from beside the
+/// plugin file named in `request`, checking it against the stamp compiled into the
+/// plugin (`TTS_MODULE_FILE` / `TTS_MODULE_STAMP`, set by the plugin's build script
+/// through `ggml_build_support::build_backend_module`).
+#[macro_export]
+macro_rules! load_plugin_module {
+    ($request:expr) => {
+        $crate::backend_kit::load_stamped_module(
+            ::std::path::Path::new($request.plugin_path.as_str()),
+            env!("TTS_MODULE_FILE"),
+            env!("TTS_MODULE_STAMP"),
+        )
+    };
+}
+
 struct DeviceEntry {
     info: DeviceInfo,
     device: Device,

@@ -280,7 +280,7 @@ impl Engine {
             };
             let Some(device) = device else {
                 let names: Vec<&str> = backend.devices.iter().map(|d| d.name.as_str()).collect();
-                reasons.push(format!("{name}: no device {:?} (devices: {})", self.profile.device, names.join(", ")));
+                reasons.push(format!("{name}: no device {} (devices: {})", self.profile.device, names.join(", ")));
                 continue;
             };
             let (_, resolution) = self.resolve(backend, device);

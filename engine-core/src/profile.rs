@@ -72,6 +72,16 @@ pub enum DeviceChoice {
     Index(u32),
 }
 
+impl std::fmt::Display for DeviceChoice {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        match self {
+            DeviceChoice::Auto => write!(f, "auto"),
+            DeviceChoice::Name(n) => write!(f, "\"{n}\""),
+            DeviceChoice::Index(i) => write!(f, "{i}"),
+        }
+    }
+}
+
 #[derive(Debug, Deserialize, Clone)]
 #[serde(untagged)]
 enum RawDeviceChoice {

@@ -40,11 +40,7 @@ extern "C" fn open(req: &BackendOpenRequest) -> RResult<BackendSessionBox, RStri
             0 => std::thread::available_parallelism().map_or(1, |n| n.get()),
             n => n as usize,
         };
-        let (registry, facts) = backend_kit::load_stamped_module(
-            std::path::Path::new(req.plugin_path.as_str()),
-            env!("TTS_MODULE_FILE"),
-            env!("TTS_MODULE_STAMP"),
-        )?;
+        let (registry, facts) = engine_core::load_plugin_module!(req)?;
         Ok(GgmlSession::new(Cpu { threads }, registry, facts).into_box())
     })
 }

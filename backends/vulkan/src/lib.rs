@@ -86,11 +86,7 @@ extern "C" fn open(req: &BackendOpenRequest) -> RResult<BackendSessionBox, RStri
         } else {
             std::env::remove_var("GGML_VK_PIPELINE_CACHE_DIR");
         }
-        let (registry, facts) = backend_kit::load_stamped_module(
-            std::path::Path::new(req.plugin_path.as_str()),
-            env!("TTS_MODULE_FILE"),
-            env!("TTS_MODULE_STAMP"),
-        )?;
+        let (registry, facts) = engine_core::load_plugin_module!(req)?;
         Ok(GgmlSession::new(Vulkan { allow_software }, registry, facts).into_box())
     })
 }

@@ -71,6 +71,14 @@ impl Context {
         self.wrap(unsafe { sys::ggml_flash_attn_ext(self.as_ptr(), q.as_ptr(), k.as_ptr(), v.as_ptr(), m, scale, 0.0, 0.0) })
     }
 
+    pub fn sin<'a>(&'a self, a: Tensor<'a>) -> Result<Tensor<'a>> {
+        self.wrap(unsafe { sys::ggml_sin(self.as_ptr(), a.as_ptr()) })
+    }
+
+    pub fn scale<'a>(&'a self, a: Tensor<'a>, s: f32) -> Result<Tensor<'a>> {
+        self.wrap(unsafe { sys::ggml_scale(self.as_ptr(), a.as_ptr(), s) })
+    }
+
     pub fn cast<'a>(&'a self, a: Tensor<'a>, ty: Type) -> Result<Tensor<'a>> {
         self.wrap(unsafe { sys::ggml_cast(self.as_ptr(), a.as_ptr(), ty) })
     }

@@ -109,3 +109,61 @@ impl Drop for GgufFile {
         unsafe { sys::gguf_free(self.ptr.as_ptr()) }
     }
 }
+
+/// A GGUF metadata writer (tests and tools write small model files with it).
+pub struct GgufWriter {
+    ptr: NonNull<sys::gguf_context>,
+}
+
+impl Default for GgufWriter {
+    fn default() -> Self {
+        Self::new()
+    }
+}
+
+impl GgufWriter {
+    pub fn new() -> Self {
+        GgufWriter { ptr: NonNull::new(unsafe { sys::gguf_init_empty() }).expect("gguf_init_empty") }
+    }
+
+    fn key(key: &str) -> CString {
+        CString::new(key).expect("GGUF keys contain no NUL")
+    }
+
+    pub fn set_str(&mut self, key: &str, value: &str) -> &mut Self {
+        let v = CString::new(value).expect("GGUF strings contain no NUL");
+        unsafe { sys::gguf_set_val_str(self.ptr.as_ptr(), Self::key(key).as_ptr(), v.as_ptr()) };
+        self
+    }
+
+    pub fn set_u32(&mut self, key: &str, value: u32) -> &mut Self {
+        unsafe { sys::gguf_set_val_u32(self.ptr.as_ptr(), Self::key(key).as_ptr(), value) };
+        self
+    }
+
+    pub fn set_f32(&mut self, key: &str, value: f32) -> &mut Self {
+        unsafe { sys::gguf_set_val_f32(self.ptr.as_ptr(), Self::key(key).as_ptr(), value) };
+        self
+    }
+
+    pub fn set_bool(&mut self, key: &str, value: bool) -> &mut Self {
+        unsafe { sys::gguf_set_val_bool(self.ptr.as_ptr(), Self::key(key).as_ptr(), value) };
+        self
+    }
+
+    /// Writes the metadata (no tensors) to `path`.
+    pub fn write_metadata(&self, path: &Path) -> Result<()> {
+        let c = CString::new(path.to_string_lossy().as_bytes()).map_err(|e| crate::Error::Msg(e.to_string()))?;
+        if unsafe { sys::gguf_write_to_file(self.ptr.as_ptr(), c.as_ptr(), true) } {
+            Ok(())
+        } else {
+            err(format!("could not write {}", path.display()))
+        }
+    }
+}
+
+impl Drop for GgufWriter {
+    fn drop(&mut self) {
+        unsafe { sys::gguf_free(self.ptr.as_ptr()) }
+    }
+}

@@ -1,0 +1,106 @@
+//! A minimal model-family plugin used by the tests to exercise the model ABI end
+//! to end: the host picks it by `general.architecture`, validates `[synthesis]`
+//! against its option specs, and hands it a `BackendHandle` created by a backend
+//! plugin; it reads its hparams from GGUF metadata and computes its waveform with a
+//! ggml graph on that backend. Output: `gain * sin(2π f n / rate)` for 0.1 s per
+//! character of text.
+
+use abi_stable::{
+    export_root_module,
+    prefix_type::PrefixTypeTrait,
+    sabi_trait::TD_Opaque,
+    std_types::{RResult, RString, RVec},
+};
+use engine_core::abi::{
+    find_option, BackendHandle, LoadedModelInfo, Model, ModelBox, ModelFamilyInfo, ModelLoadRequest, ModelPlugin,
+    ModelPluginRef, Model_TO, OptionKind, OptionSpec, OptionValue, PluginInfo, StageTiming, SynthesisOutput,
+    SynthesisRequest,
+};
+use engine_core::backend_kit::spec;
+use ggml_sys::gguf::GgufFile;
+use ggml_sys::{Backend, Context, TYPE_F32};
+
+pub const ARCH: &str = "tts-test-tone";
+
+#[export_root_module]
+pub fn get_library() -> ModelPluginRef {
+    ModelPlugin { info, family, option_specs, load }.leak_into_prefix()
+}
+
+extern "C" fn info() -> PluginInfo {
+    engine_core::abi::plugin_info("tone", env!("CARGO_PKG_VERSION"), "test fixture: sine tone on a ggml backend")
+}
+
+extern "C" fn family() -> ModelFamilyInfo {
+    ModelFamilyInfo { family: "tone".into(), architectures: RVec::from(vec![RString::from(ARCH)]), variants: RVec::from(vec![RString::from("sine")]) }
+}
+
+extern "C" fn option_specs() -> RVec<OptionSpec> {
+    RVec::from(vec![
+        spec("gain", OptionKind::Float, OptionValue::Float(0.5), "amplitude"),
+        spec("fail", OptionKind::Bool, OptionValue::Bool(false), "return an error from synthesize (tests)"),
+    ])
+}
+
+struct Hparams {
+    sample_rate: u32,
+    frequency: f32,
+}
+
+struct Tone {
+    hparams: Hparams,
+    /// Borrowed from the host's BackendHandle, which outlives the model.
+    backend: Backend,
+}
+
+extern "C" fn load(request: &ModelLoadRequest, handle: &BackendHandle) -> RResult<ModelBox, RString> {
+    let result = (|| -> Result<ModelBox, String> {
+        let path = request.files.first().ok_or("no model file")?;
+        let gguf = GgufFile::open(std::path::Path::new(path.as_str())).map_err(|e| e.to_string())?;
+        let hparams = Hparams {
+            sample_rate: gguf.get_u32(&format!("{ARCH}.sample_rate")).map_err(|e| e.to_string())?,
+            frequency: gguf.get_f32(&format!("{ARCH}.frequency")).map_err(|e| e.to_string())?,
+        };
+        let backend = handle.ggml_backend();
+        Ok(Model_TO::from_value(Tone { hparams, backend }, TD_Opaque))
+    })();
+    result.map_err(RString::from).into()
+}
+
+impl Model for Tone {
+    fn info(&self) -> LoadedModelInfo {
+        LoadedModelInfo { family: "tone".into(), variant: "sine".into(), sample_rate: self.hparams.sample_rate }
+    }
+
+    fn synthesize(&mut self, request: &SynthesisRequest) -> RResult<SynthesisOutput, RString> {
+        if matches!(find_option(&request.options, "fail"), Some(OptionValue::Bool(true))) {
+            return RResult::RErr("tone model: synthesis failed on request".into());
+        }
+        let gain = match find_option(&request.options, "gain") {
+            Some(OptionValue::Float(g)) => *g as f32,
+            _ => 0.5,
+        };
+        let start = std::time::Instant::now();
+        let n = request.text.chars().count() * self.hparams.sample_rate as usize / 10;
+        let result = (|| -> ggml_sys::Result<Vec<f32>> {
+            let ctx = Context::new_no_alloc(4, 8)?;
+            let index = ctx.new_tensor(TYPE_F32, &[n as i64])?;
+            let phase = ctx.scale(index, std::f32::consts::TAU * self.hparams.frequency / self.hparams.sample_rate as f32)?;
+            let wave = ctx.scale(ctx.sin(phase)?, gain)?;
+            let mut graph = ctx.new_graph(8)?;
+            graph.build_forward(wave);
+            let _buffer = self.backend.alloc_ctx_tensors(&ctx)?;
+            index.set_f32(&(0..n).map(|i| i as f32).collect::<Vec<_>>())?;
+            self.backend.compute(&graph)?;
+            wave.get_f32()
+        })();
+        match result {
+            Ok(samples) => RResult::ROk(SynthesisOutput {
+                samples: samples.into(),
+                sample_rate: self.hparams.sample_rate,
+                timings: RVec::from(vec![StageTiming { stage: "tone".into(), ms: start.elapsed().as_secs_f64() * 1e3 }]),
+            }),
+            Err(e) => RResult::RErr(format!("tone model: {e}").into()),
+        }
+    }
+}
