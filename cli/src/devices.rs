@@ -1,63 +1,83 @@
 //! Human-readable `tts devices`.
 
 use engine_core::engine::DevicesReport;
+use std::fmt::Write;
 
 fn gib(bytes: u64) -> String {
     format!("{:.1} GiB", bytes as f64 / (1u64 << 30) as f64)
 }
 
-pub fn print(r: &DevicesReport) {
-    println!("tts {} · plugin ABI {} · ggml {}", r.host_version, r.plugin_abi, r.ggml_version);
-    println!("profile: {}", r.profile);
-    println!("libggml-base: {}", r.ggml_base_loaded.join(", "));
-    println!("plugin dirs: {}", r.plugin_dirs.join(", "));
-    println!();
-    println!("plugins:");
+/// Appends one line (writing to a String cannot fail).
+macro_rules! line {
+    ($out:expr) => {{
+        $out.push('\n');
+    }};
+    ($out:expr, $($arg:tt)*) => {{
+        let _ = writeln!($out, $($arg)*);
+    }};
+}
+
+pub fn render(r: &DevicesReport) -> String {
+    let mut out = String::new();
+    line!(out, "tts {} · plugin ABI {} · ggml {}", r.host_version, r.plugin_abi, r.ggml_version);
+    line!(out, "profile: {}", r.profile);
+    line!(out, "libggml-base: {}", r.ggml_base_loaded.join(", "));
+    line!(out, "plugin dirs: {}", r.plugin_dirs.join(", "));
+    line!(out);
+    line!(out, "plugins:");
     if r.plugins.is_empty() {
-        println!("  (none found)");
+        line!(out, "  (none found)");
     }
     for p in &r.plugins {
         match &p.error {
-            None => println!("  {:<7} {:<12} {}  {}", p.kind, p.name, p.version.as_deref().unwrap_or("?"), p.path),
-            Some(e) => println!("  {:<7} {:<12} FAILED: {e}", p.kind, p.name),
+            None => line!(out, "  {:<7} {:<12} {}  {}", p.kind, p.name, p.version.as_deref().unwrap_or("?"), p.path),
+            Some(e) => line!(out, "  {:<7} {:<12} FAILED: {e}", p.kind, p.name),
         }
     }
     for b in &r.backends {
-        println!();
+        line!(out);
         let pref = if b.preferred { "" } else { " (not in profile's prefer list)" };
         if !b.available {
-            println!("backend {}: unavailable{pref}: {}", b.name, b.reason.as_deref().unwrap_or(""));
+            line!(out, "backend {}: unavailable{pref}: {}", b.name, b.reason.as_deref().unwrap_or(""));
             continue;
         }
-        println!("backend {}{pref}", b.name);
+        line!(out, "backend {}{pref}", b.name);
+        let fact = |k: &str| b.module.iter().find(|(key, _)| key == k).map(|(_, v)| v.as_str()).unwrap_or("?");
+        let features: Vec<String> = b.module.iter().filter_map(|(k, v)| k.strip_prefix("feature.").map(|k| format!("{k}={v}"))).collect();
+        line!(out, "  module {} (ggml {})", fact("module"), fact("ggml_version"));
+        if !features.is_empty() {
+            line!(out, "  features {}", features.join(" "));
+        }
         if let Some(reason) = &b.reason {
-            println!("  {reason}");
+            line!(out, "  {reason}");
         }
         for d in &b.devices {
-            println!("  [{}] {} — {} ({}, {} free of {})", d.index, d.name, d.description, d.kind, gib(d.memory_free), gib(d.memory_total));
-            println!("      probes:");
+            line!(out, "  [{}] {} — {} ({}, {} free of {})", d.index, d.name, d.description, d.kind, gib(d.memory_free), gib(d.memory_total));
+            line!(out, "      probes:");
             for p in &d.probes {
-                println!("        {:<24} {:<3}  {}", p.name, if p.supported { "yes" } else { "no" }, p.detail);
+                line!(out, "        {:<24} {:<3}  {}", p.name, if p.supported { "yes" } else { "no" }, p.detail);
             }
-            match (&d.policies, &d.policy_error) {
-                (Some(res), _) => {
-                    println!("      policies (kv cache: {}):", res.kv_type);
-                    for dec in &res.decisions {
-                        println!("        {:<18} {:<4} -> {:<3}  {}", dec.feature, dec.setting.as_str(), if dec.enabled { "on" } else { "off" }, dec.reason);
-                    }
-                    if !res.denied_ops.is_empty() {
-                        println!("        denied ops: {}", res.denied_ops.join(", "));
-                    }
+            if let Some(res) = &d.policies {
+                line!(out, "      policies (kv cache: {}):", res.kv_type);
+                for dec in &res.decisions {
+                    let state = if dec.enabled { "on" } else { "off" };
+                    line!(out, "        {:<18} {:<4} -> {:<3}  {}", dec.feature, dec.setting.as_str(), state, dec.reason);
                 }
-                (None, Some(e)) => println!("      policies: ERROR: {e}"),
-                (None, None) => {}
+                if !res.denied_ops.is_empty() {
+                    line!(out, "        denied ops: {}", res.denied_ops.join(", "));
+                }
+            }
+            if let Some(e) = &d.policy_error {
+                line!(out, "      policies: ERROR: {e}");
             }
         }
     }
-    println!();
-    match (&r.selected, &r.selection_error) {
-        (Some(s), _) => println!("selected: {} device {} ({})", s.backend, s.device, s.device_name),
-        (None, Some(e)) => println!("selected: none: {e}"),
-        _ => {}
+    line!(out);
+    if let Some(s) = &r.selected {
+        line!(out, "selected: {} device {} ({})", s.backend, s.device, s.device_name);
     }
+    if let Some(e) = &r.selection_error {
+        line!(out, "selected: none: {e}");
+    }
+    out
 }

@@ -90,7 +90,9 @@ fn main() -> ExitCode {
     }
 }
 
-fn open_engine(common: &Common) -> Result<Engine, String> {
+/// Opens the engine for `common`'s profile; `everything` also opens backends the
+/// profile does not prefer and checks model plugins (for `tts devices`).
+fn open_engine(common: &Common, everything: bool) -> Result<Engine, String> {
     let profile = match &common.profile {
         Some(p) => Profile::load(p).map_err(|e| e.to_string())?,
         None => Profile::embedded_default(),
@@ -100,27 +102,37 @@ fn open_engine(common: &Common) -> Result<Engine, String> {
     } else {
         common.plugin_dirs.clone()
     };
-    Engine::open(profile, dirs).map_err(|e| e.to_string())
+    let opened = if everything { Engine::open_all(profile, dirs) } else { Engine::open(profile, dirs) };
+    opened.map_err(|e| e.to_string())
+}
+
+/// Writes to stdout; a reader that went away (`| head`) is not an error.
+fn write_stdout(text: &str) -> Result<(), String> {
+    use std::io::Write;
+    match std::io::stdout().lock().write_all(text.as_bytes()) {
+        Err(e) if e.kind() != std::io::ErrorKind::BrokenPipe => Err(format!("writing to stdout: {e}")),
+        _ => Ok(()),
+    }
 }
 
 fn run(cli: Cli) -> Result<(), String> {
     match cli.command {
         Some(Command::Devices { common, json }) => {
-            let engine = open_engine(&common)?;
+            let engine = open_engine(&common, true)?;
             let report = engine.devices_report();
-            if json {
-                println!("{}", serde_json::to_string_pretty(&report).map_err(|e| e.to_string())?);
+            let text = if json {
+                serde_json::to_string_pretty(&report).map_err(|e| e.to_string())? + "\n"
             } else {
-                devices::print(&report);
-            }
-            Ok(())
+                devices::render(&report)
+            };
+            write_stdout(&text)
         }
         None => {
             let args = cli.synth;
             let (Some(text), Some(out)) = (args.text.as_deref(), args.out.as_deref()) else {
                 return Err("give --text and --out to synthesize (or a subcommand; see --help)".into());
             };
-            let engine = open_engine(&args.common)?;
+            let engine = open_engine(&args.common, false)?;
             let output = engine.synthesize_to_wav(text, &args.set, out).map_err(|e| e.to_string())?;
             let seconds = output.samples.len() as f64 / output.sample_rate.max(1) as f64;
             eprintln!("wrote {} ({seconds:.2} s at {} Hz)", out.display(), output.sample_rate);

@@ -118,10 +118,17 @@ fn fail<T>(msg: impl Into<String>) -> Result<T, EngineError> {
 }
 
 impl Engine {
-    /// Loads and opens every backend plugin the profile prefers or the plugin
-    /// directories hold. A backend that cannot be opened is recorded as unavailable
-    /// with its reason; only profile errors fail here.
+    /// Opens what the profile can use: the backends it prefers (only the first when
+    /// `fallback = false`). A backend that cannot be opened is recorded as
+    /// unavailable with its reason; only profile errors fail here.
     pub fn open(profile: Profile, dirs: Vec<PathBuf>) -> Result<Engine, EngineError> {
+        let names = if profile.fallback { profile.prefer.clone() } else { profile.prefer[..1].to_vec() };
+        Engine::open_backends(profile, dirs, names)
+    }
+
+    /// Opens every backend the profile prefers or the plugin directories hold, and
+    /// checks every model plugin, for `tts devices`.
+    pub fn open_all(profile: Profile, dirs: Vec<PathBuf>) -> Result<Engine, EngineError> {
         let files = loader::discover(&dirs);
         let mut names: Vec<String> = profile.prefer.clone();
         for f in files.iter().filter(|f| f.kind == PluginKind::Backend) {
@@ -129,17 +136,23 @@ impl Engine {
                 names.push(f.name.clone());
             }
         }
-        let mut engine = Engine { profile, dirs, files, plugin_reports: Vec::new(), backends: Vec::new() };
-        for name in names {
-            let state = engine.open_backend(&name)?;
-            engine.backends.push((name, state));
-        }
+        let mut engine = Engine::open_backends(profile, dirs, names)?;
         for f in engine.files.iter().filter(|f| f.kind == PluginKind::Model) {
             let (loaded, version, error) = match loader::load_model(&f.path) {
                 Ok((_, info)) => (true, Some(info.version.to_string()), None),
                 Err(e) => (false, None, Some(e.to_string())),
             };
             engine.plugin_reports.push(PluginReport { kind: "model", name: f.name.clone(), path: f.path.display().to_string(), loaded, version, error });
+        }
+        Ok(engine)
+    }
+
+    fn open_backends(profile: Profile, dirs: Vec<PathBuf>, names: Vec<String>) -> Result<Engine, EngineError> {
+        let files = loader::discover(&dirs);
+        let mut engine = Engine { profile, dirs, files, plugin_reports: Vec::new(), backends: Vec::new() };
+        for name in names {
+            let state = engine.open_backend(&name)?;
+            engine.backends.push((name, state));
         }
         Ok(engine)
     }
@@ -273,12 +286,7 @@ impl Engine {
                     continue;
                 }
             };
-            let device = match &self.profile.device {
-                DeviceChoice::Auto => backend.devices.iter().max_by_key(|d| (d.kind.preference(), std::cmp::Reverse(d.index))),
-                DeviceChoice::Name(n) => backend.devices.iter().find(|d| d.name.as_str() == n),
-                DeviceChoice::Index(i) => backend.devices.get(*i as usize),
-            };
-            let Some(device) = device else {
+            let Some(device) = pick_device(&backend.devices, &self.profile.device) else {
                 let names: Vec<&str> = backend.devices.iter().map(|d| d.name.as_str()).collect();
                 reasons.push(format!("{name}: no device {} (devices: {})", self.profile.device, names.join(", ")));
                 continue;
@@ -351,6 +359,16 @@ impl Engine {
     }
 }
 
+/// The device a choice names. `auto`: the most preferred kind (discrete GPU >
+/// integrated GPU > accelerator > CPU > software GPU), the lowest index among equals.
+pub fn pick_device<'a>(devices: &'a [DeviceInfo], choice: &DeviceChoice) -> Option<&'a DeviceInfo> {
+    match choice {
+        DeviceChoice::Auto => devices.iter().max_by_key(|d| (d.kind.preference(), std::cmp::Reverse(d.index))),
+        DeviceChoice::Name(n) => devices.iter().find(|d| d.name.as_str() == n),
+        DeviceChoice::Index(i) => devices.iter().find(|d| d.index == *i),
+    }
+}
+
 /// Distinct mapped files whose name starts with `prefix` (Linux; empty elsewhere).
 /// Lets `tts devices` show that every plugin shares one libggml-base.
 pub fn loaded_libraries(prefix: &str) -> Vec<String> {
@@ -364,4 +382,40 @@ pub fn loaded_libraries(prefix: &str) -> Vec<String> {
     found.sort();
     found.dedup();
     found
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use crate::abi::DeviceKind;
+
+    fn dev(index: u32, name: &str, kind: DeviceKind) -> DeviceInfo {
+        DeviceInfo { index, name: name.into(), description: "".into(), kind, memory_free: 0, memory_total: 0 }
+    }
+
+    #[test]
+    fn auto_prefers_discrete_then_integrated_then_cpu_then_software() {
+        let all = [
+            dev(0, "Vulkan0", DeviceKind::SoftwareGpu),
+            dev(1, "Vulkan1", DeviceKind::IntegratedGpu),
+            dev(2, "Vulkan2", DeviceKind::Gpu),
+            dev(3, "Vulkan3", DeviceKind::Gpu),
+        ];
+        let pick = |n: usize| pick_device(&all[..n], &DeviceChoice::Auto).map(|d| d.name.to_string());
+        assert_eq!(pick(4).as_deref(), Some("Vulkan2"), "first discrete GPU");
+        assert_eq!(pick(2).as_deref(), Some("Vulkan1"), "integrated over software");
+        assert_eq!(pick(1).as_deref(), Some("Vulkan0"), "software when it is all there is");
+        assert_eq!(pick(0), None);
+        let cpu_and_soft = [dev(0, "soft", DeviceKind::SoftwareGpu), dev(1, "cpu", DeviceKind::Cpu)];
+        assert_eq!(pick_device(&cpu_and_soft, &DeviceChoice::Auto).unwrap().name.as_str(), "cpu");
+    }
+
+    #[test]
+    fn explicit_choices() {
+        let all = [dev(0, "Vulkan0", DeviceKind::SoftwareGpu), dev(1, "Vulkan1", DeviceKind::Gpu)];
+        assert_eq!(pick_device(&all, &DeviceChoice::Name("Vulkan0".into())).unwrap().index, 0);
+        assert_eq!(pick_device(&all, &DeviceChoice::Index(1)).unwrap().name.as_str(), "Vulkan1");
+        assert!(pick_device(&all, &DeviceChoice::Index(2)).is_none());
+        assert!(pick_device(&all, &DeviceChoice::Name("CUDA0".into())).is_none());
+    }
 }
