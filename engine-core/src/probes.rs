@@ -28,9 +28,12 @@ pub const ALL: [&str; 9] = [
     PINNED_HOST_BUFFER,
 ];
 
-/// Attention shape the probes use: head size 64 (GPT-2 T3 heads, Supertonic
-/// attention), 16 heads, a 50-query batch against a 256-slot static KV cache.
-const HEAD_DIM: i64 = 64;
+/// Attention shapes the probes use: the head sizes the model families have
+/// (32: Supertonic's duration predictor; 64: Chatterbox T3/S3Gen and Supertonic's
+/// encoders; 128: Supertonic's style attention), 16 heads, a 50-query batch against
+/// a 256-slot static KV cache. A flash-attention probe passes only if every head
+/// size does.
+const HEAD_DIMS: [i64; 3] = [32, 64, 128];
 const HEADS: i64 = 16;
 const N_Q: i64 = 50;
 const N_KV: i64 = 256;
@@ -74,10 +77,10 @@ pub fn run_one(device: Device, name: &str) -> ProbeResult {
         }),
         MUL_MAT_F16_WEIGHT => ask(&|ctx| mul_mat(ctx, ggml_sys::TYPE_F16, ggml_sys::TYPE_F32)),
         MUL_MAT_F16_ACTIVATION => ask(&|ctx| mul_mat(ctx, ggml_sys::TYPE_F32, ggml_sys::TYPE_F16)),
-        FLASH_ATTN_F32_KV => ask(&|ctx| flash_attn(ctx, ggml_sys::TYPE_F32)),
-        FLASH_ATTN_F16_KV => ask(&|ctx| flash_attn(ctx, ggml_sys::TYPE_F16)),
-        FLASH_ATTN_BF16_KV => ask(&|ctx| flash_attn(ctx, ggml_sys::TYPE_BF16)),
-        FLASH_ATTN_Q8_0_KV => ask(&|ctx| flash_attn(ctx, ggml_sys::TYPE_Q8_0)),
+        FLASH_ATTN_F32_KV => flash_attn(device, name, ggml_sys::TYPE_F32),
+        FLASH_ATTN_F16_KV => flash_attn(device, name, ggml_sys::TYPE_F16),
+        FLASH_ATTN_BF16_KV => flash_attn(device, name, ggml_sys::TYPE_BF16),
+        FLASH_ATTN_Q8_0_KV => flash_attn(device, name, ggml_sys::TYPE_Q8_0),
         CONV_TRANSPOSE_1D => ask(&|ctx| {
             // HiFT upsampling layer: kernel 16, stride 8, 512 -> 256 channels.
             let kernel = ctx.new_tensor(ggml_sys::TYPE_F32, &[16, 256, 512])?;
@@ -104,15 +107,32 @@ fn mul_mat(ctx: &Context, a_ty: Type, b_ty: Type) -> ggml_sys::Result<(Tensor<'_
     Ok((ctx.mul_mat(a, b)?, detail))
 }
 
-fn flash_attn(ctx: &Context, kv_ty: Type) -> ggml_sys::Result<(Tensor<'_>, String)> {
-    let q = ctx.new_tensor(ggml_sys::TYPE_F32, &[HEAD_DIM, N_Q, HEADS])?;
-    let k = ctx.new_tensor(kv_ty, &[HEAD_DIM, N_KV, HEADS])?;
-    let v = ctx.new_tensor(kv_ty, &[HEAD_DIM, N_KV, HEADS])?;
+fn flash_attn_node(ctx: &Context, kv_ty: Type, head_dim: i64) -> ggml_sys::Result<Tensor<'_>> {
+    let q = ctx.new_tensor(ggml_sys::TYPE_F32, &[head_dim, N_Q, HEADS])?;
+    let k = ctx.new_tensor(kv_ty, &[head_dim, N_KV, HEADS])?;
+    let v = ctx.new_tensor(kv_ty, &[head_dim, N_KV, HEADS])?;
     let mask = ctx.new_tensor(ggml_sys::TYPE_F16, &[N_KV, N_Q])?;
-    let node = ctx.flash_attn_ext(q, k, v, Some(mask), 0.125)?;
-    let detail = format!(
-        "FLASH_ATTN_EXT q f32 [{HEAD_DIM},{N_Q},{HEADS}], k/v {} [{HEAD_DIM},{N_KV},{HEADS}], f16 mask",
-        ggml_sys::type_name(kv_ty)
+    ctx.flash_attn_ext(q, k, v, Some(mask), 1.0 / (head_dim as f32).sqrt())
+}
+
+fn flash_attn(device: Device, name: &str, kv_ty: Type) -> ProbeResult {
+    let mut unsupported = Vec::new();
+    for head_dim in HEAD_DIMS {
+        let ok = Context::new_no_alloc(8, 8)
+            .and_then(|ctx| flash_attn_node(&ctx, kv_ty, head_dim).map(|node| device.supports_op(node)))
+            .unwrap_or(false);
+        if !ok {
+            unsupported.push(head_dim.to_string());
+        }
+    }
+    let dims: Vec<String> = HEAD_DIMS.iter().map(i64::to_string).collect();
+    let mut detail = format!(
+        "FLASH_ATTN_EXT q f32, k/v {}, head sizes {} x {HEADS} heads, {N_Q} queries over {N_KV} kv, f16 mask",
+        ggml_sys::type_name(kv_ty),
+        dims.join("/")
     );
-    Ok((node, detail))
+    if !unsupported.is_empty() {
+        detail.push_str(&format!(" (unsupported head size {})", unsupported.join("/")));
+    }
+    result(name, unsupported.is_empty(), detail)
 }
