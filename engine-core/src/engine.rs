@@ -186,7 +186,10 @@ impl Engine {
                 let facts = crate::backend_kit::facts_to_pairs(&session.module_facts());
                 Ok(BackendState::Open(OpenBackend { name: name.into(), session, devices, facts }))
             }
-            RResult::RErr(e) => Ok(BackendState::Unavailable(format!("{} could not open its ggml module: {e}", path.display()))),
+            RResult::RErr(e) => {
+                tracing::warn!(backend = name, "unavailable: {e}");
+                Ok(BackendState::Unavailable(format!("{} could not open its ggml module: {e}", path.display())))
+            }
         }
     }
 
@@ -292,6 +295,7 @@ impl Engine {
                 continue;
             };
             let (_, resolution) = self.resolve(backend, device);
+            tracing::info!(backend = %name, device = %device.name, description = %device.description, "device selected");
             return match resolution {
                 Ok(r) => Ok((backend, device, r)),
                 Err(e) => fail(format!("{} on {}: {e}", self.profile.origin(), device.name)),
@@ -354,6 +358,9 @@ impl Engine {
             RResult::ROk(o) => o,
             RResult::RErr(e) => return fail(e.to_string()),
         };
+        for t in output.timings.iter() {
+            tracing::info!(stage = %t.stage, ms = t.ms, "stage timing");
+        }
         crate::audio::write_wav_atomic(out, &output.samples, output.sample_rate).map_err(EngineError)?;
         Ok(output)
     }

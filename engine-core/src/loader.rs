@@ -94,6 +94,7 @@ pub fn load_backend(path: &Path) -> Result<(LoadedBackendPlugin, PluginInfo), Pl
     let module: BackendPluginRef = load_root(path)?;
     let info = (module.info())();
     check_ggml(path, &info)?;
+    tracing::debug!(plugin = %path.display(), name = %info.name, version = %info.version, "backend plugin loaded");
     Ok((LoadedBackendPlugin { module }, info))
 }
 
@@ -101,6 +102,7 @@ pub fn load_model(path: &Path) -> Result<(LoadedModelPlugin, PluginInfo), Plugin
     let module: ModelPluginRef = load_root(path)?;
     let info = (module.info())();
     check_ggml(path, &info)?;
+    tracing::debug!(plugin = %path.display(), name = %info.name, version = %info.version, "model plugin loaded");
     Ok((LoadedModelPlugin { module }, info))
 }
 
