@@ -25,8 +25,8 @@ fn build() -> Result<(), String> {
         let name = path.file_name().unwrap().to_string_lossy().to_string();
         if name.starts_with("libggml") && name.contains(".so") {
             let real = std::fs::canonicalize(&path).map_err(|e| e.to_string())?;
-            copy_as(&real, &lib_dir.join(&name))?;
-            copy_as(&real, &artifacts.join(&name))?;
+            gb::copy_as(&real, &lib_dir.join(&name))?;
+            gb::copy_as(&real, &artifacts.join(&name))?;
         }
     }
     println!("cargo:rustc-link-search=native={}", lib_dir.display());
@@ -45,13 +45,6 @@ fn build() -> Result<(), String> {
         gb::PINNED_VERSION
     );
     generate_bindings(&src.join("include"), &out.join("bindings.rs"))
-}
-
-fn copy_as(from: &Path, to: &Path) -> Result<(), String> {
-    std::fs::create_dir_all(to.parent().unwrap()).map_err(|e| e.to_string())?;
-    let tmp = to.with_extension("tmp-copy");
-    std::fs::copy(from, &tmp).map_err(|e| format!("{}: {e}", from.display()))?;
-    std::fs::rename(&tmp, to).map_err(|e| e.to_string())
 }
 
 fn generate_bindings(include: &Path, out: &Path) -> Result<(), String> {

@@ -298,15 +298,21 @@ pub fn artifact_dir() -> Result<PathBuf> {
         .ok_or_else(|| format!("unexpected OUT_DIR layout: {}", out.display()))
 }
 
-/// Copies a file (and the symlinks that point at it, as plain copies) into `dir`.
+/// Copies `file` into `dir` under its own name (see [`copy_as`]).
 pub fn copy_into(file: &Path, dir: &Path) -> Result<PathBuf> {
-    fs::create_dir_all(dir).map_err(|e| e.to_string())?;
-    let name = file.file_name().ok_or("no file name")?;
-    let dest = dir.join(name);
-    let tmp = dir.join(format!(".{}.tmp", name.to_string_lossy()));
-    fs::copy(file, &tmp).map_err(|e| format!("copy {}: {e}", file.display()))?;
-    fs::rename(&tmp, &dest).map_err(|e| e.to_string())?;
+    let dest = dir.join(file.file_name().ok_or("no file name")?);
+    copy_as(file, &dest)?;
     Ok(dest)
+}
+
+/// Copies `from` to `to` through a temporary sibling and a rename, so a process
+/// that loads `to` (a test, a running `tts`) never sees a half-written library.
+pub fn copy_as(from: &Path, to: &Path) -> Result<()> {
+    let dir = to.parent().ok_or("no parent directory")?;
+    fs::create_dir_all(dir).map_err(|e| e.to_string())?;
+    let tmp = dir.join(format!(".{}.tmp", to.file_name().ok_or("no file name")?.to_string_lossy()));
+    fs::copy(from, &tmp).map_err(|e| format!("copy {}: {e}", from.display()))?;
+    fs::rename(&tmp, to).map_err(|e| e.to_string())
 }
 
 /// What a backend module was built from. Written beside the module as
