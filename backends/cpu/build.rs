@@ -1,18 +1,31 @@
-//! Builds `libggml-cpu.so` from the pinned ggml source plus `patches/*.patch`.
+//! Builds ggml's CPU module from the pinned ggml source plus `patches/*.patch`.
 //!
-//! ggml refuses GGML_NATIVE together with DL modules (its runtime feature check
-//! needs explicit ISA definitions), so the build machine's ISA is detected here and
-//! passed as explicit switches. `TTS_CPU_NATIVE=0` builds the baseline module for
-//! bundles shipped to other machines.
+//! `TTS_CPU_VARIANTS` picks what is built:
+//! - `native` (default): one `libggml-cpu.so` for the build machine's ISA. ggml
+//!   refuses GGML_NATIVE together with DL modules (its run-time feature check needs
+//!   explicit ISA definitions), so the ISA is detected here and passed as switches.
+//! - `all`: every ISA variant ggml knows (`libggml-cpu-haswell.so`, ...,
+//!   `-sapphirerapids`, ARM levels on ARM), for bundles shipped to other machines;
+//!   the plugin loads the best one the running CPU supports.
+//! - `baseline`: one `libggml-cpu.so` with no ISA extensions.
 
 fn main() {
-    println!("cargo:rerun-if-env-changed=TTS_CPU_NATIVE");
-    let native = std::env::var("TTS_CPU_NATIVE").map(|v| v != "0").unwrap_or(true);
+    println!("cargo:rerun-if-env-changed=TTS_CPU_VARIANTS");
+    let mode = std::env::var("TTS_CPU_VARIANTS").unwrap_or_else(|_| "native".into());
     let mut defines = vec![("GGML_CPU", "ON"), ("GGML_OPENMP", "OFF")];
-    if native {
-        defines.extend(host_isa());
-    }
-    if let Err(e) = ggml_build_support::build_backend_module("ggml-cpu", "ggml-cpu", &defines) {
+    let targets: &[&str] = match mode.as_str() {
+        "native" => {
+            defines.extend(host_isa());
+            &["ggml-cpu"]
+        }
+        "baseline" => &["ggml-cpu"],
+        "all" => {
+            defines.push(("GGML_CPU_ALL_VARIANTS", "ON"));
+            &[]
+        }
+        other => panic!("tts-backend-cpu: TTS_CPU_VARIANTS={other}: use native, all or baseline"),
+    };
+    if let Err(e) = ggml_build_support::build_backend_module("ggml-cpu", targets, &defines) {
         panic!("tts-backend-cpu: {e}");
     }
 }

@@ -3,7 +3,7 @@
 
 fn main() {
     let defines = [("GGML_VULKAN", "ON")];
-    if let Err(e) = ggml_build_support::build_backend_module("ggml-vulkan", "ggml-vulkan", &defines) {
+    if let Err(e) = ggml_build_support::build_backend_module("ggml-vulkan", &["ggml-vulkan"], &defines) {
         panic!("tts-backend-vulkan: {e}");
     }
 }

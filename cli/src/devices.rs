@@ -44,7 +44,10 @@ pub fn render(r: &DevicesReport) -> String {
         line!(out, "backend {}{pref}", b.name);
         let fact = |k: &str| b.module.iter().find(|(key, _)| key == k).map(|(_, v)| v.as_str()).unwrap_or("?");
         let features: Vec<String> = b.module.iter().filter_map(|(k, v)| k.strip_prefix("feature.").map(|k| format!("{k}={v}"))).collect();
-        line!(out, "  module {} (ggml {})", fact("module"), fact("ggml_version"));
+        line!(out, "  module {} (ggml {}, score {})", fact("module"), fact("ggml_version"), fact("module_score"));
+        for (_, why) in b.module.iter().filter(|(k, _)| k == "rejected_module") {
+            line!(out, "  skipped module: {why}");
+        }
         if !features.is_empty() {
             line!(out, "  features {}", features.join(" "));
         }

@@ -351,3 +351,23 @@ fn model_errors_are_one_line_and_leave_no_file() {
     a[7] = "/nonexistent-dir/x.wav";
     assert_one_line_error(&run(&a), "output directory /nonexistent-dir does not exist");
 }
+
+#[test]
+fn among_module_variants_a_tampered_one_is_skipped_with_its_reason() {
+    let plugins = plugin_dir(&["cpu"]);
+    let dir = plugins.path();
+    // A second "variant" whose bytes no longer match its stamp.
+    let mut bytes = std::fs::read(dir.join("libggml-cpu.so")).unwrap();
+    bytes.extend_from_slice(b"tampered");
+    std::fs::write(dir.join("libggml-cpu-tampered.so"), bytes).unwrap();
+    std::fs::copy(dir.join("libggml-cpu.so.stamp.json"), dir.join("libggml-cpu-tampered.so.stamp.json")).unwrap();
+    let report = devices_json(&repo().join("profiles/ci.toml"), dir);
+    let cpu = backend(&report, "cpu");
+    assert_eq!(cpu["available"], true, "{cpu}");
+    let facts = cpu["module"].as_array().unwrap();
+    let fact = |k: &str| facts.iter().filter(|f| f[0] == k).map(|f| f[1].as_str().unwrap().to_string()).collect::<Vec<_>>();
+    assert!(fact("module")[0].ends_with("/libggml-cpu.so"), "{facts:?}");
+    let rejected = fact("rejected_module");
+    assert_eq!(rejected.len(), 1, "{facts:?}");
+    assert!(rejected[0].contains("libggml-cpu-tampered.so was modified after it was stamped"), "{rejected:?}");
+}

@@ -37,23 +37,17 @@ impl Stamp {
     }
 }
 
-/// Loads `<plugin dir>/<module_file>` after checking its stamp against the one the
-/// plugin was built with: same ggml version, same source, same patch series, and
-/// the file's hash matches its own stamp (not swapped or truncated after stamping).
-/// This is also how a module built elsewhere (CUDA with nvcc on a GPU host) is
-/// accepted: it must carry a stamp from the same pinned source and patches.
-pub fn load_stamped_module(plugin_path: &Path, module_file: &str, expected_stamp: &str) -> Result<(Registry, OptionList), String> {
-    let dir = plugin_path.parent().unwrap_or(Path::new("."));
-    let module = dir.join(module_file);
-    if !module.is_file() {
-        return Err(format!("ggml module {} is missing (it ships beside the plugin)", module.display()));
-    }
+/// Checks a module against the stamp the plugin was built with: same ggml version,
+/// same source, same patch series, and the file's hash matches its own stamp (not
+/// swapped or truncated after stamping). This is also how a module built elsewhere
+/// (CUDA with nvcc on a GPU host) is accepted: it must carry a stamp from the same
+/// pinned source and patches.
+fn verify_stamp(module: &Path, expected: &Stamp) -> Result<Stamp, String> {
     let stamp_path = PathBuf::from(format!("{}.stamp.json", module.display()));
     let text = std::fs::read_to_string(&stamp_path).map_err(|_| {
         format!("ggml module {} has no build stamp {} (was it built from this project's pinned source?)", module.display(), stamp_path.display())
     })?;
     let found = Stamp { json: serde_json::from_str(&text).map_err(|e| format!("{}: not a valid stamp: {e}", stamp_path.display()))? };
-    let expected = Stamp { json: serde_json::from_str(expected_stamp).map_err(|e| format!("plugin's compiled-in stamp: {e}"))? };
     for key in ["ggml_version", "source_fingerprint", "patches_fingerprint"] {
         if found.field(key) != expected.field(key) {
             return Err(format!(
@@ -64,18 +58,74 @@ pub fn load_stamped_module(plugin_path: &Path, module_file: &str, expected_stamp
             ));
         }
     }
-    let bytes = std::fs::read(&module).map_err(|e| format!("{}: {e}", module.display()))?;
+    let bytes = std::fs::read(module).map_err(|e| format!("{}: {e}", module.display()))?;
     let sha = hex::encode(Sha256::digest(&bytes));
     if sha != found.field("module_sha256") {
-        return Err(format!("ggml module {} was modified after it was stamped (sha256 {} != {})", module.display(), &sha[..12], &found.field("module_sha256").chars().take(12).collect::<String>()));
+        let short = |s: &str| s.chars().take(12).collect::<String>();
+        return Err(format!(
+            "ggml module {} was modified after it was stamped (sha256 {} != {})",
+            module.display(),
+            short(&sha),
+            short(&found.field("module_sha256"))
+        ));
     }
+    Ok(found)
+}
+
+/// ggml's own suitability score of a module for this machine (CPU variants check
+/// the ISA; 0 = cannot run here). Modules without a score function count as 1.
+fn module_score(module: &Path) -> Result<i32, String> {
+    let lib = unsafe { libloading::Library::new(module) }.map_err(|e| format!("{}: {e}", module.display()))?;
+    let score = unsafe { lib.get::<unsafe extern "C" fn() -> i32>(b"ggml_backend_score\0") }.map(|f| unsafe { f() }).unwrap_or(1);
+    Ok(score)
+}
+
+/// Loads the module family `<stem>` from beside the plugin: `<stem>.so`, or among
+/// `<stem>-*.so` variants the best-scoring one this machine can run. Every
+/// candidate must pass [`verify_stamp`].
+pub fn load_stamped_module(plugin_path: &Path, stem: &str, expected_stamp: &str) -> Result<(Registry, OptionList), String> {
+    let dir = plugin_path.parent().unwrap_or(Path::new("."));
+    let expected = Stamp { json: serde_json::from_str(expected_stamp).map_err(|e| format!("plugin's compiled-in stamp: {e}"))? };
+    let mut candidates: Vec<PathBuf> = std::fs::read_dir(dir)
+        .map_err(|e| format!("{}: {e}", dir.display()))?
+        .filter_map(|e| e.ok().map(|e| e.path()))
+        .filter(|p| {
+            let name = p.file_name().map(|n| n.to_string_lossy().to_string()).unwrap_or_default();
+            name == format!("{stem}.so") || (name.starts_with(&format!("{stem}-")) && name.ends_with(".so"))
+        })
+        .collect();
+    candidates.sort();
+    if candidates.is_empty() {
+        return Err(format!("ggml module {} is missing (it ships beside the plugin)", dir.join(format!("{stem}.so")).display()));
+    }
+    let mut rejected = Vec::new();
+    let mut best: Option<(i32, PathBuf, Stamp)> = None;
+    for module in candidates {
+        let checked = verify_stamp(&module, &expected).and_then(|stamp| Ok((module_score(&module)?, stamp)));
+        match checked {
+            Ok((0, _)) => rejected.push(format!("{} cannot run on this machine (ggml score 0)", module.display())),
+            Ok((score, stamp)) => {
+                if best.as_ref().is_none_or(|(s, _, _)| score > *s) {
+                    best = Some((score, module, stamp));
+                }
+            }
+            Err(e) => rejected.push(e),
+        }
+    }
+    let Some((score, module, found)) = best else {
+        return Err(rejected.join("; "));
+    };
     let registry = ggml_sys::load_backend_module(&module).map_err(|e| e.to_string())?;
     let mut facts: Vec<(String, OptionValue)> = vec![
         ("module".into(), OptionValue::Str(module.display().to_string().into())),
+        ("module_score".into(), OptionValue::Int(score as i64)),
         ("registry".into(), OptionValue::Str(registry.name().into())),
         ("ggml_version".into(), OptionValue::Str(found.field("ggml_version").into())),
         ("patches_fingerprint".into(), OptionValue::Str(found.field("patches_fingerprint").into())),
     ];
+    for r in rejected {
+        facts.push(("rejected_module".into(), OptionValue::Str(r.into())));
+    }
     for (k, v) in registry.features() {
         facts.push((format!("feature.{k}"), OptionValue::Str(v.into())));
     }
@@ -84,14 +134,14 @@ pub fn load_stamped_module(plugin_path: &Path, module_file: &str, expected_stamp
 
 /// Loads the ggml module this backend plugin was built with, from beside the
 /// plugin file named in `request`, checking it against the stamp compiled into the
-/// plugin (`TTS_MODULE_FILE` / `TTS_MODULE_STAMP`, set by the plugin's build script
+/// plugin (`TTS_MODULE_STEM` / `TTS_MODULE_STAMP`, set by the plugin's build script
 /// through `ggml_build_support::build_backend_module`).
 #[macro_export]
 macro_rules! load_plugin_module {
     ($request:expr) => {
         $crate::backend_kit::load_stamped_module(
             ::std::path::Path::new($request.plugin_path.as_str()),
-            env!("TTS_MODULE_FILE"),
+            env!("TTS_MODULE_STEM"),
             env!("TTS_MODULE_STAMP"),
         )
     };

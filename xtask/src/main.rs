@@ -1,7 +1,7 @@
 //! `cargo xtask <task>`:
 //! - `deps`: install the system packages the ggml build needs (Debian/Ubuntu, as root).
 //! - `test`: deps, build every workspace artifact (plugins are cdylibs the tests load), run all tests.
-//! - `dist [--release] [--backends cpu,vulkan] [--out DIR]`: assemble a bundle:
+//! - `dist [--release] [--backends cpu,vulkan] [--cpu-variants native|all|baseline] [--out DIR]`: assemble a bundle:
 //!   `tts`, `lib/` (the one shared libggml-base + libggml), `plugins/` (chosen backend
 //!   and model plugins with their ggml modules and stamps), `profiles/`.
 //! - `demo`: deps, dist, then run `tts` from the bundle on the embedded default profile.
@@ -94,6 +94,9 @@ fn deps() -> Result<(), String> {
 fn build_all(release: bool) -> Result<(), String> {
     let mut c = cargo();
     c.args(["build", "--workspace", "--all-targets"]);
+    if let Some(v) = std::env::var_os("TTS_CPU_VARIANTS") {
+        c.env("TTS_CPU_VARIANTS", v);
+    }
     if release {
         c.arg("--release");
     }
@@ -186,6 +189,12 @@ fn dist(args: &[String]) -> Result<PathBuf, String> {
             "--release" => release = true,
             "--backends" => backends = it.next().ok_or("--backends needs a list")?.split(',').map(str::to_string).collect(),
             "--out" => out = PathBuf::from(it.next().ok_or("--out needs a directory")?),
+            // native: this machine's ISA; all: every ISA variant, the best picked at
+            // run time (bundles for other machines); baseline: no ISA extensions.
+            "--cpu-variants" => {
+                let v = it.next().ok_or("--cpu-variants needs native, all or baseline")?;
+                std::env::set_var("TTS_CPU_VARIANTS", v);
+            }
             other => return Err(format!("dist: unknown option {other}")),
         }
     }
@@ -211,8 +220,14 @@ fn dist(args: &[String]) -> Result<PathBuf, String> {
     copy(target.join("libggml.so.0"), &lib)?;
     for b in &backends {
         copy(target.join(format!("libtts_backend_{b}.so")), &plugins)?;
-        copy(target.join(format!("libggml-{b}.so")), &plugins)?;
-        copy(target.join(format!("libggml-{b}.so.stamp.json")), &plugins)?;
+        // The module, or every ISA variant of it, each with its stamp.
+        let module = |name: &str| name.starts_with(&format!("libggml-{b}.so")) || name.starts_with(&format!("libggml-{b}-"));
+        for entry in std::fs::read_dir(&target).map_err(|e| e.to_string())? {
+            let path = entry.map_err(|e| e.to_string())?.path();
+            if path.file_name().is_some_and(|n| module(&n.to_string_lossy())) {
+                copy(path, &plugins)?;
+            }
+        }
     }
     for m in &models {
         copy(target.join(format!("libtts_model_{m}.so")), &plugins)?;

@@ -395,10 +395,13 @@ fn target_dir() -> Result<PathBuf> {
         .ok_or_else(|| format!("unexpected OUT_DIR layout: {}", out.display()))
 }
 
-/// Everything a backend plugin's build script does: patch, build the module,
-/// stamp it, place it next to the plugin, and export the stamp to the plugin's code
-/// as `TTS_MODULE_STAMP` (JSON) and the module's file name as `TTS_MODULE_FILE`.
-pub fn build_backend_module(backend_dir: &str, module_target: &str, extra_defines: &[(&str, &str)]) -> Result<PathBuf> {
+/// Everything a backend plugin's build script does: patch, build the module(s),
+/// stamp each, place them next to the plugin (removing stale ones of the same
+/// family), and export to the plugin's code the stamp (`TTS_MODULE_STAMP`, JSON)
+/// and the module family stem (`TTS_MODULE_STEM`, e.g. `libggml-cpu`): the plugin
+/// loads `<stem>.so` or, for a multi-variant build, the best-scoring `<stem>-*.so`.
+/// `targets` empty builds everything configured (e.g. all CPU variants).
+pub fn build_backend_module(backend_dir: &str, targets: &[&str], extra_defines: &[(&str, &str)]) -> Result<Vec<PathBuf>> {
     let out = PathBuf::from(std::env::var("OUT_DIR").map_err(|e| e.to_string())?);
     let manifest = PathBuf::from(std::env::var("CARGO_MANIFEST_DIR").map_err(|e| e.to_string())?);
     let pristine = locate_source(&out.join("registry"))?;
@@ -407,26 +410,36 @@ pub fn build_backend_module(backend_dir: &str, module_target: &str, extra_define
     for (k, v) in extra_defines {
         cmake = cmake.define(k, v);
     }
-    let built = cached_build(&pristine, &patches, &format!("src/{backend_dir}/"), cmake, &[module_target])?;
-    let module_name = format!("lib{module_target}.so");
-    let module = built.build.join("bin").join(&module_name);
-    if !module.is_file() {
-        return Err(format!("cmake did not produce {}", module.display()));
+    let built = cached_build(&pristine, &patches, &format!("src/{backend_dir}/"), cmake, targets)?;
+    let stem = format!("lib{backend_dir}");
+    let is_module = |name: &str| name == format!("{stem}.so") || (name.starts_with(&format!("{stem}-")) && name.ends_with(".so"));
+    let modules: Vec<PathBuf> = read_dir_sorted(&built.build.join("bin"))
+        .into_iter()
+        .filter(|p| p.file_name().is_some_and(|n| is_module(&n.to_string_lossy())))
+        .collect();
+    if modules.is_empty() {
+        return Err(format!("cmake produced no {stem}*.so in {}", built.build.join("bin").display()));
     }
-    let stamp = ModuleStamp {
-        ggml_version: ggml_version(&pristine)?,
-        source_package: format!("{PINNED_CRATE}-{PINNED_VERSION}"),
-        source_fingerprint: source_fingerprint(&pristine)?,
-        patches_fingerprint: patches_fingerprint(&patches)?,
-        module_file: module_name.clone(),
-        module_sha256: file_sha256(&module)?,
-    };
-    let stamp_json = serde_json::to_string(&stamp).map_err(|e| e.to_string())?;
     let artifacts = artifact_dir()?;
-    let placed = copy_into(&module, &artifacts)?;
-    fs::write(artifacts.join(format!("{module_name}.stamp.json")), &stamp_json).map_err(|e| e.to_string())?;
-    println!("cargo:rustc-env=TTS_MODULE_STAMP={stamp_json}");
-    println!("cargo:rustc-env=TTS_MODULE_FILE={module_name}");
+    // A module of this family left from a different build (native vs variants)
+    // would compete for selection at run time.
+    for stale in read_dir_sorted(&artifacts) {
+        let name = stale.file_name().map(|n| n.to_string_lossy().to_string()).unwrap_or_default();
+        let module_name = name.strip_suffix(".stamp.json").unwrap_or(&name);
+        if is_module(module_name) && !modules.iter().any(|m| m.file_name().is_some_and(|f| f.to_string_lossy() == module_name)) {
+            let _ = fs::remove_file(&stale);
+        }
+    }
+    let template = stamp_template(&pristine, &patches)?;
+    let mut placed = Vec::new();
+    for module in &modules {
+        let name = module.file_name().unwrap().to_string_lossy().to_string();
+        let stamp = template.replace("@MODULE_FILE@", &name).replace("@MODULE_SHA256@", &file_sha256(module)?);
+        placed.push(copy_into(module, &artifacts)?);
+        fs::write(artifacts.join(format!("{name}.stamp.json")), stamp).map_err(|e| e.to_string())?;
+    }
+    println!("cargo:rustc-env=TTS_MODULE_STAMP={template}");
+    println!("cargo:rustc-env=TTS_MODULE_STEM={stem}");
     Ok(placed)
 }
 
