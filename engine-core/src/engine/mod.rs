@@ -6,8 +6,11 @@ use crate::loader::{self, PluginFile, PluginKind};
 use crate::policy::{self, DeviceRef, Resolution};
 use crate::profile::{DeviceChoice, Profile};
 use abi_stable::std_types::RResult;
-use serde::Serialize;
 use std::path::{Path, PathBuf};
+
+mod report;
+
+pub use report::{BackendReport, DeviceReport, DevicesReport, PluginReport, ProbeReport, Selection};
 
 /// Plugin directories: the profile's, else `<exe dir>/plugins` when it exists,
 /// else the executable's own directory (a development build tree).
@@ -18,75 +21,6 @@ pub fn plugin_dirs(profile: &Profile, exe: Option<&Path>) -> Vec<PathBuf> {
     let Some(dir) = exe.and_then(Path::parent) else { return vec![PathBuf::from(".")] };
     let bundled = dir.join("plugins");
     vec![if bundled.is_dir() { bundled } else { dir.to_path_buf() }]
-}
-
-#[derive(Debug, Serialize)]
-pub struct PluginReport {
-    pub kind: &'static str,
-    pub name: String,
-    pub path: String,
-    pub loaded: bool,
-    #[serde(skip_serializing_if = "Option::is_none")]
-    pub version: Option<String>,
-    #[serde(skip_serializing_if = "Option::is_none")]
-    pub error: Option<String>,
-}
-
-#[derive(Debug, Serialize)]
-pub struct DeviceReport {
-    pub index: u32,
-    pub name: String,
-    pub description: String,
-    pub kind: &'static str,
-    pub memory_free: u64,
-    pub memory_total: u64,
-    pub probes: Vec<ProbeReport>,
-    #[serde(skip_serializing_if = "Option::is_none")]
-    pub policies: Option<Resolution>,
-    #[serde(skip_serializing_if = "Option::is_none")]
-    pub policy_error: Option<String>,
-}
-
-#[derive(Debug, Serialize)]
-pub struct ProbeReport {
-    pub name: String,
-    pub supported: bool,
-    pub detail: String,
-}
-
-#[derive(Debug, Serialize)]
-pub struct BackendReport {
-    pub name: String,
-    pub preferred: bool,
-    pub available: bool,
-    #[serde(skip_serializing_if = "Option::is_none")]
-    pub reason: Option<String>,
-    pub module: Vec<(String, String)>,
-    pub devices: Vec<DeviceReport>,
-}
-
-#[derive(Debug, Serialize)]
-pub struct Selection {
-    pub backend: String,
-    pub device: u32,
-    pub device_name: String,
-}
-
-#[derive(Debug, Serialize)]
-pub struct DevicesReport {
-    pub host_version: String,
-    pub plugin_abi: String,
-    pub ggml_version: String,
-    pub profile: String,
-    /// Every file named libggml-base mapped into this process (one expected).
-    pub ggml_base_loaded: Vec<String>,
-    pub plugin_dirs: Vec<String>,
-    pub plugins: Vec<PluginReport>,
-    pub backends: Vec<BackendReport>,
-    #[serde(skip_serializing_if = "Option::is_none")]
-    pub selected: Option<Selection>,
-    #[serde(skip_serializing_if = "Option::is_none")]
-    pub selection_error: Option<String>,
 }
 
 struct OpenBackend {
@@ -265,7 +199,7 @@ impl Engine {
             profile: self.profile.origin().into(),
             ggml_base_loaded: loaded_libraries("libggml-base"),
             plugin_dirs: self.dirs.iter().map(|d| d.display().to_string()).collect(),
-            plugins: self.plugin_reports.iter().map(|p| PluginReport { kind: p.kind, name: p.name.clone(), path: p.path.clone(), loaded: p.loaded, version: p.version.clone(), error: p.error.clone() }).collect(),
+            plugins: self.plugin_reports.clone(),
             backends,
             selected,
             selection_error,
