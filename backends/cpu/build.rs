@@ -7,7 +7,8 @@
 //! - `all`: every ISA variant ggml knows (`libggml-cpu-haswell.so`, ...,
 //!   `-sapphirerapids`, ARM levels on ARM), for bundles shipped to other machines;
 //!   the plugin loads the best one the running CPU supports.
-//! - `baseline`: one `libggml-cpu.so` with no ISA extensions.
+//! - `baseline`: one `libggml-cpu.so` at ggml's default x86 level (AVX2, FMA,
+//!   F16C, BMI2: Haswell and later).
 
 fn main() {
     println!("cargo:rerun-if-env-changed=TTS_CPU_VARIANTS");

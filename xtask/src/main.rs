@@ -190,7 +190,7 @@ fn dist(args: &[String]) -> Result<PathBuf, String> {
             "--backends" => backends = it.next().ok_or("--backends needs a list")?.split(',').map(str::to_string).collect(),
             "--out" => out = PathBuf::from(it.next().ok_or("--out needs a directory")?),
             // native: this machine's ISA; all: every ISA variant, the best picked at
-            // run time (bundles for other machines); baseline: no ISA extensions.
+            // run time (bundles for other machines); baseline: ggml's default level.
             "--cpu-variants" => {
                 let v = it.next().ok_or("--cpu-variants needs native, all or baseline")?;
                 std::env::set_var("TTS_CPU_VARIANTS", v);
