@@ -242,6 +242,10 @@ impl Default for CmakeOptions {
             ("GGML_CPU", "OFF"),
             // ggml refuses GGML_NATIVE with DL modules; ISA switches are explicit.
             ("GGML_NATIVE", "OFF"),
+            // ggml stamps itself with `git rev-parse HEAD` of whatever repository
+            // encloses the source copy (ours, under target/): a no-op "git" keeps the
+            // build independent of this project's commits ("ggml commit: unknown").
+            ("GIT_EXE", "true"),
             ("GGML_BUILD_TESTS", "OFF"),
             ("GGML_BUILD_EXAMPLES", "OFF"),
             ("GGML_CCACHE", "OFF"),
