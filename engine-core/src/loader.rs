@@ -166,3 +166,26 @@ fn first_line(s: &str) -> String {
     let lines: Vec<&str> = s.lines().map(str::trim).filter(|l| !l.is_empty()).take(3).collect();
     one_line(&lines.join("; "))
 }
+
+/// Loads a backend plugin file, opens it with `options` (unvalidated: callers
+/// pass known keys) and initialises device `device`. For tests and tools that
+/// drive one backend directly rather than through a profile.
+pub fn open_backend_device(path: &Path, options: Vec<(&str, crate::abi::OptionValue)>, device: u32) -> Result<crate::abi::BackendHandle, String> {
+    use abi_stable::std_types::{RResult, Tuple2};
+    let (plugin, _) = load_backend(path).map_err(|e| e.to_string())?;
+    let request = crate::abi::BackendOpenRequest {
+        plugin_path: path.display().to_string().into(),
+        options: options.into_iter().map(|(k, v)| Tuple2(k.into(), v)).collect(),
+    };
+    let session = match (plugin.module.open())(&request) {
+        RResult::ROk(s) => s,
+        RResult::RErr(e) => return Err(format!("opening {}: {e}", path.display())),
+    };
+    if session.devices().len() <= device as usize {
+        return Err(format!("{} lists {} device(s), no device {device}", path.display(), session.devices().len()));
+    }
+    match session.init_device(device) {
+        RResult::ROk(h) => Ok(h),
+        RResult::RErr(e) => Err(format!("initialising device {device} of {}: {e}", path.display())),
+    }
+}

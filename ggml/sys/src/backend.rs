@@ -203,6 +203,16 @@ impl Backend {
         }
     }
 
+    /// The backend's default buffer type.
+    pub fn buffer_type(&self) -> sys::ggml_backend_buffer_type_t {
+        unsafe { sys::ggml_backend_get_default_buffer_type(self.as_ptr()) }
+    }
+
+    /// Waits for queued work to finish.
+    pub fn synchronize(&self) {
+        unsafe { sys::ggml_backend_synchronize(self.as_ptr()) }
+    }
+
     pub fn compute(&self, graph: &Graph<'_>) -> Result<()> {
         let status = unsafe { sys::ggml_backend_graph_compute(self.as_ptr(), graph.as_ptr()) };
         if status == sys::GGML_STATUS_SUCCESS {
@@ -237,5 +247,43 @@ impl Buffer {
 impl Drop for Buffer {
     fn drop(&mut self) {
         unsafe { sys::ggml_backend_buffer_free(self.ptr.as_ptr()) }
+    }
+}
+
+/// A graph allocator: places a graph's intermediate tensors in one reusable
+/// backend buffer, sharing memory between tensors whose lifetimes do not overlap.
+/// Re-allocating a graph of the same shape reuses the buffer.
+pub struct GraphAllocator {
+    ptr: NonNull<sys::ggml_gallocr>,
+}
+
+unsafe impl Send for GraphAllocator {}
+
+impl GraphAllocator {
+    pub fn new(backend: &Backend) -> Result<Self> {
+        match NonNull::new(unsafe { sys::ggml_gallocr_new(backend.buffer_type()) }) {
+            Some(ptr) => Ok(GraphAllocator { ptr }),
+            None => err("ggml_gallocr_new failed"),
+        }
+    }
+
+    /// Assigns memory to every tensor of `graph` that has none.
+    pub fn alloc(&mut self, graph: &Graph<'_>) -> Result<()> {
+        if unsafe { sys::ggml_gallocr_alloc_graph(self.ptr.as_ptr(), graph.as_ptr()) } {
+            Ok(())
+        } else {
+            err("could not allocate the compute graph's buffer")
+        }
+    }
+
+    /// Bytes held by the allocator's buffer.
+    pub fn size(&self) -> usize {
+        unsafe { sys::ggml_gallocr_get_buffer_size(self.ptr.as_ptr(), 0) }
+    }
+}
+
+impl Drop for GraphAllocator {
+    fn drop(&mut self) {
+        unsafe { sys::ggml_gallocr_free(self.ptr.as_ptr()) }
     }
 }

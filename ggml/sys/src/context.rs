@@ -44,7 +44,7 @@ impl Context {
         self.wrap(p)
     }
 
-    fn wrap(&self, p: *mut sys::ggml_tensor) -> Result<Tensor<'_>> {
+    pub(crate) fn wrap(&self, p: *mut sys::ggml_tensor) -> Result<Tensor<'_>> {
         NonNull::new(p)
             .map(|ptr| Tensor { ptr, _ctx: PhantomData })
             .ok_or_else(|| crate::Error::Msg("ggml context out of memory".into()))
@@ -83,6 +83,28 @@ impl Context {
         self.wrap(unsafe { sys::ggml_cast(self.as_ptr(), a.as_ptr(), ty) })
     }
 
+    /// Takes ownership of a context created elsewhere (GGUF loading).
+    pub(crate) unsafe fn from_raw(ptr: *mut sys::ggml_context) -> Option<Self> {
+        NonNull::new(ptr).map(|ptr| Context { ptr })
+    }
+
+    /// A tensor of this context by name.
+    pub fn get_tensor(&self, name: &str) -> Option<Tensor<'_>> {
+        let c = CString::new(name).ok()?;
+        NonNull::new(unsafe { sys::ggml_get_tensor(self.as_ptr(), c.as_ptr()) }).map(|ptr| Tensor { ptr, _ctx: PhantomData })
+    }
+
+    /// Every tensor of this context, in creation order.
+    pub fn tensors(&self) -> Vec<Tensor<'_>> {
+        let mut out = Vec::new();
+        let mut p = unsafe { sys::ggml_get_first_tensor(self.as_ptr()) };
+        while let Some(ptr) = NonNull::new(p) {
+            out.push(Tensor { ptr, _ctx: PhantomData });
+            p = unsafe { sys::ggml_get_next_tensor(self.as_ptr(), p) };
+        }
+        out
+    }
+
     pub fn new_graph(&self, nodes: usize) -> Result<Graph<'_>> {
         NonNull::new(unsafe { sys::ggml_new_graph_custom(self.as_ptr(), nodes, false) })
             .map(|ptr| Graph { ptr, _ctx: PhantomData })
@@ -108,12 +130,72 @@ impl<'ctx> Tensor<'ctx> {
         self.ptr.as_ptr()
     }
 
+    /// A tensor pointer bound to `ctx`'s lifetime.
+    pub(crate) unsafe fn from_raw(ptr: NonNull<sys::ggml_tensor>, _ctx: &'ctx Context) -> Self {
+        Tensor { ptr, _ctx: PhantomData }
+    }
+
+    /// The same tensor with the lifetime of another context, so that tensors of a
+    /// long-lived context (weights) can be used in graphs built in a shorter one.
+    /// Safety: the tensor's own context must outlive every use through `_ctx`.
+    pub unsafe fn rebind<'b>(self, _ctx: &'b Context) -> Tensor<'b> {
+        Tensor { ptr: self.ptr, _ctx: PhantomData }
+    }
+
     fn raw(&self) -> &sys::ggml_tensor {
         unsafe { self.ptr.as_ref() }
     }
 
     pub fn ne(&self) -> [i64; 4] {
         self.raw().ne
+    }
+
+    /// Byte strides per dimension.
+    pub fn nb(&self) -> [usize; 4] {
+        self.raw().nb
+    }
+
+    /// Raw bytes of the tensor, downloaded from its backend buffer.
+    pub fn get_bytes(&self) -> Result<Vec<u8>> {
+        if self.raw().buffer.is_null() {
+            return err(format!("tensor '{}' has no backend buffer", self.name()));
+        }
+        let mut bytes = vec![0u8; self.n_bytes()];
+        unsafe { sys::ggml_backend_tensor_get(self.as_ptr(), bytes.as_mut_ptr().cast(), 0, bytes.len()) };
+        Ok(bytes)
+    }
+
+    /// Uploads raw bytes (the tensor's own type and layout).
+    pub fn set_bytes(&self, bytes: &[u8]) -> Result<()> {
+        if bytes.len() != self.n_bytes() {
+            return err(format!("tensor '{}' holds {} bytes, got {}", self.name(), self.n_bytes(), bytes.len()));
+        }
+        if self.raw().buffer.is_null() {
+            return err(format!("tensor '{}' has no backend buffer", self.name()));
+        }
+        unsafe { sys::ggml_backend_tensor_set(self.as_ptr(), bytes.as_ptr().cast(), 0, bytes.len()) };
+        Ok(())
+    }
+
+    /// Uploads I32 values.
+    pub fn set_i32(&self, values: &[i32]) -> Result<()> {
+        if self.ty() != sys::GGML_TYPE_I32 {
+            return err(format!("tensor '{}' is not I32", self.name()));
+        }
+        let bytes: Vec<u8> = values.iter().flat_map(|v| v.to_ne_bytes()).collect();
+        self.set_bytes(&bytes)
+    }
+
+    /// Marks the tensor as a graph input (the allocator keeps it addressable).
+    pub fn set_input(self) -> Self {
+        unsafe { sys::ggml_set_input(self.as_ptr()) };
+        self
+    }
+
+    /// Marks the tensor as a graph output (its memory is not reused).
+    pub fn set_output(self) -> Self {
+        unsafe { sys::ggml_set_output(self.as_ptr()) };
+        self
     }
 
     pub fn ty(&self) -> Type {
@@ -210,6 +292,10 @@ pub struct Graph<'ctx> {
 }
 
 impl<'ctx> Graph<'ctx> {
+    pub(crate) unsafe fn from_raw(ptr: NonNull<sys::ggml_cgraph>) -> Self {
+        Graph { ptr, _ctx: PhantomData }
+    }
+
     pub fn as_ptr(&self) -> *mut sys::ggml_cgraph {
         self.ptr.as_ptr()
     }

@@ -82,6 +82,36 @@ impl GgufFile {
         Ok(unsafe { sys::gguf_get_val_bool(self.ptr.as_ptr(), id) })
     }
 
+    fn array_id(&self, key: &str, want: sys::gguf_type) -> Result<(i64, usize)> {
+        let id = self.typed_id(key, sys::GGUF_TYPE_ARRAY)?;
+        let got = unsafe { sys::gguf_get_arr_type(self.ptr.as_ptr(), id) };
+        if got != want {
+            let name = unsafe { cstr_to_string(sys::gguf_type_name(got)) };
+            return err(format!("{}: metadata key '{key}' is an array of {name}", self.path.display()));
+        }
+        Ok((id, unsafe { sys::gguf_get_arr_n(self.ptr.as_ptr(), id) }))
+    }
+
+    /// An array of unsigned integers (stored as u32, or as non-negative i32 as
+    /// some writers store Python ints).
+    pub fn get_u32_array(&self, key: &str) -> Result<Vec<u32>> {
+        let (id, n) = match self.array_id(key, sys::GGUF_TYPE_UINT32) {
+            Ok(found) => found,
+            Err(_) => self.array_id(key, sys::GGUF_TYPE_INT32)?,
+        };
+        let data = unsafe { sys::gguf_get_arr_data(self.ptr.as_ptr(), id) } as *const u32;
+        let values: Vec<u32> = (0..n).map(|i| unsafe { *data.add(i) }).collect();
+        if values.iter().any(|&v| v > i32::MAX as u32) {
+            return err(format!("{}: metadata key '{key}' holds negative values", self.path.display()));
+        }
+        Ok(values)
+    }
+
+    pub fn get_str_array(&self, key: &str) -> Result<Vec<String>> {
+        let (id, n) = self.array_id(key, sys::GGUF_TYPE_STRING)?;
+        Ok((0..n).map(|i| unsafe { cstr_to_string(sys::gguf_get_arr_str(self.ptr.as_ptr(), id, i)) }).collect())
+    }
+
     /// All metadata keys, in file order.
     pub fn keys(&self) -> Vec<String> {
         let n = unsafe { sys::gguf_get_n_kv(self.ptr.as_ptr()) };
@@ -101,6 +131,64 @@ impl GgufFile {
                 }
             })
             .collect()
+    }
+}
+
+/// A GGUF file opened with its tensors: a metadata-only ggml context holds one
+/// tensor per GGUF tensor (names, types, shapes); [`GgufTensors::load_into`]
+/// reads their data into backend memory.
+pub struct GgufTensors {
+    pub file: GgufFile,
+    pub ctx: crate::Context,
+}
+
+impl GgufTensors {
+    pub fn open(path: &Path) -> Result<Self> {
+        if !path.is_file() {
+            return err(format!("GGUF file {} does not exist", path.display()));
+        }
+        let c = CString::new(path.to_string_lossy().as_bytes()).map_err(|e| crate::Error::Msg(e.to_string()))?;
+        let mut meta: *mut sys::ggml_context = std::ptr::null_mut();
+        let params = sys::gguf_init_params { no_alloc: true, ctx: &mut meta };
+        let Some(ptr) = NonNull::new(unsafe { sys::gguf_init_from_file(c.as_ptr(), params) }) else {
+            return err(format!("{} is not a valid GGUF file (bad magic, truncated, or corrupt header)", path.display()));
+        };
+        let file = GgufFile { ptr, path: path.to_path_buf() };
+        let ctx = unsafe { crate::Context::from_raw(meta) }.ok_or_else(|| crate::Error::Msg("gguf: no tensor context".into()))?;
+        // A truncated file passes header parsing; check the data section's extent.
+        let len = std::fs::metadata(path).map_err(|e| crate::Error::Msg(e.to_string()))?.len() as usize;
+        if let Some(t) = file.tensors().iter().find(|t| t.offset + t.size > len) {
+            return err(format!("{} is truncated: tensor '{}' ends at byte {} but the file has {len}", path.display(), t.name, t.offset + t.size));
+        }
+        Ok(GgufTensors { file, ctx })
+    }
+
+    /// Allocates every tensor in one buffer of `backend` and reads the data.
+    pub fn load_into(&self, backend: &crate::Backend) -> Result<crate::Buffer> {
+        use std::io::{Read, Seek, SeekFrom};
+        let buffer = backend.alloc_ctx_tensors(&self.ctx)?;
+        let mut f = std::fs::File::open(&self.file.path).map_err(|e| crate::Error::Msg(format!("{}: {e}", self.file.path.display())))?;
+        let mut bytes = Vec::new();
+        for info in self.file.tensors() {
+            let t = self.ctx.get_tensor(&info.name).ok_or_else(|| crate::Error::Msg(format!("tensor '{}' missing from context", info.name)))?;
+            bytes.resize(info.size, 0);
+            f.seek(SeekFrom::Start(info.offset as u64)).and_then(|_| f.read_exact(&mut bytes))
+                .map_err(|e| crate::Error::Msg(format!("{}: reading tensor '{}': {e}", self.file.path.display(), info.name)))?;
+            t.set_bytes(&bytes)?;
+        }
+        Ok(buffer)
+    }
+
+    /// Reads one tensor's raw bytes from the file (for host-side data).
+    pub fn read_bytes(&self, name: &str) -> Result<Vec<u8>> {
+        use std::io::{Read, Seek, SeekFrom};
+        let info = self.file.tensors().into_iter().find(|t| t.name == name)
+            .ok_or_else(|| crate::Error::Msg(format!("{}: tensor '{name}' is missing", self.file.path.display())))?;
+        let mut f = std::fs::File::open(&self.file.path).map_err(|e| crate::Error::Msg(e.to_string()))?;
+        let mut bytes = vec![0u8; info.size];
+        f.seek(SeekFrom::Start(info.offset as u64)).and_then(|_| f.read_exact(&mut bytes))
+            .map_err(|e| crate::Error::Msg(format!("{}: reading tensor '{name}': {e}", self.file.path.display())))?;
+        Ok(bytes)
     }
 }
 

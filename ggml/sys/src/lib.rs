@@ -9,10 +9,13 @@
 #![allow(clippy::missing_safety_doc)]
 
 pub mod backend;
+pub mod compute;
 pub mod context;
 pub mod gguf;
+pub mod ops;
 
-pub use backend::{load_backend_module, Backend, Buffer, Device, DeviceKind, Registry};
+pub use backend::{load_backend_module, Backend, Buffer, Device, DeviceKind, GraphAllocator, Registry};
+pub use compute::{ComputeGraph, GraphIo};
 pub use context::{Context, Graph, Tensor};
 
 #[allow(non_upper_case_globals, non_camel_case_types, non_snake_case, dead_code, clippy::all)]
@@ -29,7 +32,7 @@ pub const SOURCE_FINGERPRINT: &str = env!("GGML_SYS_SOURCE_FINGERPRINT");
 
 pub use sys::ggml_type as Type;
 pub use sys::{
-    GGML_TYPE_BF16 as TYPE_BF16, GGML_TYPE_F16 as TYPE_F16, GGML_TYPE_F32 as TYPE_F32,
+    GGML_TYPE_BF16 as TYPE_BF16, GGML_TYPE_F16 as TYPE_F16, GGML_TYPE_F32 as TYPE_F32, GGML_TYPE_I32 as TYPE_I32,
     GGML_TYPE_Q4_0 as TYPE_Q4_0, GGML_TYPE_Q8_0 as TYPE_Q8_0,
 };
 

@@ -1,0 +1,129 @@
+//! Graph-building operations on [`Context`]. Each returns a new tensor node; the
+//! arguments follow ggml's own conventions (dimensions in ggml order, ne0 fastest).
+
+use crate::context::{Context, Tensor};
+use crate::{sys, Result, Type};
+
+macro_rules! unary {
+    ($($(#[$doc:meta])* $name:ident => $f:ident;)*) => {$(
+        $(#[$doc])*
+        pub fn $name<'a>(&'a self, a: Tensor<'a>) -> Result<Tensor<'a>> {
+            self.wrap(unsafe { sys::$f(self.as_ptr(), a.as_ptr()) })
+        }
+    )*};
+}
+
+macro_rules! binary {
+    ($($(#[$doc:meta])* $name:ident => $f:ident;)*) => {$(
+        $(#[$doc])*
+        pub fn $name<'a>(&'a self, a: Tensor<'a>, b: Tensor<'a>) -> Result<Tensor<'a>> {
+            self.wrap(unsafe { sys::$f(self.as_ptr(), a.as_ptr(), b.as_ptr()) })
+        }
+    )*};
+}
+
+impl Context {
+    unary! {
+        cos => ggml_cos;
+        exp => ggml_exp;
+        log => ggml_log;
+        neg => ggml_neg;
+        relu => ggml_relu;
+        tanh => ggml_tanh;
+        sqrt => ggml_sqrt;
+        softplus => ggml_softplus;
+        /// GELU with the exact erf form (PyTorch's default).
+        gelu_erf => ggml_gelu_erf;
+        cont => ggml_cont;
+        transpose => ggml_transpose;
+    }
+
+    binary! {
+        /// `a + b`, `b` broadcast (repeated) to the shape of `a`.
+        add => ggml_add;
+        sub => ggml_sub;
+        mul => ggml_mul;
+        div => ggml_div;
+        /// `b` repeated to the shape of `a`.
+        repeat => ggml_repeat;
+        /// Rows of `a` (ne1 index) selected by the I32 indices in `b`.
+        get_rows => ggml_get_rows;
+    }
+
+    /// `a` tiled to shape `ne` (each dimension a multiple of `a`'s).
+    pub fn repeat_to<'a>(&'a self, a: Tensor<'a>, ne: [i64; 4]) -> Result<Tensor<'a>> {
+        self.wrap(unsafe { sys::ggml_repeat_4d(self.as_ptr(), a.as_ptr(), ne[0], ne[1], ne[2], ne[3]) })
+    }
+
+    /// `a * s + b` with scalars.
+    pub fn scale_bias<'a>(&'a self, a: Tensor<'a>, s: f32, b: f32) -> Result<Tensor<'a>> {
+        self.wrap(unsafe { sys::ggml_scale_bias(self.as_ptr(), a.as_ptr(), s, b) })
+    }
+
+    /// Normalises along ne0 to zero mean and unit variance (no affine).
+    pub fn norm<'a>(&'a self, a: Tensor<'a>, eps: f32) -> Result<Tensor<'a>> {
+        self.wrap(unsafe { sys::ggml_norm(self.as_ptr(), a.as_ptr(), eps) })
+    }
+
+    /// `softmax(a * scale + mask)` along ne0.
+    pub fn soft_max_ext<'a>(&'a self, a: Tensor<'a>, mask: Option<Tensor<'a>>, scale: f32) -> Result<Tensor<'a>> {
+        let m = mask.map_or(std::ptr::null_mut(), |m| m.as_ptr());
+        self.wrap(unsafe { sys::ggml_soft_max_ext(self.as_ptr(), a.as_ptr(), m, scale, 0.0) })
+    }
+
+    /// Concatenation along dimension `dim`.
+    pub fn concat<'a>(&'a self, a: Tensor<'a>, b: Tensor<'a>, dim: i32) -> Result<Tensor<'a>> {
+        self.wrap(unsafe { sys::ggml_concat(self.as_ptr(), a.as_ptr(), b.as_ptr(), dim) })
+    }
+
+    /// Zero padding, `[left, right]` per dimension.
+    pub fn pad_ext<'a>(&'a self, a: Tensor<'a>, pads: [[i32; 2]; 4]) -> Result<Tensor<'a>> {
+        let [p0, p1, p2, p3] = pads;
+        self.wrap(unsafe { sys::ggml_pad_ext(self.as_ptr(), a.as_ptr(), p0[0], p0[1], p1[0], p1[1], p2[0], p2[1], p3[0], p3[1]) })
+    }
+
+    pub fn permute<'a>(&'a self, a: Tensor<'a>, axes: [i32; 4]) -> Result<Tensor<'a>> {
+        self.wrap(unsafe { sys::ggml_permute(self.as_ptr(), a.as_ptr(), axes[0], axes[1], axes[2], axes[3]) })
+    }
+
+    /// Same data, new shape (1 to 4 dimensions); `a` must be contiguous.
+    pub fn reshape<'a>(&'a self, a: Tensor<'a>, ne: &[i64]) -> Result<Tensor<'a>> {
+        let (c, p) = (self.as_ptr(), a.as_ptr());
+        let t = unsafe {
+            match *ne {
+                [n0] => sys::ggml_reshape_1d(c, p, n0),
+                [n0, n1] => sys::ggml_reshape_2d(c, p, n0, n1),
+                [n0, n1, n2] => sys::ggml_reshape_3d(c, p, n0, n1, n2),
+                [n0, n1, n2, n3] => sys::ggml_reshape_4d(c, p, n0, n1, n2, n3),
+                _ => return crate::err(format!("reshape to rank {} not in 1..=4", ne.len())),
+            }
+        };
+        self.wrap(t)
+    }
+
+    /// A view with shape `ne`, byte strides `nb` (nb1.., one fewer than `ne`) and
+    /// a byte offset into `a`.
+    pub fn view<'a>(&'a self, a: Tensor<'a>, ne: &[i64], nb: &[usize], offset: usize) -> Result<Tensor<'a>> {
+        let (c, p) = (self.as_ptr(), a.as_ptr());
+        let t = unsafe {
+            match (ne, nb) {
+                ([n0], []) => sys::ggml_view_1d(c, p, *n0, offset),
+                ([n0, n1], [b1]) => sys::ggml_view_2d(c, p, *n0, *n1, *b1, offset),
+                ([n0, n1, n2], [b1, b2]) => sys::ggml_view_3d(c, p, *n0, *n1, *n2, *b1, *b2, offset),
+                ([n0, n1, n2, n3], [b1, b2, b3]) => sys::ggml_view_4d(c, p, *n0, *n1, *n2, *n3, *b1, *b2, *b3, offset),
+                _ => return crate::err(format!("view of rank {} with {} strides", ne.len(), nb.len())),
+            }
+        };
+        self.wrap(t)
+    }
+
+    /// `b` copied into (a view of) `a`, converting types; returns that view.
+    pub fn cpy<'a>(&'a self, a: Tensor<'a>, b: Tensor<'a>) -> Result<Tensor<'a>> {
+        self.wrap(unsafe { sys::ggml_cpy(self.as_ptr(), a.as_ptr(), b.as_ptr()) })
+    }
+
+    pub fn new_tensor_like<'a>(&'a self, ty: Type, like: Tensor<'a>) -> Result<Tensor<'a>> {
+        let ne = like.ne();
+        self.new_tensor(ty, &ne)
+    }
+}

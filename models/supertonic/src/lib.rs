@@ -1,0 +1,120 @@
+//! Supertonic model-family plugin (`libtts_model_supertonic.so`).
+//!
+//! Layout: [`hparams`] (GGUF metadata), [`weights`] (tensors in a backend
+//! buffer), [`text`] (frontend), [`voice`], [`noise`], [`graph`] (one builder
+//! per ONNX stage), [`model`] (the synthesis loop). This file is the plugin
+//! surface: option specs and the ABI glue.
+
+pub mod graph;
+pub mod hparams;
+pub mod model;
+pub mod noise;
+pub mod text;
+pub mod voice;
+pub mod weights;
+
+use abi_stable::{
+    export_root_module,
+    prefix_type::PrefixTypeTrait,
+    sabi_trait::TD_Opaque,
+    std_types::{RResult, RString, RVec},
+};
+use engine_core::abi::{
+    find_option, BackendHandle, LoadedModelInfo, Model, ModelBox, ModelFamilyInfo, ModelLoadRequest, ModelPlugin, ModelPluginRef, Model_TO,
+    OptionKind, OptionList, OptionSpec, OptionValue, PluginInfo, StageTiming, SynthesisOutput, SynthesisRequest,
+};
+use engine_core::backend_kit::spec;
+use model::{NoiseSource, Supertonic, SynthesisParams, VoiceChoice};
+
+#[export_root_module]
+pub fn get_library() -> ModelPluginRef {
+    ModelPlugin { info, family, option_specs, load }.leak_into_prefix()
+}
+
+extern "C" fn info() -> PluginInfo {
+    engine_core::abi::plugin_info("supertonic", env!("CARGO_PKG_VERSION"), "Supertonic 1/2/3 text-to-speech (44.1 kHz)")
+}
+
+extern "C" fn family() -> ModelFamilyInfo {
+    ModelFamilyInfo {
+        family: "supertonic".into(),
+        architectures: RVec::from(vec![RString::from(hparams::ARCH)]),
+        variants: ["v1", "v2", "v3"].into_iter().map(RString::from).collect(),
+    }
+}
+
+extern "C" fn option_specs() -> RVec<OptionSpec> {
+    RVec::from(vec![
+        spec("voice", OptionKind::Str, OptionValue::Str("".into()), "embedded voice name (\"\" = the first) or a voice style JSON file"),
+        spec("language", OptionKind::Str, OptionValue::Str("".into()), "language code (\"\" = the model's default: en for v1/v2, na for v3)"),
+        spec("steps", OptionKind::Int, OptionValue::Int(-1), "denoising steps, 1..=100 (-1 = the model's default: 5 for v1/v2, 8 for v3)"),
+        spec("speed", OptionKind::Float, OptionValue::Float(1.05), "speaking rate, 0.5..=2.0"),
+        spec("seed", OptionKind::Int, OptionValue::Int(42), "noise seed (NumPy legacy randn compatible), 0..=4294967295"),
+        spec("noise_npy", OptionKind::Path, OptionValue::Str("".into()), "initial noise from a .npy file instead of the seed"),
+    ])
+}
+
+/// Synthesis options from the host's validated list.
+pub fn params_from_options(options: &OptionList) -> Result<SynthesisParams, String> {
+    let s = |k: &str| match find_option(options, k) {
+        Some(OptionValue::Str(v)) => v.to_string(),
+        _ => String::new(),
+    };
+    let i = |k: &str, d: i64| match find_option(options, k) {
+        Some(OptionValue::Int(v)) => *v,
+        _ => d,
+    };
+    let voice = s("voice");
+    let voice = if voice.ends_with(".json") || voice.contains('/') { VoiceChoice::File(voice.into()) } else { VoiceChoice::Named(voice) };
+    let steps = match i("steps", -1) {
+        -1 => None,
+        n if model::STEPS_RANGE.contains(&n) => Some(n as usize),
+        n => return Err(format!("steps must be in 1..=100, got {n}")),
+    };
+    let speed = match find_option(options, "speed") {
+        Some(OptionValue::Float(v)) => *v,
+        _ => 1.05,
+    };
+    if !model::SPEED_RANGE.contains(&speed) {
+        return Err(format!("speed must be in {}..={}, got {speed}", model::SPEED_RANGE.start(), model::SPEED_RANGE.end()));
+    }
+    let seed = i("seed", 42);
+    let seed = u32::try_from(seed).map_err(|_| format!("seed must be in 0..=4294967295, got {seed}"))?;
+    let noise_npy = s("noise_npy");
+    let noise = if noise_npy.is_empty() { NoiseSource::Seed(seed) } else { NoiseSource::Npy(noise_npy.into()) };
+    Ok(SynthesisParams { voice, language: s("language"), steps, speed: speed as f32, noise })
+}
+
+struct Plugin {
+    model: Supertonic,
+}
+
+extern "C" fn load(request: &ModelLoadRequest, handle: &BackendHandle) -> RResult<ModelBox, RString> {
+    let result = (|| -> Result<ModelBox, String> {
+        let [path] = request.files.as_slice() else {
+            return Err(format!("supertonic takes one GGUF file, the profile names {}", request.files.len()));
+        };
+        let model = Supertonic::load(std::path::Path::new(path.as_str()), handle.ggml_backend())?;
+        tracing::info!(version = model.version().as_str(), voices = ?model.voice_names(), "supertonic model loaded");
+        Ok(Model_TO::from_value(Plugin { model }, TD_Opaque))
+    })();
+    result.map_err(RString::from).into()
+}
+
+impl Model for Plugin {
+    fn info(&self) -> LoadedModelInfo {
+        LoadedModelInfo { family: "supertonic".into(), variant: self.model.version().as_str().into(), sample_rate: self.model.hp.sample_rate }
+    }
+
+    fn synthesize(&mut self, request: &SynthesisRequest) -> RResult<SynthesisOutput, RString> {
+        let result = params_from_options(&request.options).and_then(|p| self.model.synthesize(request.text.as_str(), &p));
+        match result {
+            Ok(s) => RResult::ROk(SynthesisOutput {
+                samples: s.samples.into(),
+                sample_rate: self.model.hp.sample_rate,
+                timings: s.timings.entries.into_iter().map(|(stage, ms)| StageTiming { stage: stage.into(), ms }).collect(),
+            }),
+            Err(e) => RResult::RErr(format!("supertonic: {e}").into()),
+        }
+    }
+}

@@ -1,0 +1,413 @@
+//! A loaded Supertonic model and the synthesis loop: frontend → duration →
+//! text encoder → N estimator steps → vocoder, per text chunk, on the backend
+//! the host handed over. Each stage keeps its graph for the last shape it ran.
+
+use crate::graph::vector_estimator::{self, StepShape};
+use crate::graph::{duration, text_encoder, vocoder, Builder};
+use crate::hparams::{Hparams, Version};
+use crate::noise::NumpyLegacyRng;
+use crate::text::{self, Indexer};
+use crate::voice::{Voice, VoiceShape};
+use crate::weights::Weights;
+use ggml_sys::gguf::GgufTensors;
+use ggml_sys::{Backend, ComputeGraph, Context, GraphIo, Result as GgmlResult};
+use std::collections::BTreeMap;
+use std::path::Path;
+use std::time::Instant;
+
+/// Valid values of the user-facing options (the official helper's ranges).
+pub const STEPS_RANGE: std::ops::RangeInclusive<i64> = 1..=100;
+pub const SPEED_RANGE: std::ops::RangeInclusive<f64> = 0.5..=2.0;
+/// Silence between chunks, seconds.
+pub const CHUNK_SILENCE_S: f32 = 0.3;
+
+/// Where the voice comes from.
+#[derive(Debug, Clone, PartialEq)]
+pub enum VoiceChoice {
+    /// An embedded voice by name; empty = the first one.
+    Named(String),
+    File(std::path::PathBuf),
+}
+
+/// Initial noise source.
+#[derive(Debug, Clone, PartialEq)]
+pub enum NoiseSource {
+    /// NumPy-compatible seeded Gaussian noise, drawn chunk after chunk.
+    Seed(u32),
+    /// Noise from a `.npy` file: `[1, C, L]` (one chunk) or a flat array that
+    /// holds every chunk's noise in order.
+    Npy(std::path::PathBuf),
+}
+
+#[derive(Debug, Clone, PartialEq)]
+pub struct SynthesisParams {
+    pub voice: VoiceChoice,
+    /// Empty = the model's default language.
+    pub language: String,
+    /// None = the model's default step count.
+    pub steps: Option<usize>,
+    pub speed: f32,
+    pub noise: NoiseSource,
+}
+
+/// Milliseconds per stage.
+#[derive(Debug, Default, Clone)]
+pub struct Timings {
+    pub entries: Vec<(String, f64)>,
+}
+
+impl Timings {
+    fn record<T>(&mut self, stage: impl Into<String>, f: impl FnOnce() -> T) -> T {
+        let start = Instant::now();
+        let out = f();
+        self.entries.push((stage.into(), start.elapsed().as_secs_f64() * 1e3));
+        out
+    }
+}
+
+pub struct Synthesis {
+    pub samples: Vec<f32>,
+    pub timings: Timings,
+}
+
+/// One stage's cached graph and the shape it was built for.
+struct Cached<K> {
+    key: K,
+    graph: ComputeGraph,
+}
+
+#[derive(Default)]
+struct GraphCache {
+    duration: Option<Cached<usize>>,
+    text_encoder: Option<Cached<usize>>,
+    vector_estimator: Option<Cached<StepShape>>,
+    vocoder: Option<Cached<usize>>,
+}
+
+pub struct Supertonic {
+    // Graphs reference the weights: declared (dropped) first.
+    graphs: GraphCache,
+    weights: Weights,
+    backend: Backend,
+    pub hp: Hparams,
+    indexer: Indexer,
+    voices: BTreeMap<String, Voice>,
+    dp_prelu: f32,
+    vocoder_prelu: f32,
+    rope_theta: Vec<f32>,
+    time_freqs: Vec<f32>,
+}
+
+/// Upper bound on nodes in one stage graph.
+const MAX_NODES: usize = 16384;
+
+fn err<T>(msg: impl Into<String>) -> Result<T, String> {
+    Err(msg.into())
+}
+
+fn ggml<T>(r: GgmlResult<T>) -> Result<T, String> {
+    r.map_err(|e| e.to_string())
+}
+
+impl Supertonic {
+    pub fn load(path: &Path, backend: Backend) -> Result<Self, String> {
+        let gguf = ggml(GgufTensors::open(path))?;
+        let arch = ggml(gguf.file.get_str("general.architecture"))?;
+        if arch != crate::hparams::ARCH {
+            return err(format!("{}: architecture '{arch}' is not supertonic", path.display()));
+        }
+        let hp = Hparams::load(&gguf.file)?;
+        let indexer = Indexer::new(read_indexer(&gguf)?)?;
+        let weights = ggml(Weights::load(gguf, &backend))?;
+        let mut voices = BTreeMap::new();
+        for t in weights.gguf().file.tensors() {
+            if let Some(name) = t.name.strip_prefix("voice.").and_then(|n| n.strip_suffix(".style_ttl")) {
+                let style_ttl = ggml(weights.host_f32(&t.name))?;
+                let style_dp = ggml(weights.host_f32(&format!("voice.{name}.style_dp")))?;
+                voices.insert(name.to_string(), Voice { style_ttl, style_dp });
+            }
+        }
+        if voices.is_empty() {
+            return err(format!("{}: the model embeds no voice", path.display()));
+        }
+        let scalar = |name: &str| -> Result<f32, String> { ggml(weights.host_f32(name))?.first().copied().ok_or_else(|| format!("tensor '{name}' is empty")) };
+        let dp_prelu = scalar("dp.pred.prelu")?;
+        let vocoder_prelu = scalar("voc.head.prelu")?;
+        let rope_theta = ggml(weights.host_f32("ve.rope.theta"))?;
+        let time_freqs = ggml(weights.host_f32("ve.time.freqs"))?;
+        let head_dim = hp.ve.text_attn.units / hp.ve.text_attn.heads;
+        if rope_theta.len() * 2 != head_dim {
+            return err(format!("{}: ve.rope.theta has {} values, text attention heads have {head_dim} dims", path.display(), rope_theta.len()));
+        }
+        if time_freqs.len() * 2 != hp.ve.time_dim {
+            return err(format!("{}: ve.time.freqs has {} values for time_dim {}", path.display(), time_freqs.len(), hp.ve.time_dim));
+        }
+        Ok(Supertonic { graphs: GraphCache::default(), weights, backend, hp, indexer, voices, dp_prelu, vocoder_prelu, rope_theta, time_freqs })
+    }
+
+    pub fn voice_names(&self) -> Vec<String> {
+        self.voices.keys().cloned().collect()
+    }
+
+    fn voice_shape(&self) -> VoiceShape {
+        VoiceShape { ttl: (self.hp.style_tokens, self.hp.style_dim), dp: (self.hp.dp.style_tokens, self.hp.dp.style_dim) }
+    }
+
+    pub fn resolve_voice(&self, choice: &VoiceChoice) -> Result<Voice, String> {
+        match choice {
+            VoiceChoice::Named(name) if name.is_empty() => Ok(self.voices.values().next().expect("at least one voice").clone()),
+            VoiceChoice::Named(name) => self.voices.get(name).cloned().ok_or_else(|| {
+                format!("unknown voice '{name}' (embedded voices: {}; or give a voice style JSON path)", self.voice_names().join(", "))
+            }),
+            VoiceChoice::File(path) => Voice::from_json_file(path, &self.voice_shape()),
+        }
+    }
+
+    /// Checks user options against the model (language, steps, speed).
+    pub fn validate(&self, params: &SynthesisParams) -> Result<(), String> {
+        if !params.language.is_empty() && !self.hp.text.languages.contains(&params.language) {
+            return err(format!(
+                "language '{}' is not supported by Supertonic {} (supported: {})",
+                params.language,
+                self.hp.version.as_str(),
+                self.hp.text.languages.join(", ")
+            ));
+        }
+        if let Some(steps) = params.steps {
+            if !STEPS_RANGE.contains(&(steps as i64)) {
+                return err(format!("steps must be in {}..={}, got {steps}", STEPS_RANGE.start(), STEPS_RANGE.end()));
+            }
+        }
+        if !SPEED_RANGE.contains(&(params.speed as f64)) {
+            return err(format!("speed must be in {}..={}, got {}", SPEED_RANGE.start(), SPEED_RANGE.end(), params.speed));
+        }
+        Ok(())
+    }
+
+    pub fn language<'a>(&'a self, params: &'a SynthesisParams) -> &'a str {
+        if params.language.is_empty() {
+            &self.hp.text.default_language
+        } else {
+            &params.language
+        }
+    }
+
+    /// Text → wrapped, normalised string → embedding row ids.
+    pub fn encode_text(&self, text: &str, language: &str) -> Result<Vec<i32>, String> {
+        let normalized = text::normalize(text);
+        let wrapped = text::wrap(&normalized, language, self.hp.text.wrap_open_close);
+        self.indexer.encode(&wrapped).map_err(|bad| {
+            let list: Vec<String> = bad.iter().map(|c| format!("'{c}' (U+{:04X})", *c as u32)).collect();
+            format!("unsupported characters for this model: {}", list.join(", "))
+        })
+    }
+
+    /// Chunks of the input, as the official pipeline splits long text.
+    pub fn chunks(&self, text: &str, language: &str) -> Vec<String> {
+        let max = if self.hp.text.short_chunk_languages.iter().any(|l| l == language) { self.hp.text.short_chunk_chars } else { self.hp.text.chunk_chars };
+        text::chunk_text(text, max)
+    }
+
+    fn builder<'c>(&self, ctx: &'c Context) -> Builder<'c, '_> {
+        Builder { ctx, weights: &self.weights, ln_eps: self.hp.layer_norm_eps }
+    }
+
+    /// Returns the cached graph for `key`, building it when the shape changed.
+    fn cached<'s, K: PartialEq + Copy>(
+        slot: &'s mut Option<Cached<K>>,
+        key: K,
+        build: impl FnOnce() -> Result<ComputeGraph, String>,
+    ) -> Result<&'s ComputeGraph, String> {
+        if slot.as_ref().map(|c| c.key) != Some(key) {
+            *slot = None;
+            *slot = Some(Cached { key, graph: build()? });
+        }
+        Ok(&slot.as_ref().expect("just filled").graph)
+    }
+
+    fn build_graph(&self, f: impl for<'c> FnOnce(&Builder<'c, '_>) -> GgmlResult<GraphIo<'c>>) -> Result<ComputeGraph, String> {
+        ggml(ComputeGraph::build(&self.backend, MAX_NODES, |ctx| f(&self.builder(ctx))))
+    }
+
+    /// Duration predictor: seconds (before the speed factor).
+    pub fn duration(&mut self, ids: &[i32], voice: &Voice) -> Result<f32, String> {
+        let mut cache = std::mem::take(&mut self.graphs.duration);
+        let result = (|| {
+            let g = Self::cached(&mut cache, ids.len(), || self.build_graph(|b| duration::build(b, &self.hp.dp, self.dp_prelu, ids.len())))?;
+            ggml(g.input("text_ids").and_then(|t| t.set_i32(ids)))?;
+            ggml(g.input("style_dp").and_then(|t| t.set_f32(&voice.style_dp)))?;
+            ggml(g.compute(&self.backend))?;
+            Ok(ggml(g.output("duration").and_then(|t| t.get_f32()))?[0])
+        })();
+        self.graphs.duration = cache;
+        result
+    }
+
+    /// Text encoder: `[T, C]` row-major (ggml `[C, T]`).
+    pub fn text_encoder(&mut self, ids: &[i32], voice: &Voice) -> Result<Vec<f32>, String> {
+        let mut cache = std::mem::take(&mut self.graphs.text_encoder);
+        let result = (|| {
+            let (sd, st) = (self.hp.style_dim, self.hp.style_tokens);
+            let g = Self::cached(&mut cache, ids.len(), || self.build_graph(|b| text_encoder::build(b, &self.hp.te, sd, st, ids.len())))?;
+            ggml(g.input("text_ids").and_then(|t| t.set_i32(ids)))?;
+            ggml(g.input("style_ttl").and_then(|t| t.set_f32(&voice.style_ttl)))?;
+            ggml(g.compute(&self.backend))?;
+            ggml(g.output("text_emb").and_then(|t| t.get_f32()))
+        })();
+        self.graphs.text_encoder = cache;
+        result
+    }
+
+    /// Runs `steps` estimator steps from `noise` (`[L, C]` row-major, ggml
+    /// `[C, L]`); `on_step` sees each step's output.
+    pub fn denoise(&mut self, noise: &[f32], text_emb: &[f32], voice: &Voice, steps: usize, mut on_step: impl FnMut(usize, &[f32], f64)) -> Result<Vec<f32>, String> {
+        let c = self.hp.latent_channels();
+        let latent_len = noise.len() / c;
+        let text_len = text_emb.len() / self.hp.te.char_dim;
+        let shape = StepShape { latent_len, text_len, total_steps: steps };
+        let dims = vector_estimator::Dims { latent_channels: c, text_dim: self.hp.te.char_dim, style_dim: self.hp.style_dim, style_tokens: self.hp.style_tokens };
+        let mut cache = std::mem::take(&mut self.graphs.vector_estimator);
+        let result = (|| {
+            let g = Self::cached(&mut cache, shape, || self.build_graph(|b| vector_estimator::build(b, &self.hp.ve, &dims, shape)))?;
+            let (cq, sq) = vector_estimator::rope_tables(&self.rope_theta, latent_len);
+            let (ck, sk) = vector_estimator::rope_tables(&self.rope_theta, text_len);
+            let mut x = noise.to_vec();
+            for step in 0..steps {
+                let start = Instant::now();
+                // The allocator may reuse an input's memory once the graph has
+                // consumed it, so every input is uploaded for every step.
+                for (name, values) in [("text_emb", text_emb), ("style_ttl", &voice.style_ttl[..]), ("rope_cos_q", &cq), ("rope_sin_q", &sq), ("rope_cos_k", &ck), ("rope_sin_k", &sk)] {
+                    ggml(g.input(name).and_then(|t| t.set_f32(values)))?;
+                }
+                let features = vector_estimator::time_features(&self.time_freqs, self.hp.ve.time_scale, step, steps);
+                ggml(g.input("time_features").and_then(|t| t.set_f32(&features)))?;
+                ggml(g.input("noisy_latent").and_then(|t| t.set_f32(&x)))?;
+                ggml(g.compute(&self.backend))?;
+                x = ggml(g.output("denoised_latent").and_then(|t| t.get_f32()))?;
+                on_step(step, &x, start.elapsed().as_secs_f64() * 1e3);
+            }
+            Ok(x)
+        })();
+        self.graphs.vector_estimator = cache;
+        result
+    }
+
+    /// Vocoder: the untrimmed waveform of a latent `[L, C]` row-major.
+    pub fn vocoder(&mut self, latent: &[f32]) -> Result<Vec<f32>, String> {
+        let latent_len = latent.len() / self.hp.latent_channels();
+        let mut cache = std::mem::take(&mut self.graphs.vocoder);
+        let result = (|| {
+            let g = Self::cached(&mut cache, latent_len, || self.build_graph(|b| vocoder::build(b, &self.hp, self.vocoder_prelu, latent_len)))?;
+            ggml(g.input("latent").and_then(|t| t.set_f32(latent)))?;
+            ggml(g.compute(&self.backend))?;
+            ggml(g.output("wav").and_then(|t| t.get_f32()))
+        })();
+        self.graphs.vocoder = cache;
+        result
+    }
+
+    /// Latent frames for a duration in seconds (after the speed factor).
+    pub fn latent_len(&self, seconds: f32) -> (usize, usize) {
+        let wav_len = (seconds * self.hp.sample_rate as f32) as usize;
+        let frame = self.hp.samples_per_frame();
+        (wav_len, wav_len.div_ceil(frame))
+    }
+
+    /// The full pipeline over every chunk of `text`.
+    pub fn synthesize(&mut self, text: &str, params: &SynthesisParams) -> Result<Synthesis, String> {
+        self.validate(params)?;
+        let language = self.language(params).to_string();
+        let voice = self.resolve_voice(&params.voice)?;
+        let steps = params.steps.unwrap_or(self.hp.default_steps as usize);
+        let chunks = self.chunks(text, &language);
+        if chunks.is_empty() {
+            return err("text is empty");
+        }
+        // Encode everything first: an unsupported character fails before any compute.
+        let encoded: Vec<Vec<i32>> = chunks.iter().map(|c| self.encode_text(c, &language)).collect::<Result<_, _>>()?;
+        let mut noise = NoiseStream::new(&params.noise)?;
+        let mut timings = Timings::default();
+        let mut samples: Vec<f32> = Vec::new();
+        let mut total_seconds = 0f32;
+        let silence = vec![0f32; (CHUNK_SILENCE_S * self.hp.sample_rate as f32) as usize];
+        for (i, ids) in encoded.iter().enumerate() {
+            let seconds = timings.record("duration", || self.duration(ids, &voice))? / params.speed;
+            let text_emb = timings.record("text_encoder", || self.text_encoder(ids, &voice))?;
+            let (_, latent_len) = self.latent_len(seconds);
+            let c = self.hp.latent_channels();
+            let x0 = noise.next(c, latent_len)?;
+            let mut step_times = Vec::new();
+            let latent = self.denoise(&x0, &text_emb, &voice, steps, |s, _, ms| step_times.push((format!("vector_estimator.step{s}"), ms)))?;
+            timings.entries.extend(step_times);
+            let wav = timings.record("vocoder", || self.vocoder(&latent))?;
+            if i > 0 {
+                samples.extend_from_slice(&silence);
+                total_seconds += CHUNK_SILENCE_S;
+            }
+            samples.extend_from_slice(&wav);
+            total_seconds += seconds;
+        }
+        // As the official code: f32 durations summed, the product taken in f64.
+        samples.truncate((self.hp.sample_rate as f64 * total_seconds as f64) as usize);
+        Ok(Synthesis { samples, timings })
+    }
+
+    pub fn version(&self) -> Version {
+        self.hp.version
+    }
+}
+
+/// The code-point table, stored I16 (or I32 for vocabularies over 32767 rows).
+fn read_indexer(gguf: &GgufTensors) -> Result<Vec<i32>, String> {
+    let t = gguf.ctx.get_tensor("text.indexer").ok_or_else(|| format!("{}: tensor 'text.indexer' is missing", gguf.file.path().display()))?;
+    let bytes = ggml(gguf.read_bytes("text.indexer"))?;
+    match t.ty() {
+        ggml_sys::sys::GGML_TYPE_I16 => Ok(bytes.chunks_exact(2).map(|c| i16::from_le_bytes([c[0], c[1]]) as i32).collect()),
+        ggml_sys::sys::GGML_TYPE_I32 => Ok(bytes.chunks_exact(4).map(|c| i32::from_le_bytes([c[0], c[1], c[2], c[3]])).collect()),
+        other => err(format!("{}: text.indexer has type {}, expected i16 or i32", gguf.file.path().display(), ggml_sys::type_name(other))),
+    }
+}
+
+/// Noise for successive chunks, converted to ggml's `[C, L]` order.
+struct NoiseStream {
+    rng: Option<NumpyLegacyRng>,
+    file: Option<(Vec<f32>, usize)>,
+}
+
+impl NoiseStream {
+    fn new(source: &NoiseSource) -> Result<Self, String> {
+        Ok(match source {
+            NoiseSource::Seed(seed) => NoiseStream { rng: Some(NumpyLegacyRng::new(*seed)), file: None },
+            NoiseSource::Npy(path) => NoiseStream { rng: None, file: Some((crate::noise::read_npy(path)?.1, 0)) },
+        })
+    }
+
+    /// `randn(1, C, L)` in NumPy order, transposed to `[L, C]` row-major.
+    fn next(&mut self, channels: usize, len: usize) -> Result<Vec<f32>, String> {
+        let n = channels * len;
+        let chw: Vec<f32> = match (&mut self.rng, &mut self.file) {
+            (Some(rng), _) => rng.randn(n),
+            (None, Some((values, pos))) => {
+                if *pos + n > values.len() {
+                    return err(format!("the noise file holds {} values, the synthesis needs at least {}", values.len(), *pos + n));
+                }
+                let out = values[*pos..*pos + n].to_vec();
+                *pos += n;
+                out
+            }
+            _ => unreachable!("one noise source is set"),
+        };
+        Ok(transpose(&chw, channels, len))
+    }
+}
+
+/// `[rows, cols]` row-major → `[cols, rows]` row-major.
+pub fn transpose(values: &[f32], rows: usize, cols: usize) -> Vec<f32> {
+    let mut out = vec![0f32; values.len()];
+    for r in 0..rows {
+        for c in 0..cols {
+            out[c * rows + r] = values[r * cols + c];
+        }
+    }
+    out
+}

@@ -1,0 +1,68 @@
+//! Voice styles: the embedded ones (GGUF tensors `voice.<name>.style_ttl` /
+//! `.style_dp`) or an official voice-style JSON file.
+
+use serde::Deserialize;
+use std::path::Path;
+
+/// One voice, values in row-major order of the official shapes.
+#[derive(Debug, Clone, PartialEq)]
+pub struct Voice {
+    /// `[style_tokens, style_dim]`.
+    pub style_ttl: Vec<f32>,
+    /// `[dp_style_tokens, dp_style_dim]`.
+    pub style_dp: Vec<f32>,
+}
+
+#[derive(Deserialize)]
+struct StyleJson {
+    style_ttl: ArrayJson,
+    style_dp: ArrayJson,
+}
+
+#[derive(Deserialize)]
+struct ArrayJson {
+    dims: Vec<usize>,
+    data: serde_json::Value,
+}
+
+fn flatten(v: &serde_json::Value, out: &mut Vec<f32>) -> Result<(), String> {
+    match v {
+        serde_json::Value::Array(items) => items.iter().try_for_each(|i| flatten(i, out)),
+        serde_json::Value::Number(n) => {
+            out.push(n.as_f64().ok_or("a value is not a number")? as f32);
+            Ok(())
+        }
+        other => Err(format!("unexpected value {other} in style data")),
+    }
+}
+
+impl ArrayJson {
+    /// The values, checked against `dims` and the model's `[1, tokens, dim]`.
+    fn values(&self, what: &str, tokens: usize, dim: usize) -> Result<Vec<f32>, String> {
+        if self.dims != [1, tokens, dim] {
+            return Err(format!("{what} has dims {:?}, this model needs [1, {tokens}, {dim}]", self.dims));
+        }
+        let mut out = Vec::with_capacity(tokens * dim);
+        flatten(&self.data, &mut out)?;
+        if out.len() != tokens * dim {
+            return Err(format!("{what} holds {} values, dims say {}", out.len(), tokens * dim));
+        }
+        Ok(out)
+    }
+}
+
+/// Shapes the model expects of a voice.
+pub struct VoiceShape {
+    pub ttl: (usize, usize),
+    pub dp: (usize, usize),
+}
+
+impl Voice {
+    pub fn from_json_file(path: &Path, shape: &VoiceShape) -> Result<Voice, String> {
+        let text = std::fs::read_to_string(path).map_err(|e| format!("voice file {}: {e}", path.display()))?;
+        let parsed: StyleJson = serde_json::from_str(&text).map_err(|e| format!("voice file {}: not a voice style JSON ({e})", path.display()))?;
+        let style_ttl = parsed.style_ttl.values("style_ttl", shape.ttl.0, shape.ttl.1).map_err(|e| format!("voice file {}: {e}", path.display()))?;
+        let style_dp = parsed.style_dp.values("style_dp", shape.dp.0, shape.dp.1).map_err(|e| format!("voice file {}: {e}", path.display()))?;
+        Ok(Voice { style_ttl, style_dp })
+    }
+}

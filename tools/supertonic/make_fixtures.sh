@@ -1,0 +1,28 @@
+#!/usr/bin/env bash
+# Regenerate the committed Supertonic fixtures (tiny random-weight bundles + reference dumps).
+#
+#   tools/supertonic/make_fixtures.sh
+#
+# Bundles go to target/supertonic-bundles/<config>/ (not committed); reference dumps go to
+# tests/fixtures/supertonic/<config>/reference/ and the text-frontend cases to
+# tests/fixtures/supertonic/text_cases.json.
+set -euo pipefail
+cd "$(dirname "$0")/../.."
+
+VENV=target/tools-venv
+if [ ! -x "$VENV/bin/python" ]; then
+    python3 -m venv "$VENV"
+    "$VENV/bin/pip" install -q -r tools/supertonic/requirements.txt
+fi
+PY="$VENV/bin/python"
+
+for cfg in tiny-v2 tiny-v3; do
+    bundle="target/supertonic-bundles/$cfg"
+    ref="tests/fixtures/supertonic/$cfg/reference"
+    rm -rf "$bundle" "$ref"
+    "$PY" tools/supertonic/make_bundle.py --config "$cfg" --seed 0 --out "$bundle"
+    "$PY" tools/supertonic/convert.py "$bundle" "tests/fixtures/supertonic/$cfg/model.gguf"
+    "$PY" tools/supertonic/dump_reference.py --bundle "$bundle" --out "$ref"
+done
+
+"$PY" tools/supertonic/text_cases.py
