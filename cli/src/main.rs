@@ -1,5 +1,6 @@
 //! `tts`: text-to-speech on ggml, with backends and model families as plugins.
 
+mod bench;
 mod devices;
 mod logging;
 
@@ -26,6 +27,9 @@ struct Common {
     /// Plugin directory (repeatable); overrides the profile's [plugins] dirs.
     #[arg(long = "plugin-dir", global = true, value_name = "DIR")]
     plugin_dirs: Vec<PathBuf>,
+    /// Model GGUF file (repeatable); overrides the profile's [model] files.
+    #[arg(long = "model", global = true, value_name = "FILE")]
+    models: Vec<PathBuf>,
 }
 
 #[derive(Args, Debug)]
@@ -49,6 +53,26 @@ enum Command {
     Devices {
         #[command(flatten)]
         common: Common,
+        /// Print JSON instead of a table.
+        #[arg(long)]
+        json: bool,
+    },
+    /// Time repeated synthesis of one text: per-stage medians, RTF, peak RSS.
+    Bench {
+        #[command(flatten)]
+        common: Common,
+        /// Text to speak.
+        #[arg(long)]
+        text: String,
+        /// Timed runs (the median is reported).
+        #[arg(long, default_value_t = 5)]
+        runs: usize,
+        /// Untimed runs first (graph building, pipeline caches).
+        #[arg(long, default_value_t = 1)]
+        warmup: usize,
+        /// Override a [synthesis] option (repeatable).
+        #[arg(long = "set", value_name = "KEY=VALUE", value_parser = parse_key_value)]
+        set: Vec<(String, String)>,
         /// Print JSON instead of a table.
         #[arg(long)]
         json: bool,
@@ -93,10 +117,13 @@ fn main() -> ExitCode {
 /// Opens the engine for `common`'s profile; `everything` also opens backends the
 /// profile does not prefer and checks model plugins (for `tts devices`).
 fn open_engine(common: &Common, everything: bool) -> Result<Engine, String> {
-    let profile = match &common.profile {
+    let mut profile = match &common.profile {
         Some(p) => Profile::load(p).map_err(|e| e.to_string())?,
         None => Profile::embedded_default(),
     };
+    if !common.models.is_empty() {
+        profile.model_files = common.models.clone();
+    }
     let dirs = if common.plugin_dirs.is_empty() {
         engine::plugin_dirs(&profile, std::env::current_exe().ok().as_deref())
     } else {
@@ -125,6 +152,15 @@ fn run(cli: Cli) -> Result<(), String> {
             } else {
                 devices::render(&report)
             };
+            write_stdout(&text)
+        }
+        Some(Command::Bench { common, text, runs, warmup, set, json }) => {
+            let engine = open_engine(&common, false)?;
+            let start = std::time::Instant::now();
+            let mut session = engine.open_model(&set).map_err(|e| e.to_string())?;
+            let load_ms = start.elapsed().as_secs_f64() * 1e3;
+            let report = bench::run(&mut session, &text, runs, warmup, load_ms)?;
+            let text = if json { serde_json::to_string_pretty(&report).map_err(|e| e.to_string())? + "\n" } else { bench::render(&report) };
             write_stdout(&text)
         }
         None => {

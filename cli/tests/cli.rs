@@ -2,52 +2,11 @@
 //! errors, policy resolution, and the one-line error contract (no panic, non-zero
 //! exit, no output file).
 
+mod common;
+
+use common::*;
 use serde_json::Value;
 use std::path::{Path, PathBuf};
-use std::process::{Command, Output};
-
-fn tts() -> PathBuf {
-    PathBuf::from(env!("CARGO_BIN_EXE_tts"))
-}
-
-fn artifacts() -> PathBuf {
-    tts().parent().unwrap().to_path_buf()
-}
-
-fn repo() -> PathBuf {
-    Path::new(env!("CARGO_MANIFEST_DIR")).parent().unwrap().to_path_buf()
-}
-
-/// A plugin directory holding the named backend plugins with their ggml modules.
-fn plugin_dir(backends: &[&str]) -> tempfile::TempDir {
-    let dir = tempfile::tempdir().unwrap();
-    for b in backends {
-        for file in [format!("libtts_backend_{b}.so"), format!("libggml-{b}.so"), format!("libggml-{b}.so.stamp.json")] {
-            std::fs::copy(artifacts().join(&file), dir.path().join(&file))
-                .unwrap_or_else(|e| panic!("{file}: {e} (build the workspace first: cargo build --workspace)"));
-        }
-    }
-    dir
-}
-
-fn run(args: &[&str]) -> Output {
-    Command::new(tts()).args(args).env_remove("TTS_LOG").output().unwrap()
-}
-
-fn stderr(o: &Output) -> String {
-    String::from_utf8_lossy(&o.stderr).to_string()
-}
-
-/// Asserts the error contract: exit 1, exactly one line on stderr starting with `error: `.
-fn assert_one_line_error(o: &Output, contains: &str) {
-    let err = stderr(o);
-    assert_eq!(o.status.code(), Some(1), "exit status; stderr: {err}");
-    assert!(!err.contains("panicked"), "panic: {err}");
-    let lines: Vec<&str> = err.lines().collect();
-    assert_eq!(lines.len(), 1, "want one line, got: {err}");
-    assert!(lines[0].starts_with("error: "), "{err}");
-    assert!(lines[0].contains(contains), "want `{contains}` in: {err}");
-}
 
 fn devices_json(profile: &Path, plugin_dir: &Path) -> Value {
     let o = run(&["devices", "--json", "--profile", profile.to_str().unwrap(), "--plugin-dir", plugin_dir.to_str().unwrap()]);
@@ -57,12 +16,6 @@ fn devices_json(profile: &Path, plugin_dir: &Path) -> Value {
 
 fn backend<'a>(report: &'a Value, name: &str) -> &'a Value {
     report["backends"].as_array().unwrap().iter().find(|b| b["name"] == name).unwrap_or_else(|| panic!("no backend {name} in {report}"))
-}
-
-fn write_profile(dir: &Path, body: &str) -> PathBuf {
-    let p = dir.join("profile.toml");
-    std::fs::write(&p, body).unwrap();
-    p
 }
 
 #[test]
@@ -276,12 +229,6 @@ fn tone_setup(backends: &[&str]) -> (tempfile::TempDir, PathBuf) {
     w.set_str("general.architecture", "tts-test-tone").set_u32("tts-test-tone.sample_rate", 16000).set_f32("tts-test-tone.frequency", 440.0);
     w.write_metadata(&gguf).unwrap();
     (plugins, gguf)
-}
-
-fn read_wav(path: &Path) -> (u32, Vec<f32>) {
-    let mut r = hound::WavReader::open(path).unwrap();
-    let rate = r.spec().sample_rate;
-    (rate, r.samples::<i16>().map(|s| s.unwrap() as f32 / i16::MAX as f32).collect())
 }
 
 /// The model ABI end to end on each backend: the host picks the model plugin by

@@ -195,6 +195,9 @@ def make_params(cfg, seed):
     g.conv(DEC + "head.layer1.net.", o["head_hidden"], VH, o["head_k"])
     g.add(DEC + "head.activation.weight", g.uniform((1,), 0.1, 0.3))
     g.conv(DEC + "head.layer2.", o["head_out"], o["head_hidden"], 1, bias=False)
+    # Keep the waveform in the audio range ([-1, 1]) as a trained vocoder does, so
+    # WAV output (16-bit) is not clipped.
+    g.p[DEC + "head.layer2.weight"] *= F32(0.01)
     return g.p
 
 

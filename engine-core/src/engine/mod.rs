@@ -1,7 +1,10 @@
 //! The host side: opens the plugins a profile asks for, reports devices, probes and
 //! resolved policies, picks a device, and runs synthesis through a model plugin.
 
-use crate::abi::{BackendOpenRequest, BackendSessionBox, DeviceInfo, ModelLoadRequest, ProbeResult, SynthesisOutput, SynthesisRequest};
+use crate::abi::{
+    BackendHandle, BackendOpenRequest, BackendSessionBox, DeviceInfo, LoadedModelInfo, ModelBox, ModelLoadRequest, OptionList, ProbeResult, SynthesisOutput,
+    SynthesisRequest,
+};
 use crate::loader::{self, PluginFile, PluginKind};
 use crate::policy::{self, DeviceRef, Resolution};
 use crate::profile::{DeviceChoice, Profile};
@@ -239,12 +242,10 @@ impl Engine {
         fail(format!("no backend of [{}] is usable{policy}: {}", candidates.join(", "), reasons.join("; ")))
     }
 
-    /// Full synthesis path: select device, load the model plugin for the profile's
-    /// GGUF, synthesize `text`, and write a WAV atomically.
-    pub fn synthesize_to_wav(&self, text: &str, overrides: &[(String, String)], out: &Path) -> Result<SynthesisOutput, EngineError> {
-        if text.trim().is_empty() {
-            return fail("text is empty");
-        }
+    /// Selects the device, loads the model plugin for the profile's GGUF and the
+    /// model on that device, and validates `[synthesis]` plus `overrides`. The
+    /// session synthesizes any number of texts without reloading.
+    pub fn open_model(&self, overrides: &[(String, String)]) -> Result<ModelSession, EngineError> {
         let (backend, device, resolution) = self.select()?;
         let Some(first) = self.profile.model_files.first() else {
             return fail(format!("{}: [model] files is empty; name the model GGUF file(s)", self.profile.origin()));
@@ -284,18 +285,50 @@ impl Engine {
             files: self.profile.model_files.iter().map(|p| p.display().to_string().into()).collect(),
             policies: resolution.policies,
         };
-        let mut model = match (model_plugin.module.load())(&request, &handle) {
+        let model = match (model_plugin.module.load())(&request, &handle) {
             RResult::ROk(m) => m,
             RResult::RErr(e) => return fail(e.to_string()),
         };
-        let output = match model.synthesize(&SynthesisRequest { text: text.into(), options }) {
+        let info = model.info();
+        Ok(ModelSession { model, _handle: handle, options, backend: backend.name.clone(), device: device.name.to_string(), info })
+    }
+
+    /// Full synthesis path: [`open_model`](Self::open_model), synthesize `text`,
+    /// and write a WAV atomically.
+    pub fn synthesize_to_wav(&self, text: &str, overrides: &[(String, String)], out: &Path) -> Result<SynthesisOutput, EngineError> {
+        if text.trim().is_empty() {
+            return fail("text is empty");
+        }
+        let mut session = self.open_model(overrides)?;
+        let output = session.synthesize(text)?;
+        crate::audio::write_wav_atomic(out, &output.samples, output.sample_rate).map_err(EngineError)?;
+        Ok(output)
+    }
+}
+
+/// A model loaded on a device with validated synthesis options.
+pub struct ModelSession {
+    // Dropped before the backend handle it computes on.
+    model: ModelBox,
+    _handle: BackendHandle,
+    options: OptionList,
+    pub backend: String,
+    pub device: String,
+    pub info: LoadedModelInfo,
+}
+
+impl ModelSession {
+    pub fn synthesize(&mut self, text: &str) -> Result<SynthesisOutput, EngineError> {
+        if text.trim().is_empty() {
+            return fail("text is empty");
+        }
+        let output = match self.model.synthesize(&SynthesisRequest { text: text.into(), options: self.options.clone() }) {
             RResult::ROk(o) => o,
             RResult::RErr(e) => return fail(e.to_string()),
         };
         for t in output.timings.iter() {
-            tracing::info!(stage = %t.stage, ms = t.ms, "stage timing");
+            tracing::debug!(stage = %t.stage, ms = t.ms, "stage timing");
         }
-        crate::audio::write_wav_atomic(out, &output.samples, output.sample_rate).map_err(EngineError)?;
         Ok(output)
     }
 }

@@ -1,0 +1,93 @@
+//! `tts bench`: repeated synthesis of one text on one loaded model; per-stage
+//! medians as the model plugin reports them, real-time factor and peak RSS.
+
+use engine_core::engine::ModelSession;
+use indexmap::IndexMap;
+use serde::Serialize;
+use std::time::Instant;
+
+#[derive(Serialize)]
+pub struct BenchReport {
+    pub backend: String,
+    pub device: String,
+    pub family: String,
+    pub variant: String,
+    pub runs: usize,
+    pub warmup: usize,
+    pub audio_seconds: f64,
+    /// Median ms per stage (stages repeated within one run, e.g. per chunk, are summed).
+    pub stages_ms: IndexMap<String, f64>,
+    pub total_ms: f64,
+    /// total / audio duration (below 1 is faster than real time).
+    pub rtf: f64,
+    pub load_ms: f64,
+    pub peak_rss_mib: f64,
+}
+
+fn median(mut v: Vec<f64>) -> f64 {
+    v.sort_by(|a, b| a.total_cmp(b));
+    let n = v.len();
+    if n % 2 == 1 { v[n / 2] } else { (v[n / 2 - 1] + v[n / 2]) / 2.0 }
+}
+
+/// Peak resident set size of this process (Linux `VmHWM`), MiB.
+pub fn peak_rss_mib() -> f64 {
+    std::fs::read_to_string("/proc/self/status")
+        .ok()
+        .and_then(|s| s.lines().find(|l| l.starts_with("VmHWM:")).and_then(|l| l.split_whitespace().nth(1)).and_then(|kb| kb.parse::<f64>().ok()))
+        .map_or(0.0, |kb| kb / 1024.0)
+}
+
+pub fn run(session: &mut ModelSession, text: &str, runs: usize, warmup: usize, load_ms: f64) -> Result<BenchReport, String> {
+    if runs == 0 {
+        return Err("--runs must be at least 1".into());
+    }
+    let mut per_stage: IndexMap<String, Vec<f64>> = IndexMap::new();
+    let mut totals = Vec::new();
+    let mut audio_seconds = 0.0;
+    for i in 0..warmup + runs {
+        let start = Instant::now();
+        let out = session.synthesize(text).map_err(|e| e.to_string())?;
+        let total = start.elapsed().as_secs_f64() * 1e3;
+        if i < warmup {
+            continue;
+        }
+        audio_seconds = out.samples.len() as f64 / out.sample_rate.max(1) as f64;
+        let mut this_run: IndexMap<String, f64> = IndexMap::new();
+        for t in out.timings.iter() {
+            *this_run.entry(t.stage.to_string()).or_default() += t.ms;
+        }
+        for (stage, ms) in this_run {
+            per_stage.entry(stage).or_default().push(ms);
+        }
+        totals.push(total);
+    }
+    let total_ms = median(totals);
+    Ok(BenchReport {
+        backend: session.backend.clone(),
+        device: session.device.clone(),
+        family: session.info.family.to_string(),
+        variant: session.info.variant.to_string(),
+        runs,
+        warmup,
+        audio_seconds,
+        stages_ms: per_stage.into_iter().map(|(k, v)| (k, median(v))).collect(),
+        total_ms,
+        rtf: if audio_seconds > 0.0 { total_ms / 1e3 / audio_seconds } else { 0.0 },
+        load_ms,
+        peak_rss_mib: peak_rss_mib(),
+    })
+}
+
+pub fn render(r: &BenchReport) -> String {
+    let mut s = format!(
+        "{} {} on {} ({}), {} runs after {} warm-up\n",
+        r.family, r.variant, r.device, r.backend, r.runs, r.warmup
+    );
+    for (stage, ms) in &r.stages_ms {
+        s += &format!("  {stage:<28} {ms:>10.2} ms\n");
+    }
+    s += &format!("  {:<28} {:>10.2} ms\n", "total", r.total_ms);
+    s += &format!("  audio {:.2} s, RTF {:.4}, load {:.0} ms, peak RSS {:.1} MiB\n", r.audio_seconds, r.rtf, r.load_ms, r.peak_rss_mib);
+    s
+}
