@@ -13,7 +13,9 @@
 fn main() {
     println!("cargo:rerun-if-env-changed=TTS_CPU_VARIANTS");
     let mode = std::env::var("TTS_CPU_VARIANTS").unwrap_or_else(|_| "native".into());
-    let mut defines = vec![("GGML_CPU", "ON"), ("GGML_OPENMP", "OFF")];
+    // GGML_LLAMAFILE: tiled F32/F16 matrix kernels (ggml alone defaults it off;
+    // without them F32 products fall back to one dot product per output).
+    let mut defines = vec![("GGML_CPU", "ON"), ("GGML_OPENMP", "OFF"), ("GGML_LLAMAFILE", "ON")];
     let targets: &[&str] = match mode.as_str() {
         "native" => {
             defines.extend(host_isa());

@@ -136,9 +136,10 @@ def get_config(name):
 # ---------------------------------------------------------------------------
 # synthetic unicode indexer
 
-# characters the text frontend always replaces/removes; dropped from the full-v2
-# table (together with braces) so that it has exactly the official 163 rows.
-_FULL_DROP = set("#/@[\\]_`|{}")
+# characters the text frontend always replaces or removes, plus braces and '~',
+# dropped from the full-v2 table so that it has exactly the official 163 rows
+# ('/' stays: the closing language tag needs it).
+_FULL_DROP = set("#~@[\\]_`|{}")
 
 
 def indexer_codepoints(cfg):

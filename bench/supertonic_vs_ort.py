@@ -1,0 +1,171 @@
+#!/usr/bin/env python3
+"""Supertonic: `tts` against onnxruntime on the same full-size random-weight bundle.
+
+For each version (v2, v3) and thread count, one run of this script times the
+official pipeline on onnxruntime (tools/supertonic/ort_pipeline.py: the same
+text frontend, noise, step loop and trim) and `tts bench` on the GGUF converted
+from the same bundle, with the same text, voice, steps and thread count, and
+reports the ratio (ORT time / tts time; above 1 means tts is faster) and each
+side's peak RSS. Each side runs in its own process so that RSS is its own.
+
+    target/tools-venv/bin/python bench/supertonic_vs_ort.py [--versions v2 v3] [--threads 1 2]
+        [--runs 5] [--weights f32 q8_0] [--markdown out.md]
+
+Bundles are generated on demand (tools/supertonic/make_bundle.py, seed 0) into
+target/supertonic-bundles/<version>/ and converted into target/supertonic-models/.
+`tts` and the plugins come from target/release (`cargo build --release --workspace`).
+"""
+import argparse
+import json
+import os
+import platform
+import resource
+import statistics
+import subprocess
+import sys
+import tempfile
+import time
+
+ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
+TOOLS = os.path.join(ROOT, "tools", "supertonic")
+DEFAULT_TEXT = "The quick brown fox jumps over the lazy dog near the quiet river bank."
+STEPS = {"v2": 5, "v3": 8}
+
+
+def ort_worker(a):
+    """Runs in a child process: times the ORT pipeline, prints JSON."""
+    sys.path.insert(0, TOOLS)
+    from ort_pipeline import OrtStages
+    from reference import synthesize_with
+
+    t0 = time.perf_counter()
+    stages = OrtStages(a.bundle, a.threads)
+    load_ms = (time.perf_counter() - t0) * 1e3
+    totals, per_stage = [], {}
+    samples = 0
+    for i in range(a.warmup + a.runs):
+        timings = {}
+        t0 = time.perf_counter()
+        wav, _ = synthesize_with(stages, a.bundle, a.text, "en", "F1", a.steps, 1.05, 42, timings)
+        total = (time.perf_counter() - t0) * 1e3
+        if i < a.warmup:
+            continue
+        samples = int(wav.shape[0])
+        totals.append(total)
+        flat = {"duration": sum(timings.get("dp", [])), "text_encoder": sum(timings.get("te", [])),
+                "vocoder": sum(timings.get("vocoder", []))}
+        for s, ms in enumerate(timings.get("ve", [])):
+            flat[f"vector_estimator.step{s}"] = ms
+        for k, v in flat.items():
+            per_stage.setdefault(k, []).append(v)
+    print(json.dumps({
+        "total_ms": statistics.median(totals),
+        "stages_ms": {k: statistics.median(v) for k, v in per_stage.items()},
+        "audio_seconds": samples / 44100,
+        "load_ms": load_ms,
+        "peak_rss_mib": resource.getrusage(resource.RUSAGE_SELF).ru_maxrss / 1024,
+    }))
+
+
+def run(cmd, **kw):
+    r = subprocess.run(cmd, capture_output=True, text=True, **kw)
+    if r.returncode != 0:
+        sys.exit(f"{' '.join(cmd)} failed:\n{r.stderr}")
+    return r.stdout
+
+
+def ensure_model(version, weights):
+    bundle = os.path.join(ROOT, "target", "supertonic-bundles", version)
+    if not os.path.isfile(os.path.join(bundle, "onnx", "vector_estimator.onnx")):
+        print(f"generating the full-size {version} bundle ...", file=sys.stderr)
+        run([sys.executable, os.path.join(TOOLS, "make_bundle.py"), "--config", version, "--seed", "0", "--out", bundle])
+    models = os.path.join(ROOT, "target", "supertonic-models")
+    os.makedirs(models, exist_ok=True)
+    gguf = os.path.join(models, f"{version}-{weights}.gguf")
+    if not os.path.isfile(gguf) or os.path.getmtime(gguf) < os.path.getmtime(os.path.join(bundle, "onnx", "vector_estimator.onnx")):
+        run([sys.executable, os.path.join(TOOLS, "convert.py"), bundle, gguf, "--weights", weights])
+    return bundle, gguf
+
+
+def tts_bench(gguf, threads, text, steps, runs, warmup):
+    release = os.path.join(ROOT, "target", "release")
+    with tempfile.TemporaryDirectory() as d:
+        profile = os.path.join(d, "cpu.toml")
+        with open(profile, "w") as f:
+            f.write(f'[backend]\nprefer = ["cpu"]\nfallback = false\n[backends.cpu]\nthreads = {threads}\n')
+        out = run([os.path.join(release, "tts"), "bench", "--profile", profile, "--plugin-dir", release, "--model", gguf,
+                   "--text", text, "--runs", str(runs), "--warmup", str(warmup), "--json",
+                   "--set", f"steps={steps}", "--set", "voice=F1", "--set", "language=en", "--set", "speed=1.05", "--set", "seed=42"])
+    return json.loads(out)
+
+
+def ort_bench(bundle, threads, text, steps, runs, warmup):
+    out = run([sys.executable, os.path.abspath(__file__), "--ort-worker", "--bundle", bundle, "--threads", str(threads),
+               "--text", text, "--steps", str(steps), "--runs", str(runs), "--warmup", str(warmup)])
+    return json.loads(out)
+
+
+def cpu_name():
+    try:
+        with open("/proc/cpuinfo") as f:
+            for line in f:
+                if line.startswith("model name"):
+                    return line.split(":", 1)[1].strip()
+    except OSError:
+        pass
+    return platform.processor()
+
+
+def main():
+    ap = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    ap.add_argument("--versions", nargs="+", default=["v2", "v3"])
+    ap.add_argument("--threads", nargs="+", type=int, default=[1, 2])
+    ap.add_argument("--weights", nargs="+", default=["f32"], help="GGUF weight storage for tts (ORT always runs the F32 bundle)")
+    ap.add_argument("--runs", type=int, default=5)
+    ap.add_argument("--warmup", type=int, default=1)
+    ap.add_argument("--text", default=DEFAULT_TEXT)
+    ap.add_argument("--markdown", help="also write the table here")
+    # worker mode
+    ap.add_argument("--ort-worker", action="store_true", help=argparse.SUPPRESS)
+    ap.add_argument("--bundle", help=argparse.SUPPRESS)
+    ap.add_argument("--steps", type=int, help=argparse.SUPPRESS)
+    a = ap.parse_args()
+    if a.ort_worker:
+        a.threads = a.threads[0]
+        return ort_worker(a)
+
+    rows = []
+    for version in a.versions:
+        steps = STEPS[version]
+        for weights in a.weights:
+            bundle, gguf = ensure_model(version, weights)
+            for threads in a.threads:
+                ort = ort_bench(bundle, threads, a.text, steps, a.runs, a.warmup)
+                tts = tts_bench(gguf, threads, a.text, steps, a.runs, a.warmup)
+                ve = lambda r: sum(v for k, v in r["stages_ms"].items() if k.startswith("vector_estimator"))
+                row = {"version": version, "weights": weights, "threads": threads, "steps": steps,
+                       "audio_s": tts["audio_seconds"], "ort_ms": ort["total_ms"], "tts_ms": tts["total_ms"],
+                       "ratio": ort["total_ms"] / tts["total_ms"],
+                       "ort_ve_ms": ve(ort), "tts_ve_ms": ve(tts),
+                       "ort_vocoder_ms": ort["stages_ms"]["vocoder"], "tts_vocoder_ms": tts["stages_ms"]["vocoder"],
+                       "ort_rss_mib": ort["peak_rss_mib"], "tts_rss_mib": tts["peak_rss_mib"]}
+                rows.append(row)
+                print(json.dumps(row), file=sys.stderr)
+
+    lines = [f"Machine: {cpu_name()}, {os.cpu_count()} cores; text: \"{a.text}\" (voice F1, speed 1.05, seed 42); "
+             f"median of {a.runs} runs after {a.warmup} warm-up.", "",
+             "| version | tts weights | threads | steps | audio s | ORT ms | tts ms | ratio | VE ms ORT / tts | vocoder ms ORT / tts | peak RSS MiB ORT / tts |",
+             "|---|---|---|---|---|---|---|---|---|---|---|"]
+    for r in rows:
+        lines.append(f"| {r['version']} | {r['weights']} | {r['threads']} | {r['steps']} | {r['audio_s']:.2f} | {r['ort_ms']:.0f} | "
+                     f"{r['tts_ms']:.0f} | **{r['ratio']:.2f}×** | {r['ort_ve_ms']:.0f} / {r['tts_ve_ms']:.0f} | "
+                     f"{r['ort_vocoder_ms']:.0f} / {r['tts_vocoder_ms']:.0f} | {r['ort_rss_mib']:.0f} / {r['tts_rss_mib']:.0f} |")
+    table = "\n".join(lines) + "\n"
+    print(table)
+    if a.markdown:
+        with open(a.markdown, "w") as f:
+            f.write(table)
+
+
+if __name__ == "__main__":
+    main()
