@@ -9,7 +9,7 @@ reports the ratio (ORT time / tts time; above 1 means tts is faster) and each
 side's peak RSS. Each side runs in its own process so that RSS is its own.
 
     target/tools-venv/bin/python bench/supertonic_vs_ort.py [--versions v2 v3] [--threads 1 2]
-        [--runs 5] [--weights f32 q8_0] [--markdown out.md]
+        [--runs 5] [--rounds 3] [--weights f32 q8_0] [--markdown out.md]
 
 Bundles are generated on demand (tools/supertonic/make_bundle.py, seed 0) into
 target/supertonic-bundles/<version>/ and converted into target/supertonic-models/.
@@ -121,7 +121,8 @@ def main():
     ap.add_argument("--versions", nargs="+", default=["v2", "v3"])
     ap.add_argument("--threads", nargs="+", type=int, default=[1, 2])
     ap.add_argument("--weights", nargs="+", default=["f32"], help="GGUF weight storage for tts (ORT always runs the F32 bundle)")
-    ap.add_argument("--runs", type=int, default=5)
+    ap.add_argument("--runs", type=int, default=5, help="timed runs per round and side")
+    ap.add_argument("--rounds", type=int, default=3, help="alternating ORT / tts rounds (median of round medians)")
     ap.add_argument("--warmup", type=int, default=1)
     ap.add_argument("--text", default=DEFAULT_TEXT)
     ap.add_argument("--markdown", help="also write the table here")
@@ -140,20 +141,27 @@ def main():
         for weights in a.weights:
             bundle, gguf = ensure_model(version, weights)
             for threads in a.threads:
-                ort = ort_bench(bundle, threads, a.text, steps, a.runs, a.warmup)
-                tts = tts_bench(gguf, threads, a.text, steps, a.runs, a.warmup)
+                # Alternate the two sides over several rounds so that drift in the
+                # machine's speed (shared hosts) hits both alike; medians of rounds.
+                ort_rounds, tts_rounds = [], []
+                for _ in range(a.rounds):
+                    ort_rounds.append(ort_bench(bundle, threads, a.text, steps, a.runs, a.warmup))
+                    tts_rounds.append(tts_bench(gguf, threads, a.text, steps, a.runs, a.warmup))
                 ve = lambda r: sum(v for k, v in r["stages_ms"].items() if k.startswith("vector_estimator"))
+                med = lambda rounds, f: statistics.median(f(r) for r in rounds)
+                ort_ms, tts_ms = med(ort_rounds, lambda r: r["total_ms"]), med(tts_rounds, lambda r: r["total_ms"])
                 row = {"version": version, "weights": weights, "threads": threads, "steps": steps,
-                       "audio_s": tts["audio_seconds"], "ort_ms": ort["total_ms"], "tts_ms": tts["total_ms"],
-                       "ratio": ort["total_ms"] / tts["total_ms"],
-                       "ort_ve_ms": ve(ort), "tts_ve_ms": ve(tts),
-                       "ort_vocoder_ms": ort["stages_ms"]["vocoder"], "tts_vocoder_ms": tts["stages_ms"]["vocoder"],
-                       "ort_rss_mib": ort["peak_rss_mib"], "tts_rss_mib": tts["peak_rss_mib"]}
+                       "audio_s": tts_rounds[0]["audio_seconds"], "ort_ms": ort_ms, "tts_ms": tts_ms,
+                       "ratio": ort_ms / tts_ms,
+                       "ort_ve_ms": med(ort_rounds, ve), "tts_ve_ms": med(tts_rounds, ve),
+                       "ort_vocoder_ms": med(ort_rounds, lambda r: r["stages_ms"]["vocoder"]),
+                       "tts_vocoder_ms": med(tts_rounds, lambda r: r["stages_ms"]["vocoder"]),
+                       "ort_rss_mib": max(r["peak_rss_mib"] for r in ort_rounds), "tts_rss_mib": max(r["peak_rss_mib"] for r in tts_rounds)}
                 rows.append(row)
                 print(json.dumps(row), file=sys.stderr)
 
     lines = [f"Machine: {cpu_name()}, {os.cpu_count()} cores; text: \"{a.text}\" (voice F1, speed 1.05, seed 42); "
-             f"median of {a.runs} runs after {a.warmup} warm-up.", "",
+             f"median over {a.rounds} alternating rounds of the median of {a.runs} runs (after {a.warmup} warm-up) per side.", "",
              "| version | tts weights | threads | steps | audio s | ORT ms | tts ms | ratio | VE ms ORT / tts | vocoder ms ORT / tts | peak RSS MiB ORT / tts |",
              "|---|---|---|---|---|---|---|---|---|---|---|"]
     for r in rows:

@@ -17,7 +17,7 @@ to its product, a Conv or PRelu parameter the module path of its node.
 Input-independent subgraphs (the tanh style keys) are evaluated here.
 
 Usage:
-    convert.py BUNDLE_DIR OUT.gguf [--weights f32|f16|q8_0] [--keep-f32 GLOB ...]
+    convert.py BUNDLE_DIR OUT.gguf [--weights f32|f16|bf16|q8_0] [--keep-f32 GLOB ...]
 """
 
 from __future__ import annotations
@@ -540,19 +540,21 @@ def convert(bundle: Path, out_path: Path, weights: str, keep_f32: list[str]) -> 
         if kind == "f16":
             w.add_tensor(name, value.astype(np.float16))
             quantized += 1
-        elif kind == "q8_0" and value.shape[-1] % 32 == 0:
-            q = gguf.quants.quantize(value, gguf.GGMLQuantizationType.Q8_0)
-            w.add_tensor(name, q, raw_shape=value.shape, raw_dtype=gguf.GGMLQuantizationType.Q8_0)
+        elif kind in ("q8_0", "bf16") and value.shape[-1] % 32 == 0:
+            qtype = {"q8_0": gguf.GGMLQuantizationType.Q8_0, "bf16": gguf.GGMLQuantizationType.BF16}[kind]
+            w.add_tensor(name, gguf.quants.quantize(value, qtype), raw_dtype=qtype)
             quantized += 1
         else:
             w.add_tensor(name, value)
     tmp = out_path.with_name(out_path.name + ".part")
-    w.path = tmp
-    w.write_header_to_file(path=tmp)
-    w.write_kv_data_to_file()
-    w.write_tensors_to_file()
-    w.close()
-    tmp.replace(out_path)
+    try:
+        w.write_header_to_file(path=tmp)
+        w.write_kv_data_to_file()
+        w.write_tensors_to_file()
+        w.close()
+        tmp.replace(out_path)
+    finally:
+        tmp.unlink(missing_ok=True)
     return {"version": version, "tensors": len(tensors), "converted": quantized, "voices": sorted(voices)}
 
 
@@ -571,15 +573,15 @@ def main(argv=None) -> int:
     ap = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     ap.add_argument("bundle", type=Path)
     ap.add_argument("out", type=Path)
-    ap.add_argument("--weights", choices=("f32", "f16", "q8_0"), default="f32",
+    ap.add_argument("--weights", choices=("f32", "f16", "bf16", "q8_0"), default="f32",
                     help="storage of the large matmul weights (default f32)")
     ap.add_argument("--keep-f32", action="append", default=[], metavar="GLOB",
                     help="GGUF tensor names (glob) kept F32 in addition to the built-in deny-list")
     args = ap.parse_args(argv)
     try:
         info = convert(args.bundle, args.out, args.weights, DEFAULT_KEEP_F32 + args.keep_f32)
-    except (ConversionError, KeyError, FileNotFoundError, json.JSONDecodeError, onnx.checker.ValidationError) as e:
-        msg = f"missing tensor or key {e}" if isinstance(e, KeyError) else str(e)
+    except Exception as e:  # one line for the user, whatever failed
+        msg = f"missing tensor or key {e}" if isinstance(e, KeyError) else f"{type(e).__name__}: {e}" if not isinstance(e, ConversionError) else str(e)
         print(f"convert.py: {args.bundle}: {msg}", file=sys.stderr)
         return 1
     stored = f", {info['converted']} stored {args.weights}" if args.weights != "f32" else ""

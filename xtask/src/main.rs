@@ -307,6 +307,11 @@ fn demo() -> Result<(), String> {
         eprintln!("demo: no model-family plugin is in the bundle yet, so there is nothing to synthesize with");
         return Ok(());
     }
+    // No official weights ship with the repository: the demo speaks through the
+    // tiny random-weight Supertonic fixture (profiles/supertonic.toml), so the
+    // whole pipeline runs; convert an official bundle for real speech.
     let wav = root().join("target/demo.wav");
-    run(bundled(&tts).args(["--text", "Hello from tts.", "--out"]).arg(&wav))
+    let profile = root().join("profiles/supertonic.toml");
+    run(bundled(&tts).arg("--profile").arg(&profile).args(["--text", "Hello from tts.", "--out"]).arg(&wav))?;
+    run(bundled(&tts).arg("bench").arg("--profile").arg(&profile).args(["--text", "Hello from tts.", "--runs", "3"]))
 }

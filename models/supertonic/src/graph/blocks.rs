@@ -23,12 +23,25 @@ impl<'c> Builder<'c, '_> {
 
     /// `W x + b` with `W` stored `[in, out]` (ggml order), `x` `[in, T, B]`.
     pub fn linear(&self, x: Tensor<'c>, prefix: &str) -> Result<Tensor<'c>> {
-        let y = self.ctx.mul_mat(self.w(&format!("{prefix}.weight"))?, x)?;
+        let y = self.matmul(self.w(&format!("{prefix}.weight"))?, x)?;
         self.ctx.add(y, self.w(&format!("{prefix}.bias"))?)
     }
 
     pub fn linear_no_bias(&self, x: Tensor<'c>, name: &str) -> Result<Tensor<'c>> {
-        self.ctx.mul_mat(self.w(name)?, x)
+        self.matmul(self.w(name)?, x)
+    }
+
+    /// `W x` over every frame of every batch item as one matrix product (a
+    /// batch dimension would otherwise split it into one product per item,
+    /// streaming the weights once per item).
+    fn matmul(&self, w: Tensor<'c>, x: Tensor<'c>) -> Result<Tensor<'c>> {
+        let [c, t, b, one] = x.ne();
+        if b == 1 || one != 1 {
+            return self.ctx.mul_mat(w, x);
+        }
+        let flat = self.ctx.reshape(self.ctx.cont(x)?, &[c, t * b])?;
+        let y = self.ctx.mul_mat(w, flat)?;
+        self.ctx.reshape(y, &[y.ne()[0], t, b])
     }
 
     /// LayerNorm over channels with affine `prefix.weight` / `prefix.bias`.

@@ -48,22 +48,27 @@ pub fn build<'c>(b: &Builder<'c, '_>, hp: &VectorEstimatorHp, dims: &Dims, shape
     let te = ctx.mul(te, ctx.tanh(ctx.softplus(te)?)?)?;
     let te = b.linear(te, "ve.time.mlp2")?;
 
-    // Batch of two for guidance: [cond, uncond].
+    // Guidance runs a batch of two, [cond, uncond]. Both halves see the same
+    // latent and time, so everything before the first text attention is
+    // computed once and then duplicated.
     let cfg = hp.cfg.is_some();
-    let (x_in, text_in, style_in) = if cfg {
+    let (text_in, style_in) = if cfg {
         let null_text = ctx.reshape(b.w("ve.uncond.text_token")?, &[dims.text_dim as i64, 1])?;
         let null_text = ctx.repeat_to(null_text, [dims.text_dim as i64, t, 1, 1])?;
-        (ctx.concat(x, x, 2)?, ctx.concat(text, null_text, 2)?, ctx.concat(style, b.w("ve.uncond.style_values")?, 2)?)
+        (ctx.concat(text, null_text, 2)?, ctx.concat(style, b.w("ve.uncond.style_values")?, 2)?)
     } else {
-        (x, text, style)
+        (text, style)
     };
 
-    let mut h = b.linear_no_bias(x_in, "ve.proj_in.weight")?;
+    let mut h = b.linear_no_bias(x, "ve.proj_in.weight")?;
     for g in 0..hp.blocks {
         let p = format!("ve.block.{g}");
         h = b.convnext_stack(h, &format!("{p}.convnext0"), &hp.convnext0, false)?;
         h = ctx.add(h, b.linear(te, &format!("{p}.time"))?)?;
         h = b.convnext_stack(h, &format!("{p}.convnext1"), &hp.convnext1, false)?;
+        if cfg && g == 0 {
+            h = ctx.concat(h, h, 2)?;
+        }
 
         let a = &hp.text_attn;
         let q = rope(b, b.split_heads(b.linear(h, &format!("{p}.text_attn.q"))?, a.heads)?, cos_q, sin_q)?;
