@@ -127,6 +127,45 @@ impl Device {
         unsafe { sys::ggml_backend_dev_supports_op(self.as_ptr(), node.as_ptr()) }
     }
 
+    /// Extra buffer types of the device (CPU: repacked and AMX layouts for
+    /// quantized matrices), through the registry's optional proc.
+    pub fn extra_buffer_types(&self) -> Vec<sys::ggml_backend_buffer_type_t> {
+        type GetExtra = unsafe extern "C" fn(sys::ggml_backend_dev_t) -> *mut sys::ggml_backend_buffer_type_t;
+        let Some(f) = self.registry().and_then(|r| r.proc_address("ggml_backend_dev_get_extra_bufts")) else {
+            return Vec::new();
+        };
+        let f: GetExtra = unsafe { std::mem::transmute(f.as_ptr()) };
+        let mut out = Vec::new();
+        let mut p = unsafe { f(self.as_ptr()) };
+        while !p.is_null() && !unsafe { *p }.is_null() {
+            out.push(unsafe { *p });
+            p = unsafe { p.add(1) };
+        }
+        out
+    }
+
+    /// Whether a matrix product with `weight` (type and shape) as its first
+    /// operand, stored in a buffer of `buft`, runs on this device.
+    pub fn supports_weight_in(&self, buft: sys::ggml_backend_buffer_type_t, weight: Tensor<'_>) -> bool {
+        let Ok(ctx) = Context::new_no_alloc(4, 0) else { return false };
+        let ne = weight.ne();
+        let (Ok(w), Ok(x)) = (ctx.new_tensor(weight.ty(), &ne), ctx.new_tensor(sys::GGML_TYPE_F32, &[ne[0], 64, ne[2], ne[3]])) else {
+            return false;
+        };
+        let Ok(op) = ctx.mul_mat(w, x) else { return false };
+        let dummy = unsafe { sys::ggml_backend_buft_alloc_buffer(buft, 0) };
+        if dummy.is_null() {
+            return false;
+        }
+        unsafe { (*w.as_ptr()).buffer = dummy };
+        let ok = self.supports_op(op);
+        unsafe {
+            (*w.as_ptr()).buffer = std::ptr::null_mut();
+            sys::ggml_backend_buffer_free(dummy);
+        }
+        ok
+    }
+
     /// The pinned host buffer type, if the device offers one.
     pub fn host_buffer_type(&self) -> Option<sys::ggml_backend_buffer_type_t> {
         let p = unsafe { sys::ggml_backend_dev_host_buffer_type(self.as_ptr()) };
@@ -239,6 +278,10 @@ pub struct Buffer {
 unsafe impl Send for Buffer {}
 
 impl Buffer {
+    pub(crate) fn from_raw(ptr: NonNull<sys::ggml_backend_buffer>) -> Self {
+        Buffer { ptr }
+    }
+
     pub fn size(&self) -> usize {
         unsafe { sys::ggml_backend_buffer_get_size(self.ptr.as_ptr()) }
     }

@@ -165,8 +165,59 @@ impl GgufTensors {
 
     /// Allocates every tensor in one buffer of `backend` and reads the data.
     pub fn load_into(&self, backend: &crate::Backend) -> Result<crate::Buffer> {
-        use std::io::{Read, Seek, SeekFrom};
         let buffer = backend.alloc_ctx_tensors(&self.ctx)?;
+        self.read_data()?;
+        Ok(buffer)
+    }
+
+    /// Like [`load_into`](Self::load_into), but the matrices `matmul_weight`
+    /// selects go to the first of the device's extra buffer types that runs a
+    /// product with them (CPU: AMX or repacked layouts for quantized types); the
+    /// rest to the backend's default buffer. Returns the buffers and how many
+    /// tensors went to extra buffers.
+    pub fn load_into_with_extra(&self, backend: &crate::Backend, matmul_weight: impl Fn(&str) -> bool) -> Result<(Vec<crate::Buffer>, usize)> {
+        let device = backend.device();
+        let extras = device.as_ref().map(|d| d.extra_buffer_types()).unwrap_or_default();
+        let default = backend.buffer_type();
+        let mut groups: Vec<(sys::ggml_backend_buffer_type_t, Vec<crate::Tensor<'_>>)> = Vec::new();
+        let mut in_extra = 0;
+        for t in self.ctx.tensors() {
+            let buft = match &device {
+                Some(d) if matmul_weight(&t.name()) => extras.iter().copied().find(|b| d.supports_weight_in(*b, t)),
+                _ => None,
+            };
+            in_extra += buft.is_some() as usize;
+            let buft = buft.unwrap_or(default);
+            match groups.iter_mut().find(|(b, _)| *b == buft) {
+                Some((_, list)) => list.push(t),
+                None => groups.push((buft, vec![t])),
+            }
+        }
+        let mut buffers = Vec::new();
+        for (buft, tensors) in groups {
+            let align = unsafe { sys::ggml_backend_buft_get_alignment(buft) };
+            let size: usize = tensors.iter().map(|t| unsafe { sys::ggml_backend_buft_get_alloc_size(buft, t.as_ptr()) }.div_ceil(align) * align).sum::<usize>() + align;
+            let raw = unsafe { sys::ggml_backend_buft_alloc_buffer(buft, size) };
+            let Some(ptr) = std::ptr::NonNull::new(raw) else {
+                return err(format!("could not allocate {size} bytes of {}", unsafe { crate::cstr_to_string(sys::ggml_backend_buft_name(buft)) }));
+            };
+            unsafe { sys::ggml_backend_buffer_set_usage(raw, sys::GGML_BACKEND_BUFFER_USAGE_WEIGHTS) };
+            let buffer = crate::Buffer::from_raw(ptr);
+            let mut talloc = unsafe { sys::ggml_tallocr_new(raw) };
+            for t in &tensors {
+                if unsafe { sys::ggml_tallocr_alloc(&mut talloc, t.as_ptr()) } != sys::GGML_STATUS_SUCCESS {
+                    return err(format!("could not place tensor '{}'", t.name()));
+                }
+            }
+            buffers.push(buffer);
+        }
+        self.read_data()?;
+        Ok((buffers, in_extra))
+    }
+
+    /// Reads every tensor's data from the file into its (allocated) buffer.
+    fn read_data(&self) -> Result<()> {
+        use std::io::{Read, Seek, SeekFrom};
         let mut f = std::fs::File::open(&self.file.path).map_err(|e| crate::Error::Msg(format!("{}: {e}", self.file.path.display())))?;
         let mut bytes = Vec::new();
         for info in self.file.tensors() {
@@ -176,7 +227,7 @@ impl GgufTensors {
                 .map_err(|e| crate::Error::Msg(format!("{}: reading tensor '{}': {e}", self.file.path.display(), info.name)))?;
             t.set_bytes(&bytes)?;
         }
-        Ok(buffer)
+        Ok(())
     }
 
     /// Reads one tensor's raw bytes from the file (for host-side data).

@@ -95,7 +95,7 @@ extern "C" fn load(request: &ModelLoadRequest, handle: &BackendHandle) -> RResul
             return Err(format!("supertonic takes one GGUF file, the profile names {}", request.files.len()));
         };
         let model = Supertonic::load(std::path::Path::new(path.as_str()), handle.ggml_backend())?;
-        tracing::info!(version = model.version().as_str(), voices = ?model.voice_names(), "supertonic model loaded");
+        tracing::info!(version = model.version().as_str(), voices = ?model.voice_names(), extra_buffer_weights = model.weights_in_extra_buffers(), "supertonic model loaded");
         Ok(Model_TO::from_value(Plugin { model }, TD_Opaque))
     })();
     result.map_err(RString::from).into()

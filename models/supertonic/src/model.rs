@@ -352,6 +352,11 @@ impl Supertonic {
         Ok(Synthesis { samples, timings })
     }
 
+    /// Matrices the backend keeps in its own layout (CPU: AMX / repacked).
+    pub fn weights_in_extra_buffers(&self) -> usize {
+        self.weights.in_extra_buffers
+    }
+
     pub fn version(&self) -> Version {
         self.hp.version
     }

@@ -4,15 +4,24 @@ use ggml_sys::gguf::GgufTensors;
 use ggml_sys::{Backend, Buffer, Context, Error, Result, Tensor};
 
 pub struct Weights {
-    // Dropped first: the buffer holds the data of `gguf.ctx`'s tensors.
-    _buffer: Buffer,
+    // Dropped first: the buffers hold the data of `gguf.ctx`'s tensors.
+    _buffers: Vec<Buffer>,
     gguf: GgufTensors,
+    /// Matrices placed in a device-specific layout (CPU: AMX / repacked).
+    pub in_extra_buffers: usize,
+}
+
+/// Weights only ever used as the first operand of a matrix product (the
+/// `linear` layers); the rest (embeddings read by row, depthwise taps read as
+/// views, norms) must stay in plain memory.
+fn is_matmul_weight(name: &str) -> bool {
+    name.ends_with(".weight") && ![".dw.", ".ln", ".bn.", "char_emb"].iter().any(|p| name.contains(p))
 }
 
 impl Weights {
     pub fn load(gguf: GgufTensors, backend: &Backend) -> Result<Self> {
-        let buffer = gguf.load_into(backend)?;
-        Ok(Weights { _buffer: buffer, gguf })
+        let (buffers, in_extra) = gguf.load_into_with_extra(backend, is_matmul_weight)?;
+        Ok(Weights { _buffers: buffers, gguf, in_extra_buffers: in_extra })
     }
 
     pub fn gguf(&self) -> &GgufTensors {
