@@ -51,14 +51,14 @@ pub fn build<'c>(b: &Builder<'c, '_>, hp: &VectorEstimatorHp, dims: &Dims, shape
     // Guidance runs a batch of two, [cond, uncond]. Both halves see the same
     // latent and time, so everything before the first text attention is
     // computed once and then duplicated.
+    //
+    // The unconditional text is one learned token at every position, so its
+    // values are the same at every position and the text attention of that
+    // half returns `out(v(token))` whatever the scores: it is computed as that
+    // one vector instead of a full attention.
     let cfg = hp.cfg.is_some();
-    let (text_in, style_in) = if cfg {
-        let null_text = ctx.reshape(b.w("ve.uncond.text_token")?, &[dims.text_dim as i64, 1])?;
-        let null_text = ctx.repeat_to(null_text, [dims.text_dim as i64, t, 1, 1])?;
-        (ctx.concat(text, null_text, 2)?, ctx.concat(style, b.w("ve.uncond.style_values")?, 2)?)
-    } else {
-        (text, style)
-    };
+    let null_text = if cfg { Some(ctx.reshape(b.w("ve.uncond.text_token")?, &[dims.text_dim as i64, 1])?) } else { None };
+    let style_in = if cfg { ctx.concat(style, b.w("ve.uncond.style_values")?, 2)? } else { style };
 
     let mut h = b.linear_no_bias(x, "ve.proj_in.weight")?;
     for g in 0..hp.blocks {
@@ -71,11 +71,17 @@ pub fn build<'c>(b: &Builder<'c, '_>, hp: &VectorEstimatorHp, dims: &Dims, shape
         }
 
         let a = &hp.text_attn;
-        let q = rope(b, b.split_heads(b.linear(h, &format!("{p}.text_attn.q"))?, a.heads)?, cos_q, sin_q)?;
-        let k = rope(b, b.split_heads(b.linear(text_in, &format!("{p}.text_attn.k"))?, a.heads)?, cos_k, sin_k)?;
-        let v = b.split_heads(b.linear(text_in, &format!("{p}.text_attn.v"))?, a.heads)?;
+        let h_cond = if cfg { ctx.view(h, &[hp.hidden as i64, l, 1], &[h.nb()[1], h.nb()[2]], 0)? } else { h };
+        let q = rope(b, b.split_heads(b.linear(h_cond, &format!("{p}.text_attn.q"))?, a.heads)?, cos_q, sin_q)?;
+        let k = rope(b, b.split_heads(b.linear(text, &format!("{p}.text_attn.k"))?, a.heads)?, cos_k, sin_k)?;
+        let v = b.split_heads(b.linear(text, &format!("{p}.text_attn.v"))?, a.heads)?;
         let (o, _) = b.attention(q, k, v, a.scale)?;
-        let o = b.linear(b.merge_heads(o)?, &format!("{p}.text_attn.o"))?;
+        let mut o = b.linear(b.merge_heads(o)?, &format!("{p}.text_attn.o"))?;
+        if let Some(token) = null_text {
+            let o_null = b.linear(b.linear(token, &format!("{p}.text_attn.v"))?, &format!("{p}.text_attn.o"))?;
+            let o_null = ctx.repeat_to(o_null, [hp.hidden as i64, l, 1, 1])?;
+            o = ctx.concat(ctx.reshape(o, &[hp.hidden as i64, l, 1])?, o_null, 2)?;
+        }
         h = b.layer_norm(ctx.add(h, o)?, &format!("{p}.text_attn.ln"))?;
 
         h = b.convnext_stack(h, &format!("{p}.convnext2"), &hp.convnext2, false)?;
