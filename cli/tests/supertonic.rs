@@ -71,6 +71,34 @@ fn synthesizes_the_reference_waveform_on_cpu_and_vulkan() {
     }
 }
 
+/// The initial noise from a `.npy` file (the reference's own draws) gives the
+/// reference waveform whatever the seed; a real Supertonic 2 voice style JSON
+/// (from `../shared`, not committed) loads and changes the voice.
+#[test]
+fn noise_file_and_voice_json_drive_synthesis() {
+    let plugins = setup(&["cpu"]);
+    let dir = tempfile::tempdir().unwrap();
+    let profile = profile_for(dir.path(), "cpu", &fixture("tiny-v2/model.gguf"));
+    let text = "Hello, world! This is a tiny test.";
+    let noise = fixture("tiny-v2/reference/en/noise.npy");
+    let wav = dir.path().join("noise.wav");
+    let o = synth(&profile, plugins.path(), text, &wav, &["voice=F1", "steps=5", "seed=999", &format!("noise_npy={}", noise.display())]);
+    assert!(o.status.success(), "{}", stderr(&o));
+    let reference = reference_wav("en");
+    let peak = reference.iter().fold(0f32, |m, v| m.max(v.abs()));
+    let e = rel_err(&read_wav(&wav).1, &reference);
+    assert!(e <= 1e-4 + 1.0 / 32767.0 / peak, "noise file: rel err {e}");
+
+    let voice = repo().join("../shared/data/supertonic-v2/voice_styles/M1.json");
+    assert!(voice.is_file(), "{} (the shared data directory sits beside the repository)", voice.display());
+    let real = dir.path().join("real-voice.wav");
+    let o = synth(&profile, plugins.path(), text, &real, &["steps=5", &format!("voice={}", voice.display())]);
+    assert!(o.status.success(), "{}", stderr(&o));
+    let (rate, samples) = read_wav(&real);
+    assert_eq!(rate, 44100);
+    assert!(rel_err(&samples, &reference) > 1e-2, "another voice should change the waveform");
+}
+
 /// Warm synthesis of a 10-word sentence on Vulkan (lavapipe) agrees with the CPU
 /// (tolerance 5e-3 relative, as the Vulkan parity tests).
 #[test]
