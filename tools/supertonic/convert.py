@@ -125,7 +125,10 @@ def canonical_weights(graph: Graph, root: str) -> dict[str, np.ndarray]:
                 raise ConversionError(f"{graph.path.name}: {name} feeds no PRelu")
             out[f"{module_path(prelu.name, root)}.weight"] = value
         elif name.startswith("onnx::"):
-            raise ConversionError(f"{graph.path.name}: anonymous initializer {name} has no known role")
+            # Other anonymous initializers (shape and scalar constants a real
+            # export may fold) carry no weights; anything the engine needs and
+            # cannot find is reported by name when it is looked up.
+            continue
         else:
             out[name] = value
     return out
