@@ -34,6 +34,18 @@ CASES_V2 = [
     {"name": "ko_pt", "text": "Olá! A canção é ótima, não é?", "lang": "pt", "voice": "M1",
      "steps": 3, "speed": 1.2, "seed": 7},
 ]
+# Long text: several chunks (paragraphs, sentences, abbreviations), 0.3 s silences
+# and the final trim. Only the waveform is dumped (the stage arrays are per chunk).
+LONG_CASES = {
+    "v2": [{"name": "long_en", "lang": "en", "voice": "M1", "steps": 2, "speed": 1.0, "seed": 3,
+            "text": ("Dr. Smith arrived at noon. He had travelled from the coast, e.g. by the old road, "
+                     "and he was tired. Nobody expected him before the evening, so the house was quiet. "
+                     "The children were at school and the dog was asleep by the fire.\n\n"
+                     "Mr. Jones opened the door. What a surprise! They talked for an hour about the weather, "
+                     "the harvest and the price of bread, and then they walked down to the river together.")}],
+    "v3": [],
+}
+
 CASES_V3 = [
     {"name": "en", "text": "Hello, world! This is a tiny test.", "lang": "en", "voice": "F1",
      "steps": 8, "speed": 1.05, "seed": 42},
@@ -115,6 +127,24 @@ def dump_case(bundle, out, case, ref, ort_st, chk):
     return meta
 
 
+def dump_pipeline_case(bundle, out, case, ref, ort_st, chk):
+    """Whole-pipeline case: the waveform of the NumPy reference, checked against ORT."""
+    d = os.path.join(out, case["name"])
+    os.makedirs(d, exist_ok=True)
+    wav, dur = synthesize_with(_RefStages(ref), bundle, case["text"], case["lang"], case["voice"],
+                               case["steps"], case["speed"], case["seed"])
+    save(d, "wav", wav.astype(F32))
+    meta = dict(case)
+    meta.update({"duration_s": dur, "samples": int(wav.shape[0]), "config": ref.cfg["name"],
+                 "chunks": len(textfe.chunk_text(case["text"], textfe.chunk_len(case["lang"], load_bundle_meta(bundle)[2])))})
+    with open(os.path.join(d, "case.json"), "w") as f:
+        json.dump(meta, f, indent=1, ensure_ascii=False)
+    wav_o, _ = synthesize_with(ort_st, bundle, case["text"], case["lang"], case["voice"],
+                               case["steps"], case["speed"], case["seed"])
+    chk(case["name"], "wav(pipeline)", wav_o, wav)
+    return meta
+
+
 def dump_batch2(bundle, out, ref, ort_st, chk, version, steps):
     d = os.path.join(out, "batch2")
     os.makedirs(d, exist_ok=True)
@@ -183,6 +213,7 @@ def main():
     cases = CASES_V3 if version == "v3" else CASES_V2
     print(f"bundle {a.bundle} ({ref.cfg['name']}, {version}); ORT vs NumPy, tol {a.tol}")
     metas = [dump_case(a.bundle, a.out, c, ref, ort_st, chk) for c in cases]
+    metas += [dump_pipeline_case(a.bundle, a.out, c, ref, ort_st, chk) for c in LONG_CASES[version]]
     # The padded batch proves the reference's masking against ORT; the engine runs
     # batch 1, so its arrays are only kept on request.
     with tempfile.TemporaryDirectory() as scratch:

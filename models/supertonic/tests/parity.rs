@@ -90,6 +90,7 @@ fn run_fixture(backend: &str, config: &str, tol: &Tolerances) {
     let mut cases: Vec<PathBuf> = std::fs::read_dir(dir.join("reference")).unwrap().map(|e| e.unwrap().path()).filter(|p| p.join("latent.npy").is_file()).collect();
     cases.sort();
     assert!(!cases.is_empty(), "no reference cases in {}", dir.display());
+    check_pipeline_cases(&mut model, &dir, backend, config, tol);
     let c = model.hp.latent_channels();
     let text_dim = model.hp.te.char_dim;
     for case_dir in cases {
@@ -125,19 +126,42 @@ fn run_fixture(backend: &str, config: &str, tol: &Tolerances) {
         let wav_full = model.vocoder(&transpose(&latent_ref, c, l)).unwrap();
         check("vocoder", &wav_full, &load("wav_full").1, tol.vocoder);
 
-        let params = SynthesisParams {
-            voice: VoiceChoice::Named(case.voice.clone()),
-            language: case.lang.clone(),
-            steps: Some(case.steps),
-            speed: case.speed as f32,
-            noise: NoiseSource::Seed(case.seed),
-        };
-        let out = model.synthesize(&case.text, &params).unwrap();
+        let out = model.synthesize(&case.text, &params(&case)).unwrap();
         let (_, wav) = load("wav");
         // The trim length is floor(rate · duration): a duration a few ulps away
         // (GPU) may land one sample off; the samples themselves must agree.
         let n = out.samples.len().min(wav.len());
         assert!(out.samples.len().abs_diff(wav.len()) <= tol.trim_samples, "waveform length {} vs reference {}", out.samples.len(), wav.len());
+        check("waveform", &out.samples[..n], &wav[..n], tol.waveform);
+    }
+}
+
+fn params(case: &Case) -> SynthesisParams {
+    SynthesisParams {
+        voice: VoiceChoice::Named(case.voice.clone()),
+        language: case.lang.clone(),
+        steps: Some(case.steps),
+        speed: case.speed as f32,
+        noise: NoiseSource::Seed(case.seed),
+    }
+}
+
+/// Whole-pipeline cases (long text: several chunks, silences, the final trim):
+/// only the waveform is compared.
+fn check_pipeline_cases(model: &mut Supertonic, dir: &Path, backend: &str, config: &str, tol: &Tolerances) {
+    let mut cases: Vec<PathBuf> = std::fs::read_dir(dir.join("reference"))
+        .unwrap()
+        .map(|e| e.unwrap().path())
+        .filter(|p| p.join("wav.npy").is_file() && !p.join("latent.npy").is_file())
+        .collect();
+    cases.sort();
+    for case_dir in cases {
+        let case: Case = serde_json::from_str(&std::fs::read_to_string(case_dir.join("case.json")).unwrap()).unwrap();
+        println!("{backend} {config} {} (pipeline):", case_dir.file_name().unwrap().to_string_lossy());
+        let out = model.synthesize(&case.text, &params(&case)).unwrap();
+        let (_, wav) = npy(&case_dir.join("wav.npy"));
+        assert!(out.samples.len().abs_diff(wav.len()) <= tol.trim_samples, "waveform length {} vs reference {}", out.samples.len(), wav.len());
+        let n = out.samples.len().min(wav.len());
         check("waveform", &out.samples[..n], &wav[..n], tol.waveform);
     }
 }
