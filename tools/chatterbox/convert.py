@@ -1,0 +1,254 @@
+#!/usr/bin/env python3
+"""Convert an official Chatterbox Turbo (or Nano) checkpoint directory to GGUF.
+
+Input: the directory as published (`t3_turbo_v1.safetensors` or
+`t3_nano_v1.safetensors`, `s3gen_meanflow.safetensors`, `ve.safetensors`,
+`conds.pt`, and the GPT-2 tokenizer files `vocab.json`, `merges.txt`,
+`added_tokens.json`).
+
+Output, in OUT_DIR:
+- `t3-<variant>.gguf` (architecture `chatterbox`): the GPT-2 backbone, text and
+  speech embeddings, speech head, speaker projection, the voice encoder, the
+  built-in voice's T3 conditioning and the tokenizer as a `tokenizers` JSON.
+- `s3gen-meanflow.gguf` (architecture `chatterbox-s3gen`): flow encoder, CFM
+  estimator, HiFT (weight norm fused), CAMPPlus, S3Tokenizer, and the built-in
+  voice's S3Gen conditioning.
+
+Every dimension the engine needs is written as metadata; names and layouts are
+in docs/gguf.md. `--weights f16|q8_0|q4_0` stores the large 2-D matrices in that
+type; embeddings, norms, biases, the voice encoder, CAMPPlus and the tokenizer
+stay F32 (quantising them breaks speaker embeddings and prompt tokens).
+
+Usage:
+    convert.py CKPT_DIR OUT_DIR [--variant turbo|nano] [--weights f32|f16|q8_0|q4_0] [--t3-heads N]
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import re
+import sys
+from pathlib import Path
+
+import numpy as np
+
+import gguf
+
+T3_FILES = {"turbo": "t3_turbo_v1.safetensors", "nano": "t3_nano_v1.safetensors"}
+# GPT-2 fixes the head width at 64 for every size (small 12x64, medium 16x64).
+GPT2_HEAD_DIM = 64
+START_SPEECH, STOP_SPEECH, SILENCE_TOKEN = 6561, 6562, 4299
+QUANT = {"f16": gguf.GGMLQuantizationType.F16, "q8_0": gguf.GGMLQuantizationType.Q8_0, "q4_0": gguf.GGMLQuantizationType.Q4_0}
+# Never quantised: what is read by row, small, or numerically fragile.
+KEEP_F32 = re.compile(r"(emb|wpe|bias|\.ln|norm|\.bn|builtin|alpha|beta|gamma|^ve\.|campplus|s3tok|mel_fb|pos_bias|query)")
+
+
+class ConversionError(Exception):
+    pass
+
+
+def load_safetensors(path: Path) -> dict[str, np.ndarray]:
+    from safetensors.numpy import load_file
+    if not path.is_file():
+        raise ConversionError(f"{path} is missing")
+    return {k: v.astype(np.float32) if v.dtype in (np.float16,) else v for k, v in load_file(str(path)).items()}
+
+
+def fuse_weight_norm(state: dict[str, np.ndarray]) -> dict[str, np.ndarray]:
+    """`….parametrizations.weight.original0` (g) and `original1` (v) → `….weight` = g·v/‖v‖
+    (norm over every dimension but the first)."""
+    out = {}
+    for k, v in state.items():
+        if k.endswith(".parametrizations.weight.original0"):
+            base = k[: -len(".parametrizations.weight.original0")]
+            g, vv = v.astype(np.float64), state[base + ".parametrizations.weight.original1"].astype(np.float64)
+            norm = np.sqrt((vv ** 2).reshape(vv.shape[0], -1).sum(axis=1)).reshape((-1,) + (1,) * (vv.ndim - 1))
+            out[base + ".weight"] = (g * vv / norm).astype(np.float32)
+        elif k.endswith(".parametrizations.weight.original1"):
+            continue
+        else:
+            out[k] = v
+    return out
+
+
+def t3_tensors(state: dict[str, np.ndarray], n_head: int | None = None) -> tuple[dict[str, np.ndarray], dict]:
+    """GPT-2 T3 → engine names; Conv1D weights ([in, out]) transposed to [out, in]."""
+    n_layer = 1 + max(int(m.group(1)) for k in state if (m := re.match(r"tfmr\.h\.(\d+)\.", k)))
+    out = {"t3.wpe": state["tfmr.wpe.weight"], "t3.ln_f.weight": state["tfmr.ln_f.weight"], "t3.ln_f.bias": state["tfmr.ln_f.bias"]}
+    for i in range(n_layer):
+        p, q = f"tfmr.h.{i}", f"t3.blk.{i}"
+        for a, b in (("ln_1", "ln1"), ("ln_2", "ln2")):
+            out[f"{q}.{b}.weight"], out[f"{q}.{b}.bias"] = state[f"{p}.{a}.weight"], state[f"{p}.{a}.bias"]
+        for a, b in (("attn.c_attn", "attn.qkv"), ("attn.c_proj", "attn.out"), ("mlp.c_fc", "ffn.up"), ("mlp.c_proj", "ffn.down")):
+            out[f"{q}.{b}.weight"] = np.ascontiguousarray(state[f"{p}.{a}.weight"].T)
+            out[f"{q}.{b}.bias"] = state[f"{p}.{a}.bias"]
+    out["t3.text_emb"] = state["text_emb.weight"]
+    out["t3.speech_emb"] = state["speech_emb.weight"]
+    out["t3.speech_head.weight"] = state["speech_head.weight"]
+    out["t3.speech_head.bias"] = state["speech_head.bias"]
+    out["t3.cond.spkr.weight"] = state["cond_enc.spkr_enc.weight"]
+    out["t3.cond.spkr.bias"] = state["cond_enc.spkr_enc.bias"]
+    n_ctx, n_embd = state["tfmr.wpe.weight"].shape
+    if n_head is None:
+        if n_embd % GPT2_HEAD_DIM:
+            raise ConversionError(f"GPT-2 width {n_embd} is not a multiple of the head width {GPT2_HEAD_DIM}; give --t3-heads")
+        n_head = n_embd // GPT2_HEAD_DIM
+    if n_embd % n_head:
+        raise ConversionError(f"GPT-2 width {n_embd} does not split into {n_head} heads")
+    hp = {"n_layer": n_layer, "n_embd": n_embd, "n_head": n_head, "n_ctx": n_ctx,
+          "n_ff": state["tfmr.h.0.mlp.c_fc.weight"].shape[1], "text_vocab": state["text_emb.weight"].shape[0],
+          "speech_vocab": state["speech_emb.weight"].shape[0], "speaker_dim": state["cond_enc.spkr_enc.weight"].shape[1]}
+    return out, hp
+
+
+def voice_encoder_tensors(state: dict[str, np.ndarray]) -> tuple[dict[str, np.ndarray], dict]:
+    layers = 1 + max(int(m.group(1)) for k in state if (m := re.match(r"lstm\.weight_ih_l(\d+)$", k)))
+    out = {}
+    for l in range(layers):
+        for a in ("weight_ih", "weight_hh", "bias_ih", "bias_hh"):
+            out[f"ve.lstm.{l}.{a}"] = state[f"lstm.{a}_l{l}"]
+    out["ve.proj.weight"], out["ve.proj.bias"] = state["proj.weight"], state["proj.bias"]
+    hp = {"layers": layers, "hidden": state["lstm.weight_hh_l0"].shape[1], "n_mels": state["lstm.weight_ih_l0"].shape[1],
+          "embedding": state["proj.weight"].shape[0]}
+    return out, hp
+
+
+def tokenizer_json(ckpt: Path, text_vocab: int) -> str:
+    """The GPT-2 BPE plus the added tags as one `tokenizers` JSON (what the engine loads)."""
+    tj = ckpt / "tokenizer.json"
+    if tj.is_file():
+        return tj.read_text()
+    from tokenizers import Tokenizer, decoders, models, pre_tokenizers
+    vocab_path, merges_path = ckpt / "vocab.json", ckpt / "merges.txt"
+    if not vocab_path.is_file() or not merges_path.is_file():
+        raise ConversionError(f"{ckpt}: neither tokenizer.json nor vocab.json + merges.txt")
+    tok = Tokenizer(models.BPE.from_file(str(vocab_path), str(merges_path)))
+    tok.pre_tokenizer = pre_tokenizers.ByteLevel(add_prefix_space=False)
+    tok.decoder = decoders.ByteLevel()
+    added = ckpt / "added_tokens.json"
+    if added.is_file():
+        tags = sorted(json.loads(added.read_text()).items(), key=lambda kv: kv[1])
+        tok.add_tokens([t for t, _ in tags])
+        for t, i in tags:
+            if tok.token_to_id(t) != i:
+                raise ConversionError(f"added token {t!r}: id {tok.token_to_id(t)}, the checkpoint says {i}")
+    if tok.get_vocab_size() != text_vocab:
+        raise ConversionError(f"the tokenizer has {tok.get_vocab_size()} tokens, T3's text embedding {text_vocab}")
+    return tok.to_str()
+
+
+def load_conds(path: Path) -> dict:
+    import torch
+    if not path.is_file():
+        raise ConversionError(f"{path} is missing")
+    c = torch.load(str(path), map_location="cpu", weights_only=True)
+    t3, gen = c["t3"], c["gen"]
+    arr = lambda x: x.detach().cpu().numpy()
+    return {
+        "speaker_emb": arr(t3["speaker_emb"]).reshape(-1).astype(np.float32),
+        "prompt_speech_tokens": arr(t3["cond_prompt_speech_tokens"]).reshape(-1).astype(np.int32),
+        "prompt_token": arr(gen["prompt_token"]).reshape(-1).astype(np.int32),
+        "prompt_feat": arr(gen["prompt_feat"]).reshape(-1, arr(gen["prompt_feat"]).shape[-1]).astype(np.float32),
+        "embedding": arr(gen["embedding"]).reshape(-1).astype(np.float32),
+    }
+
+
+def write(path: Path, arch: str, meta: list[tuple[str, object]], tensors: dict[str, np.ndarray], weights: str) -> int:
+    w = gguf.GGUFWriter(str(path), arch)
+    for key, value in meta:
+        if isinstance(value, bool):
+            w.add_bool(key, value)
+        elif isinstance(value, int):
+            w.add_uint32(key, value)
+        elif isinstance(value, float):
+            w.add_float32(key, value)
+        elif isinstance(value, str):
+            w.add_string(key, value)
+        else:
+            w.add_array(key, value)
+    converted = 0
+    for name in sorted(tensors):
+        v = tensors[name]
+        if v.dtype.kind in "iu":
+            w.add_tensor(name, v.astype(np.int32))
+            continue
+        v = np.ascontiguousarray(v, dtype=np.float32)
+        qt = QUANT.get(weights)
+        big = v.ndim == 2 and v.size >= 1024 and v.shape[-1] % 32 == 0
+        if qt is not None and big and not KEEP_F32.search(name):
+            w.add_tensor(name, gguf.quants.quantize(v, qt), raw_dtype=qt)
+            converted += 1
+        else:
+            w.add_tensor(name, v)
+    tmp = path.with_name(path.name + ".part")
+    try:
+        w.write_header_to_file(path=tmp)
+        w.write_kv_data_to_file()
+        w.write_tensors_to_file()
+        w.close()
+        tmp.replace(path)
+    finally:
+        tmp.unlink(missing_ok=True)
+    return converted
+
+
+def convert(ckpt: Path, out_dir: Path, variant: str, weights: str, n_head: int | None = None) -> list[str]:
+    out_dir.mkdir(parents=True, exist_ok=True)
+    conds = load_conds(ckpt / "conds.pt")
+
+    t3, hp = t3_tensors(load_safetensors(ckpt / T3_FILES[variant]), n_head)
+    ve, ve_hp = voice_encoder_tensors(load_safetensors(ckpt / "ve.safetensors"))
+    t3.update(ve)
+    t3["voice.builtin.speaker_emb"] = conds["speaker_emb"]
+    t3["voice.builtin.prompt_speech_tokens"] = conds["prompt_speech_tokens"]
+    a = "chatterbox"
+    meta = [(f"{a}.variant", variant), (f"{a}.backbone", "gpt2"), (f"{a}.weights", weights),
+            *((f"{a}.{k}", int(v)) for k, v in hp.items()),
+            (f"{a}.layer_norm_eps", 1e-5),
+            (f"{a}.start_speech_token", START_SPEECH), (f"{a}.stop_speech_token", STOP_SPEECH),
+            (f"{a}.silence_token", SILENCE_TOKEN),
+            (f"{a}.cond_prompt_len", int(conds["prompt_speech_tokens"].size)),
+            *((f"{a}.voice_encoder.{k}", int(v)) for k, v in ve_hp.items()),
+            (f"{a}.tokenizer_json", tokenizer_json(ckpt, hp["text_vocab"]))]
+    t3_path = out_dir / f"t3-{variant}.gguf"
+    n1 = write(t3_path, a, meta, t3, weights)
+
+    s3 = fuse_weight_norm(load_safetensors(ckpt / "s3gen_meanflow.safetensors"))
+    s3 = {f"s3gen.{k}": v for k, v in s3.items() if not k.endswith("num_batches_tracked")}
+    s3["voice.builtin.prompt_token"] = conds["prompt_token"]
+    s3["voice.builtin.prompt_feat"] = conds["prompt_feat"]
+    s3["voice.builtin.embedding"] = conds["embedding"]
+    meanflow = "s3gen.flow.decoder.estimator.time_embed_mixer.weight" in s3
+    b = "chatterbox-s3gen"
+    meta = [(f"{b}.variant", "meanflow" if meanflow else "standard"), (f"{b}.meanflow", meanflow),
+            (f"{b}.n_timesteps", 2 if meanflow else 10), (f"{b}.cfg_rate", 0.0 if meanflow else 0.7),
+            (f"{b}.speech_vocab", int(s3["s3gen.flow.input_embedding.weight"].shape[0])),
+            (f"{b}.weights", weights)]
+    s3_path = out_dir / ("s3gen-meanflow.gguf" if meanflow else "s3gen.gguf")
+    n2 = write(s3_path, b, meta, s3, weights)
+    stored = lambda n: f", {n} stored {weights}" if weights != "f32" else ""
+    return [f"{t3_path}: T3 {variant}, {len(t3)} tensors{stored(n1)}",
+            f"{s3_path}: S3Gen {'meanflow' if meanflow else 'standard'}, {len(s3)} tensors{stored(n2)}"]
+
+
+def main(argv=None) -> int:
+    ap = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    ap.add_argument("ckpt", type=Path)
+    ap.add_argument("out_dir", type=Path)
+    ap.add_argument("--variant", choices=sorted(T3_FILES), default="turbo")
+    ap.add_argument("--weights", choices=("f32", "f16", "q8_0", "q4_0"), default="f32")
+    ap.add_argument("--t3-heads", type=int, help="attention heads of a non-standard GPT-2 size (official sizes: width / 64)")
+    args = ap.parse_args(argv)
+    try:
+        for line in convert(args.ckpt, args.out_dir, args.variant, args.weights, args.t3_heads):
+            print(line)
+    except Exception as e:  # one line for the user, whatever failed
+        msg = str(e) if isinstance(e, ConversionError) else f"missing tensor or key {e}" if isinstance(e, KeyError) else f"{type(e).__name__}: {e}"
+        print(f"convert.py: {args.ckpt}: {msg}", file=sys.stderr)
+        return 1
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())
