@@ -4,13 +4,9 @@
 //! an error the engine reports in one line. `TTS_LOG=ggml=debug` shows them.
 
 use std::ffi::{c_char, c_void, CStr};
-use tracing_subscriber::EnvFilter;
 
 pub fn init() {
-    let filter = EnvFilter::try_from_env("TTS_LOG").unwrap_or_else(|_| EnvFilter::new("warn,ggml=off"));
-    let _ = tracing_subscriber::fmt()
-        .with_writer(std::io::stderr)
-        .with_ansi(std::io::IsTerminal::is_terminal(&std::io::stderr())).with_env_filter(filter).with_target(false).try_init();
+    engine_core::logging::init_from_env();
     ggml_sys::set_log_callback(Some(forward));
 }
 

@@ -134,6 +134,24 @@ fn bench_reports_every_stage_rtf_and_rss() {
     assert!(report["peak_rss_mib"].as_f64().unwrap() > 1.0);
 }
 
+/// A plugin's own log events reach stderr under `TTS_LOG` (each plugin library
+/// has its own `tracing` dispatcher; engine_core::logging installs it there).
+#[test]
+fn plugin_log_events_reach_stderr() {
+    let plugins = setup(&["cpu"]);
+    let dir = tempfile::tempdir().unwrap();
+    let profile = profile_for(dir.path(), "cpu", &fixture("tiny-v2/model.gguf"));
+    let wav = dir.path().join("log.wav");
+    let o = std::process::Command::new(tts())
+        .args(["--profile", profile.to_str().unwrap(), "--plugin-dir", plugins.path().to_str().unwrap(), "--text", "Hello.", "--out", wav.to_str().unwrap()])
+        .env("TTS_LOG", "info")
+        .output()
+        .unwrap();
+    assert!(o.status.success(), "{}", stderr(&o));
+    let err = stderr(&o);
+    assert!(err.contains("supertonic model loaded") && err.contains("version=\"v2\""), "plugin event missing from stderr: {err}");
+}
+
 #[test]
 fn bad_inputs_are_one_line_errors_and_leave_no_file() {
     let plugins = setup(&["cpu"]);

@@ -269,6 +269,7 @@ pub fn option_str(req: &BackendOpenRequest, key: &str) -> String {
 
 /// Wraps a plugin's open function so a panic becomes an error, not an abort.
 pub fn guarded_open(f: impl FnOnce() -> Result<BackendSessionBox, String> + std::panic::UnwindSafe) -> RResult<BackendSessionBox, RString> {
+    crate::logging::init_from_env();
     match std::panic::catch_unwind(f) {
         Ok(Ok(s)) => RResult::ROk(s),
         Ok(Err(e)) => RResult::RErr(e.into()),

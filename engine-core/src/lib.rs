@@ -9,6 +9,7 @@ pub mod audio;
 pub mod backend_kit;
 pub mod engine;
 pub mod loader;
+pub mod logging;
 pub mod policy;
 pub mod probes;
 pub mod profile;

@@ -90,6 +90,7 @@ struct Plugin {
 }
 
 extern "C" fn load(request: &ModelLoadRequest, handle: &BackendHandle) -> RResult<ModelBox, RString> {
+    engine_core::logging::init_from_env();
     let result = (|| -> Result<ModelBox, String> {
         let [path] = request.files.as_slice() else {
             return Err(format!("supertonic takes one GGUF file, the profile names {}", request.files.len()));
