@@ -5,40 +5,20 @@
 use crate::backend::{Backend, GraphAllocator};
 use crate::context::{Context, Graph, Tensor};
 use crate::{err, sys, Result};
-use std::borrow::Cow;
 use std::ptr::NonNull;
 
-type Name = Cow<'static, str>;
-
 /// What a graph builder returns: named inputs and outputs.
-#[derive(Default)]
 pub struct GraphIo<'c> {
-    pub inputs: Vec<(Name, Tensor<'c>)>,
-    pub outputs: Vec<(Name, Tensor<'c>)>,
-}
-
-impl<'c> GraphIo<'c> {
-    pub fn new() -> Self {
-        GraphIo { inputs: Vec::new(), outputs: Vec::new() }
-    }
-
-    pub fn input(mut self, name: impl Into<Name>, t: Tensor<'c>) -> Self {
-        self.inputs.push((name.into(), t));
-        self
-    }
-
-    pub fn output(mut self, name: impl Into<Name>, t: Tensor<'c>) -> Self {
-        self.outputs.push((name.into(), t));
-        self
-    }
+    pub inputs: Vec<(&'static str, Tensor<'c>)>,
+    pub outputs: Vec<(&'static str, Tensor<'c>)>,
 }
 
 pub struct ComputeGraph {
     // Field order matters: the allocator and pointers die before the context.
     alloc: GraphAllocator,
     graph: NonNull<sys::ggml_cgraph>,
-    inputs: Vec<(Name, NonNull<sys::ggml_tensor>)>,
-    outputs: Vec<(Name, NonNull<sys::ggml_tensor>)>,
+    inputs: Vec<(&'static str, NonNull<sys::ggml_tensor>)>,
+    outputs: Vec<(&'static str, NonNull<sys::ggml_tensor>)>,
     ctx: Context,
 }
 
@@ -63,7 +43,7 @@ impl ComputeGraph {
                 t.set_output();
                 graph.build_forward(*t);
             }
-            let ptrs = |v: &[(Name, Tensor<'_>)]| v.iter().map(|(n, t)| (n.clone(), NonNull::new(t.as_ptr()).unwrap())).collect::<Vec<_>>();
+            let ptrs = |v: &[(&'static str, Tensor<'_>)]| v.iter().map(|(n, t)| (*n, NonNull::new(t.as_ptr()).unwrap())).collect::<Vec<_>>();
             (NonNull::new(graph.as_ptr()).unwrap(), ptrs(&io.inputs), ptrs(&io.outputs))
         };
         let mut alloc = GraphAllocator::new(backend)?;
@@ -75,8 +55,8 @@ impl ComputeGraph {
         unsafe { Graph::from_raw(self.graph) }
     }
 
-    fn find(list: &[(Name, NonNull<sys::ggml_tensor>)], name: &str) -> Option<NonNull<sys::ggml_tensor>> {
-        list.iter().find(|(n, _)| n == name).map(|(_, p)| *p)
+    fn find(list: &[(&'static str, NonNull<sys::ggml_tensor>)], name: &str) -> Option<NonNull<sys::ggml_tensor>> {
+        list.iter().find(|(n, _)| *n == name).map(|(_, p)| *p)
     }
 
     pub fn input(&self, name: &str) -> Result<Tensor<'_>> {

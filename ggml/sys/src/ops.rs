@@ -122,25 +122,6 @@ impl Context {
         self.wrap(unsafe { sys::ggml_cpy(self.as_ptr(), a.as_ptr(), b.as_ptr()) })
     }
 
-    /// A leaf tensor of this context over the data of `t` (a computed tensor of
-    /// another graph, which must stay allocated and contiguous). Using `t`
-    /// itself would pull the graph that computed it into this one.
-    pub fn alias<'a>(&'a self, t: Tensor<'a>) -> Result<Tensor<'a>> {
-        if !unsafe { sys::ggml_is_contiguous(t.as_ptr()) } {
-            return crate::err(format!("cannot alias non-contiguous tensor '{}'", t.name()));
-        }
-        let raw = unsafe { &*t.as_ptr() };
-        if raw.buffer.is_null() || raw.data.is_null() {
-            return crate::err(format!("cannot alias unallocated tensor '{}'", t.name()));
-        }
-        let leaf = self.new_tensor(t.ty(), &t.ne())?;
-        let status = unsafe { sys::ggml_backend_tensor_alloc(raw.buffer, leaf.as_ptr(), raw.data) };
-        if status != sys::GGML_STATUS_SUCCESS {
-            return crate::err(format!("could not alias tensor '{}'", t.name()));
-        }
-        Ok(leaf)
-    }
-
     pub fn new_tensor_like<'a>(&'a self, ty: Type, like: Tensor<'a>) -> Result<Tensor<'a>> {
         let ne = like.ne();
         self.new_tensor(ty, &ne)

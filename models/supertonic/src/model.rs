@@ -76,18 +76,11 @@ struct Cached<K> {
     graph: ComputeGraph,
 }
 
-/// The estimator's per-chunk conditioning graph and its step graph, which reads
-/// the conditioning graph's outputs (declared first: dropped first).
-struct EstimatorGraphs {
-    step: ComputeGraph,
-    conditioning: ComputeGraph,
-}
-
 #[derive(Default)]
 struct GraphCache {
     duration: Option<Cached<usize>>,
     text_encoder: Option<Cached<usize>>,
-    vector_estimator: Option<(StepShape, EstimatorGraphs)>,
+    vector_estimator: Option<Cached<StepShape>>,
     vocoder: Option<Cached<usize>>,
 }
 
@@ -275,35 +268,20 @@ impl Supertonic {
         let dims = vector_estimator::Dims { latent_channels: c, text_dim: self.hp.te.char_dim, style_dim: self.hp.style_dim, style_tokens: self.hp.style_tokens };
         let mut cache = std::mem::take(&mut self.graphs.vector_estimator);
         let result = (|| {
-            if cache.as_ref().map(|(k, _)| *k) != Some(shape) {
-                cache = None;
-                let conditioning = self.build_graph(|b| vector_estimator::build_conditioning(b, &self.hp.ve, &dims, text_len))?;
-                // The step graph reads the conditioning graph's outputs; both are
-                // kept and dropped together (step first).
-                let step = ggml(ComputeGraph::build(&self.backend, MAX_NODES, |ctx| {
-                    let lookup = |name: &str| conditioning.output(name).and_then(|t| ctx.alias(unsafe { t.rebind(ctx) }));
-                    vector_estimator::build(&self.builder(ctx), &self.hp.ve, &dims, shape, &lookup)
-                }))?;
-                cache = Some((shape, EstimatorGraphs { step, conditioning }));
-            }
-            let graphs = &cache.as_ref().expect("just built").1;
-            let (ck, sk) = vector_estimator::rope_tables(&self.rope_theta, text_len);
-            let cond = &graphs.conditioning;
-            for (name, values) in [("text_emb", text_emb), ("style_ttl", &voice.style_ttl[..]), ("rope_cos_k", &ck), ("rope_sin_k", &sk)] {
-                ggml(cond.input(name).and_then(|t| t.set_f32(values)))?;
-            }
-            ggml(cond.compute(&self.backend))?;
+            let g = Self::cached(&mut cache, shape, || self.build_graph(|b| vector_estimator::build(b, &self.hp.ve, &dims, shape)))?;
             let (cq, sq) = vector_estimator::rope_tables(&self.rope_theta, latent_len);
-            let g = &graphs.step;
+            let (ck, sk) = vector_estimator::rope_tables(&self.rope_theta, text_len);
             let mut x = noise.to_vec();
             for step in 0..steps {
                 let start = Instant::now();
                 // The allocator may reuse an input's memory once the graph has
                 // consumed it, so every input is uploaded for every step.
-                let features = vector_estimator::time_features(&self.time_freqs, self.hp.ve.time_scale, step, steps);
-                for (name, values) in [("noisy_latent", &x[..]), ("time_features", &features), ("rope_cos_q", &cq), ("rope_sin_q", &sq)] {
+                for (name, values) in [("text_emb", text_emb), ("style_ttl", &voice.style_ttl[..]), ("rope_cos_q", &cq), ("rope_sin_q", &sq), ("rope_cos_k", &ck), ("rope_sin_k", &sk)] {
                     ggml(g.input(name).and_then(|t| t.set_f32(values)))?;
                 }
+                let features = vector_estimator::time_features(&self.time_freqs, self.hp.ve.time_scale, step, steps);
+                ggml(g.input("time_features").and_then(|t| t.set_f32(&features)))?;
+                ggml(g.input("noisy_latent").and_then(|t| t.set_f32(&x)))?;
                 ggml(g.compute(&self.backend))?;
                 x = ggml(g.output("denoised_latent").and_then(|t| t.get_f32()))?;
                 on_step(step, &x, start.elapsed().as_secs_f64() * 1e3);

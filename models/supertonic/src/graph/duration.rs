@@ -26,5 +26,5 @@ pub fn build<'c>(b: &Builder<'c, '_>, hp: &DurationHp, prelu_slope: f32, text_le
     let features = ctx.concat(sentence, style, 0)?;
     let hidden = ctx.leaky_relu(b.linear(features, "dp.pred.0")?, prelu_slope)?;
     let duration = ctx.exp(b.linear(hidden, "dp.pred.1")?)?;
-    Ok(GraphIo::new().input("text_ids", ids).input("style_dp", style).output("duration", duration))
+    Ok(GraphIo { inputs: vec![("text_ids", ids), ("style_dp", style)], outputs: vec![("duration", duration)] })
 }

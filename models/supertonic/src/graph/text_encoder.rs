@@ -21,5 +21,5 @@ pub fn build<'c>(b: &Builder<'c, '_>, hp: &TextEncoderHp, style_dim: usize, styl
     let h1 = ctx.add(h, b.cross_attention(h, b.w("te.spte.1.keys")?, style, "te.spte.1", &hp.spte)?)?;
     let h2 = ctx.add(h, b.cross_attention(h1, b.w("te.spte.2.keys")?, style, "te.spte.2", &hp.spte)?)?;
     let out = b.layer_norm(h2, "te.spte.ln")?;
-    Ok(GraphIo::new().input("text_ids", ids).input("style_ttl", style).output("text_emb", out))
+    Ok(GraphIo { inputs: vec![("text_ids", ids), ("style_ttl", style)], outputs: vec![("text_emb", out)] })
 }

@@ -25,74 +25,41 @@ pub struct Dims {
     pub style_tokens: usize,
 }
 
-/// Everything the steps share: per main block, the text attention's keys (with
-/// RoPE) and values, the style attention's keys and values, and (v3) the
-/// unconditional half's text-attention output. Computed once per chunk.
-///
-/// Inputs: `text_emb` `[Ct, T]`, `style_ttl` `[style_dim, tokens]`, the key
-/// RoPE tables `rope_cos_k`/`rope_sin_k` `[head_dim, T]`. Outputs per block g:
-/// `text_k.g`, `text_v.g` `[head_dim, T, heads]`, `style_k.g`, `style_v.g`
-/// `[head_dim, tokens, heads, B]`, and with guidance `text_null.g` `[C, 1]`.
-pub fn build_conditioning<'c>(b: &Builder<'c, '_>, hp: &VectorEstimatorHp, dims: &Dims, text_len: usize) -> Result<GraphIo<'c>> {
-    let ctx = b.ctx;
-    let t = text_len as i64;
-    let head_dim = (hp.text_attn.units / hp.text_attn.heads) as i64;
-    let text = ctx.new_tensor(TYPE_F32, &[dims.text_dim as i64, t])?;
-    let style = ctx.new_tensor(TYPE_F32, &[dims.style_dim as i64, dims.style_tokens as i64])?;
-    let cos_k = ctx.new_tensor(TYPE_F32, &[head_dim, t])?;
-    let sin_k = ctx.new_tensor(TYPE_F32, &[head_dim, t])?;
-    let mut io = GraphIo::new().input("text_emb", text).input("style_ttl", style).input("rope_cos_k", cos_k).input("rope_sin_k", sin_k);
-
-    // Guidance (v3) adds the unconditional half: learned style values, and a
-    // text that is one learned token at every position. Its values are then
-    // equal at every position, so that half's text attention returns
-    // `out(v(token))` whatever the scores: one vector per block.
-    let cfg = hp.cfg.is_some();
-    let style_in = if cfg { ctx.concat(style, b.w("ve.uncond.style_values")?, 2)? } else { style };
-    for g in 0..hp.blocks {
-        let p = format!("ve.block.{g}");
-        let a = &hp.text_attn;
-        let k = rope(b, b.split_heads(b.linear(text, &format!("{p}.text_attn.k"))?, a.heads)?, cos_k, sin_k)?;
-        let v = b.split_heads(b.linear(text, &format!("{p}.text_attn.v"))?, a.heads)?;
-        io = io.output(format!("text_k.{g}"), k).output(format!("text_v.{g}"), v);
-        if cfg {
-            let token = ctx.reshape(b.w("ve.uncond.text_token")?, &[dims.text_dim as i64, 1])?;
-            let null = b.linear(b.linear(token, &format!("{p}.text_attn.v"))?, &format!("{p}.text_attn.o"))?;
-            io = io.output(format!("text_null.{g}"), null);
-        }
-        let keys = b.w(&format!("{p}.style_attn.keys"))?;
-        let keys = if cfg { ctx.concat(keys, b.w(&format!("{p}.style_attn.keys_uncond"))?, 2)? } else { keys };
-        let s = &hp.style_attn;
-        let sk = b.split_heads(keys, s.heads)?;
-        let sv = b.split_heads(b.linear(style_in, &format!("{p}.style_attn.v"))?, s.heads)?;
-        io = io.output(format!("style_k.{g}"), sk).output(format!("style_v.{g}"), sv);
-    }
-    Ok(io)
-}
-
-/// One Euler step. Inputs: `noisy_latent` `[latent_channels, L]`,
-/// `time_features` `[time_dim]` (the sinusoidal encoding of t, computed on the
-/// host), the query RoPE tables `rope_cos_q`/`rope_sin_q` `[head_dim, L]`; the
-/// shared tensors come from the chunk's [`build_conditioning`] graph, whose
-/// outputs `cond` looks up by name (they must outlive this graph).
+/// Inputs: `noisy_latent` `[latent_channels, L]`, `time_features` `[time_dim]`
+/// (the sinusoidal encoding of t, computed on the host), `text_emb` `[Ct, T]`,
+/// `style_ttl` `[style_dim, tokens]`, and the RoPE tables `rope_cos_q`/`rope_sin_q`
+/// `[head_dim, L]`, `rope_cos_k`/`rope_sin_k` `[head_dim, T]`.
 /// Output: `denoised_latent` `[latent_channels, L]`.
-pub fn build<'c>(b: &Builder<'c, '_>, hp: &VectorEstimatorHp, dims: &Dims, shape: StepShape, cond: &dyn Fn(&str) -> Result<Tensor<'c>>) -> Result<GraphIo<'c>> {
+pub fn build<'c>(b: &Builder<'c, '_>, hp: &VectorEstimatorHp, dims: &Dims, shape: StepShape) -> Result<GraphIo<'c>> {
     let ctx = b.ctx;
-    let l = shape.latent_len as i64;
+    let (l, t) = (shape.latent_len as i64, shape.text_len as i64);
     let head_dim = (hp.text_attn.units / hp.text_attn.heads) as i64;
     let x = ctx.new_tensor(TYPE_F32, &[dims.latent_channels as i64, l])?;
     let time_in = ctx.new_tensor(TYPE_F32, &[hp.time_dim as i64, 1])?;
+    let text = ctx.new_tensor(TYPE_F32, &[dims.text_dim as i64, t])?;
+    let style = ctx.new_tensor(TYPE_F32, &[dims.style_dim as i64, dims.style_tokens as i64])?;
     let cos_q = ctx.new_tensor(TYPE_F32, &[head_dim, l])?;
     let sin_q = ctx.new_tensor(TYPE_F32, &[head_dim, l])?;
+    let cos_k = ctx.new_tensor(TYPE_F32, &[head_dim, t])?;
+    let sin_k = ctx.new_tensor(TYPE_F32, &[head_dim, t])?;
 
     // Time embedding: Linear → Mish → Linear.
     let te = b.linear(time_in, "ve.time.mlp0")?;
     let te = ctx.mul(te, ctx.tanh(ctx.softplus(te)?)?)?;
     let te = b.linear(te, "ve.time.mlp2")?;
 
-    // With guidance both halves see the same latent and time: everything before
-    // the first text attention is computed once and then duplicated.
+    // Guidance runs a batch of two, [cond, uncond]. Both halves see the same
+    // latent and time, so everything before the first text attention is
+    // computed once and then duplicated.
+    //
+    // The unconditional text is one learned token at every position, so its
+    // values are the same at every position and the text attention of that
+    // half returns `out(v(token))` whatever the scores: it is computed as that
+    // one vector instead of a full attention.
     let cfg = hp.cfg.is_some();
+    let null_text = if cfg { Some(ctx.reshape(b.w("ve.uncond.text_token")?, &[dims.text_dim as i64, 1])?) } else { None };
+    let style_in = if cfg { ctx.concat(style, b.w("ve.uncond.style_values")?, 2)? } else { style };
+
     let mut h = b.linear_no_bias(x, "ve.proj_in.weight")?;
     for g in 0..hp.blocks {
         let p = format!("ve.block.{g}");
@@ -106,38 +73,47 @@ pub fn build<'c>(b: &Builder<'c, '_>, hp: &VectorEstimatorHp, dims: &Dims, shape
         let a = &hp.text_attn;
         let h_cond = if cfg { ctx.view(h, &[hp.hidden as i64, l, 1], &[h.nb()[1], h.nb()[2]], 0)? } else { h };
         let q = rope(b, b.split_heads(b.linear(h_cond, &format!("{p}.text_attn.q"))?, a.heads)?, cos_q, sin_q)?;
-        let (o, _) = b.attention(q, cond(&format!("text_k.{g}"))?, cond(&format!("text_v.{g}"))?, a.scale)?;
+        let k = rope(b, b.split_heads(b.linear(text, &format!("{p}.text_attn.k"))?, a.heads)?, cos_k, sin_k)?;
+        let v = b.split_heads(b.linear(text, &format!("{p}.text_attn.v"))?, a.heads)?;
+        let (o, _) = b.attention(q, k, v, a.scale)?;
         let mut o = b.linear(b.merge_heads(o)?, &format!("{p}.text_attn.o"))?;
-        if cfg {
-            let null = ctx.repeat_to(cond(&format!("text_null.{g}"))?, [hp.hidden as i64, l, 1, 1])?;
-            o = ctx.concat(ctx.reshape(o, &[hp.hidden as i64, l, 1])?, null, 2)?;
+        if let Some(token) = null_text {
+            let o_null = b.linear(b.linear(token, &format!("{p}.text_attn.v"))?, &format!("{p}.text_attn.o"))?;
+            let o_null = ctx.repeat_to(o_null, [hp.hidden as i64, l, 1, 1])?;
+            o = ctx.concat(ctx.reshape(o, &[hp.hidden as i64, l, 1])?, o_null, 2)?;
         }
         h = b.layer_norm(ctx.add(h, o)?, &format!("{p}.text_attn.ln"))?;
 
         h = b.convnext_stack(h, &format!("{p}.convnext2"), &hp.convnext2, false)?;
 
-        let s = &hp.style_attn;
-        let q = b.split_heads(b.linear(h, &format!("{p}.style_attn.q"))?, s.heads)?;
-        let (o, _) = b.attention(q, cond(&format!("style_k.{g}"))?, cond(&format!("style_v.{g}"))?, s.scale)?;
-        let o = b.linear(b.merge_heads(o)?, &format!("{p}.style_attn.o"))?;
+        let keys = b.w(&format!("{p}.style_attn.keys"))?;
+        let keys = if cfg { ctx.concat(keys, b.w(&format!("{p}.style_attn.keys_uncond"))?, 2)? } else { keys };
+        let o = b.cross_attention(h, keys, style_in, &format!("{p}.style_attn"), &hp.style_attn)?;
         h = b.layer_norm(ctx.add(h, o)?, &format!("{p}.style_attn.ln"))?;
     }
     h = b.convnext_stack(h, "ve.last_convnext", &hp.last_convnext, false)?;
     let mut v = b.linear_no_bias(h, "ve.proj_out.weight")?;
-    if let Some((cond_scale, uncond_scale)) = hp.cfg {
+    if let Some((cond, uncond)) = hp.cfg {
         let nb = v.nb();
         let ne = [dims.latent_channels as i64, l];
         let vc = ctx.view(v, &ne, &[nb[1]], 0)?;
         let vu = ctx.view(v, &ne, &[nb[1]], nb[2])?;
-        v = ctx.sub(ctx.scale(vc, cond_scale)?, ctx.scale(vu, uncond_scale)?)?;
+        v = ctx.sub(ctx.scale(vc, cond)?, ctx.scale(vu, uncond)?)?;
     }
     let next = ctx.add(x, ctx.scale(v, 1.0 / shape.total_steps as f32)?)?;
-    Ok(GraphIo::new()
-        .input("noisy_latent", x)
-        .input("time_features", time_in)
-        .input("rope_cos_q", cos_q)
-        .input("rope_sin_q", sin_q)
-        .output("denoised_latent", next))
+    Ok(GraphIo {
+        inputs: vec![
+            ("noisy_latent", x),
+            ("time_features", time_in),
+            ("text_emb", text),
+            ("style_ttl", style),
+            ("rope_cos_q", cos_q),
+            ("rope_sin_q", sin_q),
+            ("rope_cos_k", cos_k),
+            ("rope_sin_k", sin_k),
+        ],
+        outputs: vec![("denoised_latent", next)],
+    })
 }
 
 /// Half-split rotary embedding with host tables `[D, T]` (both halves hold the

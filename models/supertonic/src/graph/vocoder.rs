@@ -30,7 +30,7 @@ pub fn build<'c>(b: &Builder<'c, '_>, hp: &Hparams, prelu_slope: f32, latent_len
     let h = causal_conv(b, h, "voc.head1", v.head_kernel)?;
     let h = ctx.leaky_relu(h, prelu_slope)?;
     let wav = b.linear_no_bias(h, "voc.head2.weight")?;
-    Ok(GraphIo::new().input("latent", latent).output("wav", wav))
+    Ok(GraphIo { inputs: vec![("latent", latent)], outputs: vec![("wav", wav)] })
 }
 
 /// Full convolution with edge padding on the left, as one matrix product over
