@@ -119,13 +119,16 @@ def tokenizer_json(ckpt: Path, text_vocab: int) -> str:
     tj = ckpt / "tokenizer.json"
     if tj.is_file():
         return tj.read_text()
-    from tokenizers import Tokenizer, decoders, models, pre_tokenizers
+    from tokenizers import AddedToken, Tokenizer, decoders, models, pre_tokenizers
     vocab_path, merges_path = ckpt / "vocab.json", ckpt / "merges.txt"
     if not vocab_path.is_file() or not merges_path.is_file():
         raise ConversionError(f"{ckpt}: neither tokenizer.json nor vocab.json + merges.txt")
     tok = Tokenizer(models.BPE.from_file(str(vocab_path), str(merges_path)))
     tok.pre_tokenizer = pre_tokenizers.ByteLevel(add_prefix_space=False)
     tok.decoder = decoders.ByteLevel()
+    # GPT-2's end-of-text token is special: written literally in text it stays one id.
+    if tok.token_to_id("<|endoftext|>") is not None:
+        tok.add_special_tokens([AddedToken("<|endoftext|>", special=True)])
     added = ckpt / "added_tokens.json"
     if added.is_file():
         tags = sorted(json.loads(added.read_text()).items(), key=lambda kv: kv[1])

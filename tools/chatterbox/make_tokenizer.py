@@ -4,8 +4,9 @@
 The official Turbo tokenizer files (`vocab.json`, `merges.txt`,
 `added_tokens.json`) cannot be downloaded here. This writes files of the same
 format and kind: a byte-level BPE trained on a fixed text to `--base` tokens,
-plus paralinguistic tags as added tokens after it, so that the total equals the
-fixture T3's text vocabulary.
+ending, as GPT-2's does, with `<|endoftext|>` (GPT-2's BOS/EOS/UNK, which the
+reference also uses as the pad token), plus paralinguistic tags as added tokens
+after it, so that the total equals the fixture T3's text vocabulary.
 
     make_tokenizer.py OUT_DIR --vocab 384
 """
@@ -17,6 +18,7 @@ from tokenizers import Tokenizer, decoders, models, pre_tokenizers, trainers
 
 TAGS = ["[clear throat]", "[sigh]", "[shush]", "[cough]", "[groan]", "[sniff]", "[gasp]", "[chuckle]", "[laugh]",
         "[whisper]", "[breath]", "[cry]", "[yawn]", "[hum]", "[scream]", "[singing]", "[music]", "[pause]", "[silence]"]
+EOT = "<|endoftext|>"
 CORPUS = [
     "Hello, this is a test. The quick brown fox jumps over the lazy dog.",
     "She sells sea shells by the sea shore; the shells she sells are sea shells, I'm sure.",
@@ -35,16 +37,20 @@ def main():
     tok = Tokenizer(models.BPE())
     tok.pre_tokenizer = pre_tokenizers.ByteLevel(add_prefix_space=False)
     tok.decoder = decoders.ByteLevel()
-    trainer = trainers.BpeTrainer(vocab_size=base, initial_alphabet=pre_tokenizers.ByteLevel.alphabet(), show_progress=False)
+    trainer = trainers.BpeTrainer(vocab_size=base - 1, initial_alphabet=pre_tokenizers.ByteLevel.alphabet(), show_progress=False)
     tok.train_from_iterator(CORPUS, trainer)
-    if tok.get_vocab_size() != base:
-        raise SystemExit(f"trained {tok.get_vocab_size()} tokens, wanted {base}")
+    if tok.get_vocab_size() != base - 1:
+        raise SystemExit(f"trained {tok.get_vocab_size()} tokens, wanted {base - 1}")
     a.out.mkdir(parents=True, exist_ok=True)
     tok.model.save(str(a.out))  # vocab.json, merges.txt
+    vocab = json.loads((a.out / "vocab.json").read_text())
+    vocab[EOT] = base - 1
+    (a.out / "vocab.json").write_text(json.dumps(vocab, ensure_ascii=False))
     (a.out / "added_tokens.json").write_text(json.dumps({t: base + i for i, t in enumerate(TAGS)}, indent=1) + "\n")
     # What AutoTokenizer.from_pretrained reads to pick the class (as in the official directory).
     (a.out / "tokenizer_config.json").write_text(json.dumps({"tokenizer_class": "GPT2Tokenizer", "model_max_length": 1024}, indent=1) + "\n")
-    print(f"{a.out}: {base} BPE tokens + {len(TAGS)} tags")
+    (a.out / "special_tokens_map.json").write_text(json.dumps({"bos_token": EOT, "eos_token": EOT, "unk_token": EOT}, indent=1) + "\n")
+    print(f"{a.out}: {base} BPE tokens (the last {EOT}) + {len(TAGS)} tags")
 
 
 if __name__ == "__main__":

@@ -285,6 +285,11 @@ impl Buffer {
     pub fn size(&self) -> usize {
         unsafe { sys::ggml_backend_buffer_get_size(self.ptr.as_ptr()) }
     }
+
+    /// Sets every byte of the buffer to `value`.
+    pub fn clear(&self, value: u8) {
+        unsafe { sys::ggml_backend_buffer_clear(self.ptr.as_ptr(), value) }
+    }
 }
 
 impl Drop for Buffer {

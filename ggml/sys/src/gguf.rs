@@ -134,6 +134,55 @@ impl GgufFile {
     }
 }
 
+/// Metadata keys under one architecture prefix (`<arch>.<key>`), read with
+/// errors as strings: what every family's hparams loader needs.
+pub struct Metadata<'a> {
+    file: &'a GgufFile,
+    prefix: String,
+}
+
+impl<'a> Metadata<'a> {
+    pub fn new(file: &'a GgufFile, arch: &str) -> Self {
+        Metadata { file, prefix: format!("{arch}.") }
+    }
+
+    fn key(&self, k: &str) -> String {
+        format!("{}{k}", self.prefix)
+    }
+
+    pub fn has(&self, k: &str) -> bool {
+        self.file.has_key(&self.key(k))
+    }
+
+    pub fn str(&self, k: &str) -> std::result::Result<String, String> {
+        self.file.get_str(&self.key(k)).map_err(|e| e.to_string())
+    }
+
+    pub fn strs(&self, k: &str) -> std::result::Result<Vec<String>, String> {
+        self.file.get_str_array(&self.key(k)).map_err(|e| e.to_string())
+    }
+
+    pub fn u32(&self, k: &str) -> std::result::Result<u32, String> {
+        self.file.get_u32(&self.key(k)).map_err(|e| e.to_string())
+    }
+
+    pub fn usize(&self, k: &str) -> std::result::Result<usize, String> {
+        self.u32(k).map(|v| v as usize)
+    }
+
+    pub fn usizes(&self, k: &str) -> std::result::Result<Vec<usize>, String> {
+        self.file.get_u32_array(&self.key(k)).map(|v| v.into_iter().map(|x| x as usize).collect()).map_err(|e| e.to_string())
+    }
+
+    pub fn f32(&self, k: &str) -> std::result::Result<f32, String> {
+        self.file.get_f32(&self.key(k)).map_err(|e| e.to_string())
+    }
+
+    pub fn bool(&self, k: &str) -> std::result::Result<bool, String> {
+        self.file.get_bool(&self.key(k)).map_err(|e| e.to_string())
+    }
+}
+
 /// A GGUF file opened with its tensors: a metadata-only ggml context holds one
 /// tensor per GGUF tensor (names, types, shapes); [`GgufTensors::load_into`]
 /// reads their data into backend memory.

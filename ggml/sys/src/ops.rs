@@ -122,6 +122,18 @@ impl Context {
         self.wrap(unsafe { sys::ggml_cpy(self.as_ptr(), a.as_ptr(), b.as_ptr()) })
     }
 
+    /// Rows of `b` written into `a` at the row indices in `c` (I64 or I32);
+    /// returns the updated view of `a`. The index tensor is an input, so one
+    /// graph serves every write position (static K/V caches).
+    pub fn set_rows<'a>(&'a self, a: Tensor<'a>, b: Tensor<'a>, c: Tensor<'a>) -> Result<Tensor<'a>> {
+        self.wrap(unsafe { sys::ggml_set_rows(self.as_ptr(), a.as_ptr(), b.as_ptr(), c.as_ptr()) })
+    }
+
+    /// Bytes of one row of `ne0` elements of type `ty` (block types included).
+    pub fn row_size(ty: Type, ne0: i64) -> usize {
+        unsafe { sys::ggml_row_size(ty, ne0) }
+    }
+
     pub fn new_tensor_like<'a>(&'a self, ty: Type, like: Tensor<'a>) -> Result<Tensor<'a>> {
         let ne = like.ne();
         self.new_tensor(ty, &ne)

@@ -1,0 +1,201 @@
+//! T3 on a GPT-2 backbone (Turbo, Nano): one graph builder for both the
+//! prompt (conditioning + text + speech start) and a decode step (one speech
+//! token). New K/V rows go into the static cache with `set_rows`; attention
+//! reads the first `kv_len` cache positions under an input mask, so a graph
+//! depends only on its shape, never on the position it writes.
+//!
+//! Layout: activations `[n_embd, n_tokens]`; heads split as `[head_dim, n_head, n]`.
+
+use super::kv_cache::{AttentionPath, KvCache};
+use crate::graph::Builder;
+use crate::hparams::T3Hparams;
+use ggml_sys::{Context, GraphIo, Result, Tensor, TYPE_F16, TYPE_F32, TYPE_I32};
+
+/// What a graph feeds the transformer.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Hash)]
+pub enum Feed {
+    /// `[spkr(speaker) | speech_emb(prompt) | text_emb(text) | speech_emb(start)]`.
+    Prompt {
+        prompt_tokens: usize,
+        text_tokens: usize,
+    },
+    /// `speech_emb(token)`, one position.
+    Step,
+}
+
+impl Feed {
+    pub fn n_tokens(&self) -> usize {
+        match *self {
+            Feed::Prompt {
+                prompt_tokens,
+                text_tokens,
+            } => 1 + prompt_tokens + text_tokens + 1,
+            Feed::Step => 1,
+        }
+    }
+}
+
+/// A graph's shape: what it feeds and how many cache positions it attends over.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Hash)]
+pub struct Shape {
+    pub feed: Feed,
+    pub kv_len: usize,
+}
+
+/// Input names. `positions` index `wpe`; `kv_rows` are the cache rows written
+/// (for the transposed V of the explicit path, `kv_rows_v` hold one index per
+/// element); `mask` is `[kv_len, n_tokens]`, 0 where visible and -inf elsewhere.
+pub mod input {
+    pub const SPEAKER: &str = "speaker";
+    pub const PROMPT_TOKENS: &str = "prompt_tokens";
+    pub const TEXT_TOKENS: &str = "text_tokens";
+    pub const START_TOKEN: &str = "start_token";
+    pub const TOKEN: &str = "token";
+    pub const POSITIONS: &str = "positions";
+    pub const KV_ROWS: &str = "kv_rows";
+    pub const KV_ROWS_V: &str = "kv_rows_v";
+    pub const MASK: &str = "mask";
+}
+/// Output: speech logits of the last position, `[speech_vocab]`.
+pub const LOGITS: &str = "logits";
+
+pub fn build<'c>(
+    b: &Builder<'c, '_>,
+    hp: &T3Hparams,
+    kv: &KvCache,
+    shape: Shape,
+) -> Result<GraphIo<'c>> {
+    let ctx = b.ctx;
+    let n = shape.feed.n_tokens() as i64;
+    let mut io = GraphIo {
+        inputs: Vec::new(),
+        outputs: Vec::new(),
+    };
+    let mut new_input = |name: &'static str, ty, ne: &[i64]| -> Result<Tensor<'c>> {
+        let t = ctx.new_tensor(ty, ne)?.set_name(name);
+        io.inputs.push((name, t));
+        Ok(t)
+    };
+
+    let x = match shape.feed {
+        Feed::Prompt {
+            prompt_tokens,
+            text_tokens,
+        } => {
+            let speaker = new_input(input::SPEAKER, TYPE_F32, &[hp.speaker_dim as i64, 1])?;
+            let mut x = b.linear(speaker, "t3.cond.spkr")?;
+            if prompt_tokens > 0 {
+                let ids = new_input(input::PROMPT_TOKENS, TYPE_I32, &[prompt_tokens as i64])?;
+                x = ctx.concat(x, ctx.get_rows(b.w("t3.speech_emb")?, ids)?, 1)?;
+            }
+            if text_tokens > 0 {
+                let ids = new_input(input::TEXT_TOKENS, TYPE_I32, &[text_tokens as i64])?;
+                x = ctx.concat(x, ctx.get_rows(b.w("t3.text_emb")?, ids)?, 1)?;
+            }
+            let start = new_input(input::START_TOKEN, TYPE_I32, &[1])?;
+            ctx.concat(x, ctx.get_rows(b.w("t3.speech_emb")?, start)?, 1)?
+        }
+        Feed::Step => {
+            let token = new_input(input::TOKEN, TYPE_I32, &[1])?;
+            ctx.get_rows(b.w("t3.speech_emb")?, token)?
+        }
+    };
+    let positions = new_input(input::POSITIONS, TYPE_I32, &[n])?;
+    let kv_rows = new_input(input::KV_ROWS, TYPE_I32, &[n])?;
+    let kv_rows_v = match kv.path {
+        AttentionPath::Explicit => Some(new_input(
+            input::KV_ROWS_V,
+            TYPE_I32,
+            &[n * hp.n_embd as i64],
+        )?),
+        AttentionPath::Flash => None,
+    };
+    let mask_ty = if kv.path == AttentionPath::Flash {
+        TYPE_F16
+    } else {
+        TYPE_F32
+    };
+    let mask = new_input(input::MASK, mask_ty, &[shape.kv_len as i64, n])?;
+
+    let mut h = ctx.add(x, ctx.get_rows(b.w("t3.wpe")?, positions)?)?;
+    for l in 0..hp.n_layer {
+        let p = format!("t3.blk.{l}");
+        let a = b.layer_norm(h, &format!("{p}.ln1"), hp.layer_norm_eps)?;
+        let qkv = b.linear(a, &format!("{p}.attn.qkv"))?;
+        let attn = attention(ctx, hp, kv, l, qkv, kv_rows, kv_rows_v, mask, shape.kv_len)?;
+        h = ctx.add(h, b.linear(attn, &format!("{p}.attn.out"))?)?;
+        let m = b.layer_norm(h, &format!("{p}.ln2"), hp.layer_norm_eps)?;
+        let ff = b.linear(
+            b.gelu_tanh(b.linear(m, &format!("{p}.ffn.up"))?)?,
+            &format!("{p}.ffn.down"),
+        )?;
+        h = ctx.add(h, ff)?;
+    }
+    // Only the last position's logits are used: norm and project one column.
+    let last = ctx.view(
+        h,
+        &[hp.n_embd as i64, 1],
+        &[h.nb()[1]],
+        (n as usize - 1) * h.nb()[1],
+    )?;
+    let last = b.layer_norm(last, "t3.ln_f", hp.layer_norm_eps)?;
+    let logits = b.linear(last, "t3.speech_head")?;
+    io.outputs.push((LOGITS, logits));
+    Ok(io)
+}
+
+/// Causal self-attention of one layer: writes this graph's K/V rows into the
+/// cache, then attends over cache positions `[0, kv_len)`.
+#[allow(clippy::too_many_arguments)]
+fn attention<'c>(
+    ctx: &'c Context,
+    hp: &T3Hparams,
+    kv: &KvCache,
+    layer: usize,
+    qkv: Tensor<'c>,
+    kv_rows: Tensor<'c>,
+    kv_rows_v: Option<Tensor<'c>>,
+    mask: Tensor<'c>,
+    kv_len: usize,
+) -> Result<Tensor<'c>> {
+    let (d, hd, nh) = (hp.n_embd as i64, hp.head_dim() as i64, hp.n_head as i64);
+    let n = qkv.ne()[1];
+    let f = std::mem::size_of::<f32>();
+    let row = qkv.nb()[1];
+    let part = |i: usize| ctx.view(qkv, &[d, n], &[row], i * d as usize * f);
+    let q = ctx.view(qkv, &[hd, nh, n], &[hd as usize * f, row], 0)?;
+    let q = ctx.permute(q, [0, 2, 1, 3])?; // [hd, n, nh]
+    let (k_cache, v_cache) = kv.layer(ctx, layer);
+    let scale = 1.0 / (hd as f32).sqrt();
+    let kv_len = kv_len as i64;
+
+    let k_all = ctx.set_rows(k_cache, part(1)?, kv_rows)?;
+    let k_row = Context::row_size(kv.ty, d);
+    let k_head = Context::row_size(kv.ty, hd);
+    let k = ctx.view(k_all, &[hd, kv_len, nh], &[k_row, k_head], 0)?;
+
+    let out = match kv.path {
+        AttentionPath::Flash => {
+            let v_all = ctx.set_rows(v_cache, part(2)?, kv_rows)?;
+            let v = ctx.view(v_all, &[hd, kv_len, nh], &[k_row, k_head], 0)?;
+            ctx.flash_attn_ext(q, k, v, Some(mask), scale)? // [hd, nh, n]
+        }
+        AttentionPath::Explicit => {
+            // V^T: element (channel e, position p) at e * n_ctx + p.
+            let n_ctx = kv.n_ctx as i64;
+            let v_t = ctx.cont(ctx.transpose(part(2)?)?)?; // [n, d]
+            let v_flat = ctx.reshape(v_cache, &[1, n_ctx * d])?;
+            let v_all = ctx.set_rows(
+                v_flat,
+                ctx.reshape(v_t, &[1, n * d])?,
+                kv_rows_v.expect("explicit path has V row indices"),
+            )?;
+            let pos = f * kv.n_ctx;
+            let v = ctx.view(v_all, &[kv_len, hd, nh], &[pos, hd as usize * pos], 0)?;
+            let kq = ctx.soft_max_ext(ctx.mul_mat(k, q)?, Some(mask), scale)?; // [kv_len, n, nh]
+            let kqv = ctx.mul_mat(v, kq)?; // [hd, n, nh]
+            ctx.cont(ctx.permute(kqv, [0, 2, 1, 3])?)? // [hd, nh, n]
+        }
+    };
+    ctx.reshape(out, &[d, n])
+}

@@ -1,0 +1,385 @@
+//! T3: text tokens + voice conditioning → speech tokens. This module owns the
+//! runtime: weights, the static K/V cache, cached graphs (one prompt graph per
+//! shape, one step graph per attention span) and the generation loop.
+
+pub mod gpt2;
+pub mod kv_cache;
+
+use crate::graph::Builder;
+use crate::hparams::{T3Hparams, T3_ARCH};
+use crate::sampler::{self, SamplingParams, UniformSource};
+use crate::weights::Weights;
+use ggml_sys::gguf::GgufTensors;
+use ggml_sys::{Backend, ComputeGraph, Type, TYPE_F32};
+use gpt2::{input, Feed, Shape};
+pub use kv_cache::{AttentionPath, KvCache};
+use std::collections::HashMap;
+use std::path::Path;
+
+/// Attention spans are rounded up to this many positions, so one step graph
+/// serves a whole block of positions (its mask hides the unwritten ones).
+pub const KV_BLOCK: usize = 256;
+/// Upper bound on nodes of one T3 graph (GPT-2 medium needs about 1000).
+const MAX_NODES: usize = 8192;
+
+/// How attention and its cache run.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct AttentionConfig {
+    pub path: AttentionPath,
+    /// Cache element type; the explicit path always uses F32.
+    pub kv_type: Type,
+}
+
+impl AttentionConfig {
+    pub const REFERENCE: AttentionConfig = AttentionConfig {
+        path: AttentionPath::Explicit,
+        kv_type: TYPE_F32,
+    };
+}
+
+/// A voice's T3 conditioning.
+#[derive(Debug, Clone, PartialEq)]
+pub struct T3Conditioning {
+    pub speaker_emb: Vec<f32>,
+    pub prompt_speech_tokens: Vec<i32>,
+}
+
+fn ggml<T>(r: ggml_sys::Result<T>) -> Result<T, String> {
+    r.map_err(|e| e.to_string())
+}
+
+fn set_i32(graph: &ComputeGraph, name: &str, values: &[i32]) -> Result<(), String> {
+    ggml(graph.input(name).and_then(|t| t.set_i32(values)))
+}
+
+fn set_f32(graph: &ComputeGraph, name: &str, values: &[f32]) -> Result<(), String> {
+    ggml(graph.input(name).and_then(|t| t.set_f32(values)))
+}
+
+/// Weights in matrix products only (may live in repacked extra buffers).
+fn is_matmul_weight(name: &str) -> bool {
+    name.starts_with("t3.") && name.ends_with(".weight") && !name.contains(".ln")
+}
+
+pub struct T3 {
+    // Graphs reference the weights and the cache: declared (dropped) first.
+    prompt_graph: Option<(Shape, ComputeGraph)>,
+    step_graphs: HashMap<usize, ComputeGraph>,
+    kv: Option<KvCache>,
+    weights: Weights,
+    backend: Backend,
+    pub hp: T3Hparams,
+    attention: AttentionConfig,
+    /// Positions written in the cache by the current sequence.
+    n_past: usize,
+}
+
+impl T3 {
+    pub fn load(path: &Path, backend: Backend, attention: AttentionConfig) -> Result<Self, String> {
+        let gguf = ggml(GgufTensors::open(path))?;
+        let arch = ggml(gguf.file.get_str("general.architecture"))?;
+        if arch != T3_ARCH {
+            return Err(format!(
+                "{}: architecture '{arch}' is not a Chatterbox T3 model ('{T3_ARCH}')",
+                path.display()
+            ));
+        }
+        let hp = T3Hparams::load(&gguf.file)?;
+        let weights = ggml(Weights::load(gguf, &backend, is_matmul_weight))?;
+        let wpe = ggml(weights.shape("t3.wpe"))?;
+        if wpe[0] as usize != hp.n_embd || wpe[1] as usize != hp.n_ctx {
+            return Err(format!(
+                "{}: t3.wpe is {}x{}, the metadata says {}x{}",
+                path.display(),
+                wpe[0],
+                wpe[1],
+                hp.n_embd,
+                hp.n_ctx
+            ));
+        }
+        let attention = match attention.path {
+            AttentionPath::Explicit => AttentionConfig {
+                path: AttentionPath::Explicit,
+                kv_type: TYPE_F32,
+            },
+            AttentionPath::Flash => attention,
+        };
+        Ok(T3 {
+            prompt_graph: None,
+            step_graphs: HashMap::new(),
+            kv: None,
+            weights,
+            backend,
+            hp,
+            attention,
+            n_past: 0,
+        })
+    }
+
+    /// The built-in voice's conditioning (`voice.builtin.*`, from `conds.pt`).
+    pub fn builtin_voice(&self) -> Result<T3Conditioning, String> {
+        Ok(T3Conditioning {
+            speaker_emb: ggml(self.weights.host_f32("voice.builtin.speaker_emb"))?,
+            prompt_speech_tokens: ggml(
+                self.weights.host_i32("voice.builtin.prompt_speech_tokens"),
+            )?,
+        })
+    }
+
+    pub fn weights(&self) -> &Weights {
+        &self.weights
+    }
+
+    pub fn attention(&self) -> AttentionConfig {
+        self.attention
+    }
+
+    /// Bytes of the K/V cache currently allocated.
+    pub fn kv_bytes(&self) -> usize {
+        self.kv.as_ref().map_or(0, KvCache::bytes)
+    }
+
+    /// Positions a sequence of `prompt_tokens` + `new_tokens` occupies.
+    pub fn check_context(&self, prompt_tokens: usize, new_tokens: usize) -> Result<(), String> {
+        let need = prompt_tokens + new_tokens;
+        if need > self.hp.n_ctx {
+            return Err(format!(
+                "the text is too long for T3: {prompt_tokens} prompt positions + {new_tokens} speech tokens exceed its context of {} positions",
+                self.hp.n_ctx
+            ));
+        }
+        Ok(())
+    }
+
+    /// Makes the cache hold at least `positions`, growing it (and dropping the
+    /// graphs bound to the old one) in whole blocks.
+    fn reserve(&mut self, positions: usize) -> Result<(), String> {
+        if self.kv.as_ref().is_some_and(|kv| kv.n_ctx >= positions) {
+            return Ok(());
+        }
+        let n_ctx = positions.div_ceil(KV_BLOCK) * KV_BLOCK;
+        let n_ctx = n_ctx.min(self.hp.n_ctx).max(positions);
+        self.prompt_graph = None;
+        self.step_graphs.clear();
+        self.kv = None;
+        let kv = ggml(KvCache::new(
+            &self.backend,
+            self.hp.n_layer,
+            self.hp.n_embd,
+            n_ctx,
+            self.attention.kv_type,
+            self.attention.path,
+        ))?;
+        tracing::debug!(
+            positions = n_ctx,
+            mib = kv.bytes() as f64 / (1 << 20) as f64,
+            "T3 K/V cache"
+        );
+        self.kv = Some(kv);
+        Ok(())
+    }
+
+    fn span(&self, used: usize) -> usize {
+        let n_ctx = self.kv.as_ref().map_or(used, |kv| kv.n_ctx);
+        (used.div_ceil(KV_BLOCK) * KV_BLOCK).min(n_ctx)
+    }
+
+    fn build(&self, shape: Shape) -> Result<ComputeGraph, String> {
+        let kv = self.kv.as_ref().expect("cache reserved before building");
+        ggml(ComputeGraph::build(&self.backend, MAX_NODES, |ctx| {
+            gpt2::build(
+                &Builder {
+                    ctx,
+                    weights: &self.weights,
+                },
+                &self.hp,
+                kv,
+                shape,
+            )
+        }))
+    }
+
+    /// Uploads the position-dependent inputs for `n` new tokens at `start`.
+    fn set_positions(
+        &self,
+        graph: &ComputeGraph,
+        start: usize,
+        n: usize,
+        kv_len: usize,
+    ) -> Result<(), String> {
+        let kv = self.kv.as_ref().expect("cache reserved");
+        let rows: Vec<i32> = (start..start + n).map(|p| p as i32).collect();
+        set_i32(graph, input::POSITIONS, &rows)?;
+        set_i32(graph, input::KV_ROWS, &rows)?;
+        if kv.path == AttentionPath::Explicit {
+            let v_rows: Vec<i32> = (0..self.hp.n_embd)
+                .flat_map(|e| rows.iter().map(move |&p| (e * kv.n_ctx) as i32 + p))
+                .collect();
+            set_i32(graph, input::KV_ROWS_V, &v_rows)?;
+        }
+        let mut mask = vec![f32::NEG_INFINITY; kv_len * n];
+        for i in 0..n {
+            mask[i * kv_len..i * kv_len + start + i + 1].fill(0.0);
+        }
+        set_f32(graph, input::MASK, &mask)
+    }
+
+    /// Runs the prompt `[speaker | prompt speech tokens | text | start]` from an
+    /// empty cache, reserving room for `max_new_tokens` more positions.
+    /// Returns the logits for the first speech token.
+    pub fn prefill(
+        &mut self,
+        cond: &T3Conditioning,
+        text: &[i32],
+        max_new_tokens: usize,
+    ) -> Result<Vec<f32>, String> {
+        let hp = &self.hp;
+        if cond.speaker_emb.len() != hp.speaker_dim {
+            return Err(format!(
+                "the speaker embedding has {} values, T3 takes {}",
+                cond.speaker_emb.len(),
+                hp.speaker_dim
+            ));
+        }
+        let check_ids = |ids: &[i32], vocab: usize, what: &str| match ids
+            .iter()
+            .find(|&&t| t < 0 || t as usize >= vocab)
+        {
+            Some(t) => Err(format!(
+                "{what} token {t} is outside the vocabulary of {vocab}"
+            )),
+            None => Ok(()),
+        };
+        check_ids(&cond.prompt_speech_tokens, hp.speech_vocab, "prompt speech")?;
+        check_ids(text, hp.text_vocab, "text")?;
+        let feed = Feed::Prompt {
+            prompt_tokens: cond.prompt_speech_tokens.len(),
+            text_tokens: text.len(),
+        };
+        let n = feed.n_tokens();
+        self.check_context(n, max_new_tokens)?;
+        self.reserve(n + max_new_tokens)?;
+        let shape = Shape {
+            feed,
+            kv_len: self.span(n),
+        };
+        if self.prompt_graph.as_ref().is_none_or(|(s, _)| *s != shape) {
+            self.prompt_graph = None;
+            self.prompt_graph = Some((shape, self.build(shape)?));
+        }
+        let (_, graph) = self.prompt_graph.as_ref().expect("built above");
+        set_f32(graph, input::SPEAKER, &cond.speaker_emb)?;
+        if !cond.prompt_speech_tokens.is_empty() {
+            set_i32(graph, input::PROMPT_TOKENS, &cond.prompt_speech_tokens)?;
+        }
+        if !text.is_empty() {
+            set_i32(graph, input::TEXT_TOKENS, text)?;
+        }
+        set_i32(
+            graph,
+            input::START_TOKEN,
+            &[self.hp.start_speech_token as i32],
+        )?;
+        self.set_positions(graph, 0, n, shape.kv_len)?;
+        ggml(graph.compute(&self.backend))?;
+        self.n_past = n;
+        ggml(graph.output(gpt2::LOGITS).and_then(|t| t.get_f32()))
+    }
+
+    /// Feeds one speech token at the next position; returns the next logits.
+    pub fn step(&mut self, token: u32) -> Result<Vec<f32>, String> {
+        let pos = self.n_past;
+        let capacity = self.kv.as_ref().map_or(0, |kv| kv.n_ctx);
+        if pos == 0 {
+            return Err("T3 step before prefill".into());
+        }
+        if pos >= capacity {
+            return Err(format!("T3 context is full ({capacity} positions)"));
+        }
+        if token as usize >= self.hp.speech_vocab {
+            return Err(format!(
+                "speech token {token} is outside the vocabulary of {}",
+                self.hp.speech_vocab
+            ));
+        }
+        let kv_len = self.span(pos + 1);
+        if !self.step_graphs.contains_key(&kv_len) {
+            let g = self.build(Shape {
+                feed: Feed::Step,
+                kv_len,
+            })?;
+            self.step_graphs.insert(kv_len, g);
+        }
+        let graph = &self.step_graphs[&kv_len];
+        set_i32(graph, input::TOKEN, &[token as i32])?;
+        self.set_positions(graph, pos, 1, kv_len)?;
+        ggml(graph.compute(&self.backend))?;
+        self.n_past += 1;
+        ggml(graph.output(gpt2::LOGITS).and_then(|t| t.get_f32()))
+    }
+}
+
+/// How each speech token is chosen.
+#[derive(Debug, Clone)]
+pub enum TokenChoice {
+    /// The argmax of the raw logits.
+    Greedy,
+    /// The processed distribution, drawn with these uniforms.
+    Sample(SamplingParams, UniformSource),
+}
+
+/// Timing of one generation.
+#[derive(Debug, Default, Clone, Copy)]
+pub struct GenerationStats {
+    pub prefill_ms: f64,
+    pub steps: usize,
+    pub steps_ms: f64,
+}
+
+/// The reference's `inference_turbo` loop: prefill, then up to
+/// `max_new_tokens` steps; stops after the stop token (which is dropped) or
+/// when every logit is filtered out. The repetition history starts as the
+/// start token and then holds the generated tokens only.
+pub fn generate(
+    t3: &mut T3,
+    cond: &T3Conditioning,
+    text: &[i32],
+    choice: &mut TokenChoice,
+    max_new_tokens: usize,
+) -> Result<(Vec<u32>, GenerationStats), String> {
+    let mut stats = GenerationStats::default();
+    let started = std::time::Instant::now();
+    let mut logits = t3.prefill(cond, text, max_new_tokens + 1)?;
+    stats.prefill_ms = started.elapsed().as_secs_f64() * 1e3;
+    let stop = t3.hp.stop_speech_token;
+    let mut tokens: Vec<u32> = Vec::new();
+    let steps_started = std::time::Instant::now();
+    loop {
+        let history: &[u32] = if tokens.is_empty() {
+            &[t3.hp.start_speech_token]
+        } else {
+            &tokens
+        };
+        let token = match choice {
+            TokenChoice::Greedy => sampler::argmax(&logits) as u32,
+            TokenChoice::Sample(params, uniforms) => {
+                let processed = sampler::process(&logits, history, params);
+                if processed.iter().all(|v| *v == f32::NEG_INFINITY) {
+                    break;
+                }
+                sampler::draw_with_uniform(&sampler::softmax(&processed), uniforms.draw()?) as u32
+            }
+        };
+        tokens.push(token);
+        if (tokens.len() > 1 && token == stop) || tokens.len() > max_new_tokens {
+            break;
+        }
+        logits = t3.step(token)?;
+        stats.steps += 1;
+    }
+    stats.steps_ms = steps_started.elapsed().as_secs_f64() * 1e3;
+    if tokens.last() == Some(&stop) {
+        tokens.pop();
+    }
+    Ok((tokens, stats))
+}

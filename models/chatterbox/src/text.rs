@@ -1,0 +1,193 @@
+//! Text frontend for Turbo/Nano: the reference's punctuation normalisation,
+//! sentence splitting for long input, and GPT-2 BPE tokenization through the
+//! `tokenizers` crate from the JSON embedded in the GGUF (the paralinguistic
+//! tags such as `[laugh]` are added tokens, so they stay single ids).
+
+use tokenizers::Tokenizer;
+
+/// What the reference substitutes for empty input.
+pub const EMPTY_TEXT_REPLACEMENT: &str = "You need to add some text for me to talk.";
+
+/// The reference `punc_norm` (Turbo): capitalise the first letter, collapse
+/// whitespace, replace rare punctuation, end with punctuation.
+pub fn normalize_punctuation(text: &str) -> String {
+    if text.is_empty() {
+        return EMPTY_TEXT_REPLACEMENT.to_string();
+    }
+    let mut chars = text.chars();
+    let first = chars.next().expect("not empty");
+    let mut text = if first.is_lowercase() {
+        first.to_uppercase().chain(chars).collect()
+    } else {
+        text.to_string()
+    };
+    text = text.split_whitespace().collect::<Vec<_>>().join(" ");
+    for (from, to) in [
+        ("…", ", "),
+        (":", ","),
+        ("—", "-"),
+        ("–", "-"),
+        (" ,", ","),
+        ("“", "\""),
+        ("”", "\""),
+        ("‘", "'"),
+        ("’", "'"),
+    ] {
+        text = text.replace(from, to);
+    }
+    let mut text = text.trim_end_matches(' ').to_string();
+    if ![".", "!", "?", "-", ","].iter().any(|p| text.ends_with(p)) {
+        text.push('.');
+    }
+    text
+}
+
+/// Splits text into pieces of at most `max_chars` characters at sentence ends
+/// (`.`, `!`, `?` followed by whitespace), falling back to clause breaks
+/// (`,`, `;`, `:`) and then to spaces for a sentence that is still too long.
+/// Whitespace between pieces is dropped; `max_chars == 0` keeps the text whole.
+pub fn split_sentences(text: &str, max_chars: usize) -> Vec<String> {
+    let text = text.trim();
+    if text.is_empty() {
+        return Vec::new();
+    }
+    if max_chars == 0 || text.chars().count() <= max_chars {
+        return vec![text.to_string()];
+    }
+    let sentences = split_after(text, &['.', '!', '?', '…']);
+    let mut pieces = Vec::new();
+    for s in sentences {
+        if s.chars().count() <= max_chars {
+            pieces.push(s);
+            continue;
+        }
+        for clause in split_after(&s, &[',', ';', ':']) {
+            if clause.chars().count() <= max_chars {
+                pieces.push(clause);
+            } else {
+                pieces.extend(split_words(&clause, max_chars));
+            }
+        }
+    }
+    merge_short(pieces, max_chars)
+}
+
+/// Pieces ending with one of `ends` followed by whitespace (or the end).
+fn split_after(text: &str, ends: &[char]) -> Vec<String> {
+    let mut out = Vec::new();
+    let mut current = String::new();
+    let mut chars = text.chars().peekable();
+    while let Some(c) = chars.next() {
+        current.push(c);
+        if ends.contains(&c) && chars.peek().is_none_or(|n| n.is_whitespace()) {
+            out.push(current.trim().to_string());
+            current.clear();
+        }
+    }
+    if !current.trim().is_empty() {
+        out.push(current.trim().to_string());
+    }
+    out.retain(|s| !s.is_empty());
+    out
+}
+
+fn split_words(text: &str, max_chars: usize) -> Vec<String> {
+    let mut out: Vec<String> = Vec::new();
+    let mut current = String::new();
+    for word in text.split_whitespace() {
+        if !current.is_empty() && current.chars().count() + 1 + word.chars().count() > max_chars {
+            out.push(std::mem::take(&mut current));
+        }
+        if !current.is_empty() {
+            current.push(' ');
+        }
+        current.push_str(word);
+    }
+    if !current.is_empty() {
+        out.push(current);
+    }
+    out
+}
+
+/// Joins neighbouring pieces while they fit, so short sentences share a chunk.
+fn merge_short(pieces: Vec<String>, max_chars: usize) -> Vec<String> {
+    let mut out: Vec<String> = Vec::new();
+    for p in pieces {
+        match out.last_mut() {
+            Some(last) if last.chars().count() + 1 + p.chars().count() <= max_chars => {
+                last.push(' ');
+                last.push_str(&p);
+            }
+            _ => out.push(p),
+        }
+    }
+    out
+}
+
+/// The model's tokenizer.
+pub struct TextTokenizer {
+    tokenizer: Tokenizer,
+}
+
+impl TextTokenizer {
+    pub fn from_json(json: &str, vocab: usize) -> Result<Self, String> {
+        let tokenizer = Tokenizer::from_bytes(json.as_bytes())
+            .map_err(|e| format!("the embedded tokenizer JSON does not load: {e}"))?;
+        let size = tokenizer.get_vocab_size(true);
+        if size != vocab {
+            return Err(format!(
+                "the embedded tokenizer has {size} tokens, T3's text vocabulary {vocab}"
+            ));
+        }
+        Ok(TextTokenizer { tokenizer })
+    }
+
+    /// Token ids of already normalised text; no BOS/EOS (Turbo adds none).
+    pub fn encode(&self, text: &str) -> Result<Vec<i32>, String> {
+        let enc = self
+            .tokenizer
+            .encode(text, false)
+            .map_err(|e| format!("tokenizing {text:?}: {e}"))?;
+        Ok(enc.get_ids().iter().map(|&i| i as i32).collect())
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn punctuation_follows_the_reference() {
+        assert_eq!(normalize_punctuation(""), EMPTY_TEXT_REPLACEMENT);
+        assert_eq!(normalize_punctuation("hello   world"), "Hello world.");
+        assert_eq!(
+            normalize_punctuation("wait… what: “this” — it’s fine"),
+            "Wait,  what, \"this\" - it's fine."
+        );
+        assert_eq!(normalize_punctuation("ok ,then!"), "Ok,then!");
+        assert_eq!(normalize_punctuation("Done ?  "), "Done ?");
+        assert_eq!(normalize_punctuation("ßtraße"), "SStraße.");
+    }
+
+    #[test]
+    fn long_text_splits_at_sentences_then_clauses_then_words() {
+        assert_eq!(
+            split_sentences("One. Two! Three?", 0),
+            vec!["One. Two! Three?"]
+        );
+        assert_eq!(
+            split_sentences("First one here. Second one. Third.", 16),
+            vec!["First one here.", "Second one.", "Third."]
+        );
+        assert_eq!(split_sentences("Aa. Bb. Cc.", 7), vec!["Aa. Bb.", "Cc."]);
+        assert_eq!(
+            split_sentences("alpha beta, gamma delta epsilon", 12),
+            vec!["alpha beta,", "gamma delta", "epsilon"]
+        );
+        assert_eq!(
+            split_sentences("3.5 is a number. Yes.", 18),
+            vec!["3.5 is a number.", "Yes."]
+        );
+        assert!(split_sentences("   ", 10).is_empty());
+    }
+}

@@ -1,0 +1,97 @@
+//! Model tensors: one GGUF file's tensors, resident in backend buffers.
+
+use ggml_sys::gguf::GgufTensors;
+use ggml_sys::{Backend, Buffer, Context, Error, Result, Tensor};
+
+pub struct Weights {
+    // Dropped first: the buffers hold the data of `gguf.ctx`'s tensors.
+    _buffers: Vec<Buffer>,
+    gguf: GgufTensors,
+    /// Matrices placed in a device-specific layout (CPU: repacked).
+    pub in_extra_buffers: usize,
+}
+
+impl Weights {
+    /// Loads every tensor; those `is_matmul_weight` accepts (only ever the
+    /// first operand of a matrix product) may go to the device's extra buffers.
+    pub fn load(
+        gguf: GgufTensors,
+        backend: &Backend,
+        is_matmul_weight: impl Fn(&str) -> bool,
+    ) -> Result<Self> {
+        let (buffers, in_extra) = gguf.load_into_with_extra(backend, is_matmul_weight)?;
+        Ok(Weights {
+            _buffers: buffers,
+            gguf,
+            in_extra_buffers: in_extra,
+        })
+    }
+
+    pub fn gguf(&self) -> &GgufTensors {
+        &self.gguf
+    }
+
+    /// A weight usable in a graph built in `ctx`. Graphs are owned next to the
+    /// weights and dropped before them, so the rebinding is sound.
+    pub fn tensor<'c>(&self, ctx: &'c Context, name: &str) -> Result<Tensor<'c>> {
+        let t = self.gguf.ctx.get_tensor(name).ok_or_else(|| {
+            Error::Msg(format!(
+                "{}: tensor '{name}' is missing",
+                self.gguf.file.path().display()
+            ))
+        })?;
+        Ok(unsafe { t.rebind(ctx) })
+    }
+
+    pub fn has(&self, name: &str) -> bool {
+        self.gguf.ctx.get_tensor(name).is_some()
+    }
+
+    /// Shape (ggml order) of a weight.
+    pub fn shape(&self, name: &str) -> Result<[i64; 4]> {
+        self.gguf
+            .ctx
+            .get_tensor(name)
+            .map(|t| t.ne())
+            .ok_or_else(|| {
+                Error::Msg(format!(
+                    "{}: tensor '{name}' is missing",
+                    self.gguf.file.path().display()
+                ))
+            })
+    }
+
+    /// An F32 weight's values, read on the host.
+    pub fn host_f32(&self, name: &str) -> Result<Vec<f32>> {
+        self.gguf
+            .ctx
+            .get_tensor(name)
+            .ok_or_else(|| {
+                Error::Msg(format!(
+                    "{}: tensor '{name}' is missing",
+                    self.gguf.file.path().display()
+                ))
+            })?
+            .get_f32()
+    }
+
+    /// An I32 tensor's values, read on the host (token lists).
+    pub fn host_i32(&self, name: &str) -> Result<Vec<i32>> {
+        let t = self.gguf.ctx.get_tensor(name).ok_or_else(|| {
+            Error::Msg(format!(
+                "{}: tensor '{name}' is missing",
+                self.gguf.file.path().display()
+            ))
+        })?;
+        if t.ty() != ggml_sys::TYPE_I32 {
+            return Err(Error::Msg(format!(
+                "{}: tensor '{name}' is not I32",
+                self.gguf.file.path().display()
+            )));
+        }
+        Ok(t.get_bytes()?
+            .chunks_exact(4)
+            .map(|c| i32::from_ne_bytes([c[0], c[1], c[2], c[3]]))
+            .collect())
+    }
+}

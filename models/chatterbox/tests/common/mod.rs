@@ -1,0 +1,96 @@
+#![allow(dead_code)]
+//! Shared by the Chatterbox parity tests: backends, fixture files, error measure.
+//!
+//! The fixtures (`tests/fixtures/chatterbox/turbo-tiny/`) come from the
+//! reference package `chatterbox-tts==0.1.7` run on random weights saved in the
+//! official checkpoint formats (`tools/chatterbox/make_fixtures.py`), converted
+//! with `tools/chatterbox/convert.py`. Error measure: max |ours − ref| / max |ref|.
+
+use engine_core::abi::{BackendHandle, OptionValue};
+use engine_core::loader;
+use std::path::{Path, PathBuf};
+
+pub fn fixture_dir() -> PathBuf {
+    Path::new(env!("CARGO_MANIFEST_DIR")).join("../../tests/fixtures/chatterbox/turbo-tiny")
+}
+
+pub fn reference_dir() -> PathBuf {
+    fixture_dir().join("reference")
+}
+
+fn artifact_dir() -> PathBuf {
+    std::env::current_exe()
+        .unwrap()
+        .parent()
+        .unwrap()
+        .parent()
+        .unwrap()
+        .to_path_buf()
+}
+
+/// Opens device 0 of a backend plugin built next to the test binary.
+pub fn open(backend: &str) -> BackendHandle {
+    let path = artifact_dir().join(loader::backend_file_name(backend));
+    let options = match backend {
+        "vulkan" => vec![("allow_software", OptionValue::Bool(true))],
+        _ => vec![("threads", OptionValue::Int(2))],
+    };
+    loader::open_backend_device(&path, options, 0)
+        .unwrap_or_else(|e| panic!("{e} (build the workspace first)"))
+}
+
+/// A fixture `.npy` as (shape, f32 values); int64 arrays are converted.
+pub fn npy(name: &str) -> (Vec<u64>, Vec<f32>) {
+    let path = reference_dir().join(format!("{name}.npy"));
+    let bytes = std::fs::read(&path).unwrap_or_else(|e| panic!("{}: {e}", path.display()));
+    let f = npyz::NpyFile::new(&bytes[..]).unwrap();
+    let shape = f.shape().to_vec();
+    let values = match f.dtype().descr().trim_matches('\'') {
+        "<f4" => f.into_vec::<f32>().unwrap(),
+        "<i8" => f
+            .into_vec::<i64>()
+            .unwrap()
+            .into_iter()
+            .map(|v| v as f32)
+            .collect(),
+        other => panic!("{}: dtype {other}", path.display()),
+    };
+    (shape, values)
+}
+
+/// A fixture `.npy` of integers.
+pub fn npy_i64(name: &str) -> Vec<i64> {
+    let path = reference_dir().join(format!("{name}.npy"));
+    let bytes = std::fs::read(&path).unwrap_or_else(|e| panic!("{}: {e}", path.display()));
+    npyz::NpyFile::new(&bytes[..])
+        .unwrap()
+        .into_vec::<i64>()
+        .unwrap()
+}
+
+pub fn rel_err(ours: &[f32], reference: &[f32]) -> f32 {
+    assert_eq!(ours.len(), reference.len(), "length differs");
+    let scale = reference
+        .iter()
+        .filter(|v| v.is_finite())
+        .fold(0f32, |m, v| m.max(v.abs()))
+        .max(1e-12);
+    ours.iter().zip(reference).fold(0f32, |m, (a, b)| {
+        if a.is_infinite() || b.is_infinite() {
+            assert_eq!(a, b, "infinite values differ");
+            m
+        } else {
+            m.max((a - b).abs())
+        }
+    }) / scale
+}
+
+pub fn check(stage: &str, ours: &[f32], reference: &[f32], tol: f32) -> f32 {
+    let e = rel_err(ours, reference);
+    println!("  {stage:<24} rel err {e:.3e} (tolerance {tol:.0e})");
+    assert!(
+        e <= tol,
+        "{stage}: relative error {e:.3e} exceeds {tol:.0e}"
+    );
+    e
+}

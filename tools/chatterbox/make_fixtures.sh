@@ -1,0 +1,28 @@
+#!/usr/bin/env bash
+# Regenerate the committed Chatterbox fixture (tiny random-weight Turbo + reference dumps).
+#
+#   tools/chatterbox/make_fixtures.sh
+#
+# The official-format checkpoint directory goes to target/chatterbox-fixtures/turbo-tiny/ (not
+# committed); the converted GGUF files and the reference dumps go to
+# tests/fixtures/chatterbox/turbo-tiny/{*.gguf,reference/}. Deterministic: a rerun gives the
+# same bytes. Needs the venv described in tools/chatterbox/README.md.
+set -euo pipefail
+cd "$(dirname "$0")/../.."
+
+PY=target/chatterbox-venv/bin/python
+if [ ! -x "$PY" ]; then
+    echo "make_fixtures.sh: $PY is missing; create the venv as tools/chatterbox/README.md shows" >&2
+    exit 1
+fi
+
+ckpt=target/chatterbox-fixtures/turbo-tiny
+out=tests/fixtures/chatterbox/turbo-tiny
+rm -rf "$ckpt" "$out"
+"$PY" tools/chatterbox/make_fixtures.py --size tiny --out "$ckpt"
+"$PY" tools/chatterbox/make_tokenizer.py "$ckpt" --vocab 384
+"$PY" tools/chatterbox/convert.py "$ckpt" "$out" --t3-heads 2
+"$PY" tools/chatterbox/check_conversion.py "$ckpt" "$out"
+mkdir -p "$out/reference"
+cp "$ckpt"/*.npy "$ckpt/stages.json" "$out/reference/"
+"$PY" tools/chatterbox/text_cases.py "$ckpt" "$out/reference/text_cases.json"
