@@ -20,6 +20,7 @@ import numpy as np
 import torch
 
 import gguf
+from convert import s3gen_name
 
 SAMPLES = ["Hello, this is a test.", "The quick brown fox [laugh] jumps over the lazy dog!", "[sigh] Well... maybe."]
 
@@ -80,12 +81,12 @@ def main():
             base = k[: -len(".parametrizations.weight.original0")]
             g, vv = v.double(), sd[base + ".parametrizations.weight.original1"].double()
             w = torch._weight_norm(vv, g, 0).numpy()
-            same(base, s3[f"s3gen.{base}.weight"], w, 1e-6)
+            same(base, s3[s3gen_name(f"{base}.weight")], w, 1e-6)
             checked += 1
         elif k.endswith("original1") or k.endswith("num_batches_tracked"):
             continue
         else:
-            same(k, s3[f"s3gen.{k}"], v.float().numpy())
+            same(k, s3[s3gen_name(k)], v.float().numpy())
             checked += 1
     same("conds prompt_feat", s3["voice.builtin.prompt_feat"], conds["gen"]["prompt_feat"].numpy())
     same("conds embedding", s3["voice.builtin.embedding"], conds["gen"]["embedding"].numpy())

@@ -141,6 +141,53 @@ def tokenizer_json(ckpt: Path, text_vocab: int) -> str:
     return tok.to_str()
 
 
+# ggml caps tensor names at 63 bytes: the official S3Gen names get shorter prefixes.
+S3GEN_PREFIXES = [("flow.decoder.estimator.", "cfm."), ("flow.encoder.", "enc."), ("mel2wav.", "hift."),
+                  ("speaker_encoder.xvector.", "campplus."), ("speaker_encoder.", "campplus."), ("tokenizer.", "s3tok.")]
+S3GEN_WORDS = [(".nonlinear", ".nl"), (".batchnorm.", ".bn.")]
+GGML_MAX_NAME = 63
+
+
+def s3gen_name(official: str) -> str:
+    name = official
+    for a, b in S3GEN_PREFIXES:
+        if name.startswith(a):
+            name = b + name[len(a):]
+            break
+    for a, b in S3GEN_WORDS:
+        name = name.replace(a, b)
+    if len(name.encode()) > GGML_MAX_NAME:
+        raise ConversionError(f"S3Gen tensor {official!r} maps to {name!r}, longer than ggml's {GGML_MAX_NAME} bytes")
+    return name
+
+
+def s3gen_flow_hparams(s3: dict[str, np.ndarray]) -> dict:
+    """The flow front end's dimensions, from the tensor shapes, plus the constants of the
+    reference modules (CosyVoice's UpsampleConformerEncoder and its layers)."""
+    e = "enc"
+    count = lambda prefix: 1 + max(int(m.group(1)) for k in s3 if (m := re.match(re.escape(prefix) + r"\.(\d+)\.", k)))
+    up_kernel = s3[f"{e}.up_layer.conv.weight"].shape[2]
+    if up_kernel % 2 != 1:
+        raise ConversionError(f"{e}.up_layer.conv has kernel {up_kernel}; Upsample1D uses 2*stride+1")
+    return {
+        "mel_channels": int(s3["flow.encoder_proj.weight"].shape[0]),
+        "speaker_dim": int(s3["flow.spk_embed_affine_layer.weight"].shape[1]),
+        "encoder.n_embd": int(s3[f"{e}.embed.out.0.weight"].shape[0]),
+        "encoder.n_head": int(s3[f"{e}.encoders.0.self_attn.pos_bias_u"].shape[0]),
+        "encoder.n_ff": int(s3[f"{e}.encoders.0.feed_forward.w_1.weight"].shape[0]),
+        "encoder.n_layer": count(f"{e}.encoders"),
+        "encoder.n_up_layer": count(f"{e}.up_encoders"),
+        # PreLookaheadLayer: conv1 sees `pre_lookahead` future frames, conv2 is causal.
+        "encoder.pre_lookahead": int(s3[f"{e}.pre_lookahead_layer.conv1.weight"].shape[2]) - 1,
+        "encoder.lookahead_conv2_kernel": int(s3[f"{e}.pre_lookahead_layer.conv2.weight"].shape[2]),
+        "encoder.leaky_relu_slope": 0.01,
+        "encoder.up_stride": (up_kernel - 1) // 2,
+        "encoder.layer_norm_eps": 1e-12,
+        "encoder.embed_norm_eps": 1e-5,
+        "encoder.after_norm_eps": 1e-5,
+    }
+
+
 def load_conds(path: Path) -> dict:
     import torch
     if not path.is_file():
@@ -218,15 +265,16 @@ def convert(ckpt: Path, out_dir: Path, variant: str, weights: str, n_head: int |
     n1 = write(t3_path, a, meta, t3, weights)
 
     s3 = fuse_weight_norm(load_safetensors(ckpt / "s3gen_meanflow.safetensors"))
-    s3 = {f"s3gen.{k}": v for k, v in s3.items() if not k.endswith("num_batches_tracked")}
+    s3 = {s3gen_name(k): v for k, v in s3.items() if not k.endswith("num_batches_tracked")}
     s3["voice.builtin.prompt_token"] = conds["prompt_token"]
     s3["voice.builtin.prompt_feat"] = conds["prompt_feat"]
     s3["voice.builtin.embedding"] = conds["embedding"]
-    meanflow = "s3gen.flow.decoder.estimator.time_embed_mixer.weight" in s3
+    meanflow = "cfm.time_embed_mixer.weight" in s3
     b = "chatterbox-s3gen"
     meta = [(f"{b}.variant", "meanflow" if meanflow else "standard"), (f"{b}.meanflow", meanflow),
             (f"{b}.n_timesteps", 2 if meanflow else 10), (f"{b}.cfg_rate", 0.0 if meanflow else 0.7),
-            (f"{b}.speech_vocab", int(s3["s3gen.flow.input_embedding.weight"].shape[0])),
+            (f"{b}.speech_vocab", int(s3["flow.input_embedding.weight"].shape[0])),
+            *((f"{b}.{k}", v) for k, v in s3gen_flow_hparams(s3).items()),
             (f"{b}.weights", weights)]
     s3_path = out_dir / ("s3gen-meanflow.gguf" if meanflow else "s3gen.gguf")
     n2 = write(s3_path, b, meta, s3, weights)

@@ -32,6 +32,8 @@ impl Context {
         tanh => ggml_tanh;
         sqrt => ggml_sqrt;
         softplus => ggml_softplus;
+        /// x·sigmoid(x) (Swish).
+        silu => ggml_silu;
         /// GELU with the exact erf form (PyTorch's default).
         gelu_erf => ggml_gelu_erf;
         cont => ggml_cont;
@@ -132,6 +134,21 @@ impl Context {
     /// Bytes of one row of `ne0` elements of type `ty` (block types included).
     pub fn row_size(ty: Type, ne0: i64) -> usize {
         unsafe { sys::ggml_row_size(ty, ne0) }
+    }
+
+    /// 1-D convolution of channels-first data: `x` `[C_in, T]`, kernel in
+    /// PyTorch's layout (`[k, C_in, C_out]` in ggml order), no implicit padding
+    /// (pad `x` first). Returns `[C_out, T_out]`. The patches are gathered in
+    /// F32 (`ggml_conv_1d` gathers them in F16, which costs ~1e-3 precision).
+    pub fn conv_1d<'a>(&'a self, kernel: Tensor<'a>, x: Tensor<'a>, stride: i32, dilation: i32) -> Result<Tensor<'a>> {
+        let [k, cin, cout, _] = kernel.ne();
+        let time_first = self.cont(self.transpose(x)?)?; // [T, C_in]
+        let patches = self.wrap(unsafe {
+            sys::ggml_im2col(self.as_ptr(), kernel.as_ptr(), time_first.as_ptr(), stride, 0, 0, 0, dilation, 0, false, sys::GGML_TYPE_F32)
+        })?; // [C_in·k, T_out]
+        let t_out = patches.ne()[1];
+        let patches = self.reshape(patches, &[k * cin, t_out])?;
+        self.mul_mat(self.reshape(kernel, &[k * cin, cout])?, patches)
     }
 
     pub fn new_tensor_like<'a>(&'a self, ty: Type, like: Tensor<'a>) -> Result<Tensor<'a>> {

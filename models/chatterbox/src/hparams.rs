@@ -97,3 +97,75 @@ impl T3Hparams {
         self.n_embd / self.n_head
     }
 }
+
+/// CosyVoice's UpsampleConformerEncoder (the flow front end): speech-token
+/// embeddings → pre-lookahead conv → conformer layers → ×`up_stride`
+/// upsampling → more conformer layers.
+#[derive(Debug, Clone, PartialEq)]
+pub struct EncoderHparams {
+    pub n_embd: usize,
+    pub n_head: usize,
+    pub n_ff: usize,
+    pub n_layer: usize,
+    pub n_up_layer: usize,
+    /// Future frames the first lookahead conv sees (its kernel is this + 1).
+    pub pre_lookahead: usize,
+    /// Kernel of the second, causal lookahead conv.
+    pub lookahead_conv2_kernel: usize,
+    pub leaky_relu_slope: f32,
+    /// Mel frames per speech token.
+    pub up_stride: usize,
+    pub layer_norm_eps: f32,
+    pub embed_norm_eps: f32,
+    pub after_norm_eps: f32,
+}
+
+#[derive(Debug, Clone, PartialEq)]
+pub struct S3GenHparams {
+    /// `meanflow` (Turbo's distilled decoder) or `standard`.
+    pub variant: String,
+    pub meanflow: bool,
+    pub n_timesteps: usize,
+    pub cfg_rate: f32,
+    pub speech_vocab: usize,
+    pub mel_channels: usize,
+    /// Width of the x-vector (CAMPPlus) speaker embedding.
+    pub speaker_dim: usize,
+    pub encoder: EncoderHparams,
+}
+
+impl S3GenHparams {
+    pub fn load(file: &GgufFile) -> Result<Self, String> {
+        let m = Metadata::new(file, S3GEN_ARCH);
+        let encoder = EncoderHparams {
+            n_embd: m.usize("encoder.n_embd")?,
+            n_head: m.usize("encoder.n_head")?,
+            n_ff: m.usize("encoder.n_ff")?,
+            n_layer: m.usize("encoder.n_layer")?,
+            n_up_layer: m.usize("encoder.n_up_layer")?,
+            pre_lookahead: m.usize("encoder.pre_lookahead")?,
+            lookahead_conv2_kernel: m.usize("encoder.lookahead_conv2_kernel")?,
+            leaky_relu_slope: m.f32("encoder.leaky_relu_slope")?,
+            up_stride: m.usize("encoder.up_stride")?,
+            layer_norm_eps: m.f32("encoder.layer_norm_eps")?,
+            embed_norm_eps: m.f32("encoder.embed_norm_eps")?,
+            after_norm_eps: m.f32("encoder.after_norm_eps")?,
+        };
+        if encoder.n_head == 0 || !encoder.n_embd.is_multiple_of(encoder.n_head) {
+            return Err(format!("{}: encoder width {} does not split into {} heads", file.path().display(), encoder.n_embd, encoder.n_head));
+        }
+        if encoder.up_stride == 0 || encoder.lookahead_conv2_kernel == 0 {
+            return Err(format!("{}: encoder up_stride and lookahead_conv2_kernel must be positive", file.path().display()));
+        }
+        Ok(S3GenHparams {
+            variant: m.str("variant")?,
+            meanflow: m.bool("meanflow")?,
+            n_timesteps: m.usize("n_timesteps")?,
+            cfg_rate: m.f32("cfg_rate")?,
+            speech_vocab: m.usize("speech_vocab")?,
+            mel_channels: m.usize("mel_channels")?,
+            speaker_dim: m.usize("speaker_dim")?,
+            encoder,
+        })
+    }
+}

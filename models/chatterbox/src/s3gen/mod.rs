@@ -1,0 +1,116 @@
+//! S3Gen: speech tokens → mel (flow encoder, then the CFM decoder) and the
+//! HiFT vocoder. This module owns the runtime: weights, the built-in voice,
+//! cached graphs per shape.
+
+pub mod encoder;
+
+use crate::graph::Builder;
+use crate::hparams::{S3GenHparams, S3GEN_ARCH};
+use crate::weights::Weights;
+use ggml_sys::gguf::GgufTensors;
+use ggml_sys::{Backend, ComputeGraph};
+use std::path::Path;
+
+/// Upper bound on nodes of one S3Gen graph.
+const MAX_NODES: usize = 16384;
+
+/// A voice's S3Gen conditioning (the reference's `ref_dict`).
+#[derive(Debug, Clone, PartialEq)]
+pub struct S3GenConditioning {
+    /// Speech tokens of the reference audio, placed before the generated ones.
+    pub prompt_token: Vec<i32>,
+    /// Mel frames of the reference audio, `[frames][mel_channels]`, flattened.
+    pub prompt_feat: Vec<f32>,
+    /// x-vector speaker embedding.
+    pub embedding: Vec<f32>,
+}
+
+/// What the flow encoder produces for `prompt + speech` tokens.
+pub struct EncoderOutput {
+    /// `[frames][n_embd]`, flattened.
+    pub hidden: Vec<f32>,
+    /// `[frames][mel_channels]`, flattened: the CFM's `mu`.
+    pub mu: Vec<f32>,
+    pub frames: usize,
+}
+
+fn ggml<T>(r: ggml_sys::Result<T>) -> Result<T, String> {
+    r.map_err(|e| e.to_string())
+}
+
+fn is_matmul_weight(name: &str) -> bool {
+    (name.starts_with("enc.") || name.starts_with("flow.")) && name.ends_with(".weight") && !name.contains("norm") && !name.contains("embed.out.1") && !name.contains("input_embedding") && !name.contains(".conv")
+}
+
+pub struct S3Gen {
+    // Graphs reference the weights: declared (dropped) first.
+    encoder_graph: Option<(usize, ComputeGraph)>,
+    weights: Weights,
+    backend: Backend,
+    pub hp: S3GenHparams,
+}
+
+impl S3Gen {
+    pub fn load(path: &Path, backend: Backend) -> Result<Self, String> {
+        let gguf = ggml(GgufTensors::open(path))?;
+        let arch = ggml(gguf.file.get_str("general.architecture"))?;
+        if arch != S3GEN_ARCH {
+            return Err(format!("{}: architecture '{arch}' is not a Chatterbox S3Gen model ('{S3GEN_ARCH}')", path.display()));
+        }
+        let hp = S3GenHparams::load(&gguf.file)?;
+        let weights = ggml(Weights::load(gguf, &backend, is_matmul_weight))?;
+        let emb = ggml(weights.shape("flow.input_embedding.weight"))?;
+        if emb[0] as usize != hp.encoder.n_embd || emb[1] as usize != hp.speech_vocab {
+            return Err(format!("{}: input_embedding is {}x{}, the metadata says {}x{}", path.display(), emb[0], emb[1], hp.encoder.n_embd, hp.speech_vocab));
+        }
+        Ok(S3Gen { encoder_graph: None, weights, backend, hp })
+    }
+
+    /// The built-in voice (`voice.builtin.*`, from `conds.pt`).
+    pub fn builtin_voice(&self) -> Result<S3GenConditioning, String> {
+        Ok(S3GenConditioning {
+            prompt_token: ggml(self.weights.host_i32("voice.builtin.prompt_token"))?,
+            prompt_feat: ggml(self.weights.host_f32("voice.builtin.prompt_feat"))?,
+            embedding: ggml(self.weights.host_f32("voice.builtin.embedding"))?,
+        })
+    }
+
+    /// Runs the flow encoder over `tokens` (prompt tokens first).
+    pub fn encode(&mut self, tokens: &[i32]) -> Result<EncoderOutput, String> {
+        let n = tokens.len();
+        if n == 0 {
+            return Err("S3Gen got no speech tokens".into());
+        }
+        if let Some(t) = tokens.iter().find(|&&t| t < 0 || t as usize >= self.hp.speech_vocab) {
+            return Err(format!("speech token {t} is outside S3Gen's vocabulary of {}", self.hp.speech_vocab));
+        }
+        if self.encoder_graph.as_ref().is_none_or(|(len, _)| *len != n) {
+            self.encoder_graph = None;
+            let g = ggml(ComputeGraph::build(&self.backend, MAX_NODES, |ctx| encoder::build(&Builder { ctx, weights: &self.weights }, &self.hp, n)))?;
+            self.encoder_graph = Some((n, g));
+        }
+        let (_, graph) = self.encoder_graph.as_ref().expect("built above");
+        let e = &self.hp.encoder;
+        let frames = n * e.up_stride;
+        ggml(graph.input(encoder::TOKENS).and_then(|t| t.set_i32(tokens)))?;
+        ggml(graph.input(encoder::POS_EMB).and_then(|t| t.set_f32(&encoder::relative_positions(e.n_embd, n))))?;
+        ggml(graph.input(encoder::UP_POS_EMB).and_then(|t| t.set_f32(&encoder::relative_positions(e.n_embd, frames))))?;
+        ggml(graph.compute(&self.backend))?;
+        let hidden = ggml(graph.output(encoder::ENCODER_OUT).and_then(|t| t.get_f32()))?;
+        let mu = ggml(graph.output(encoder::MU).and_then(|t| t.get_f32()))?;
+        Ok(EncoderOutput { hidden, mu, frames })
+    }
+
+    /// `spk_embed_affine_layer(normalize(embedding))`: the speaker vector the
+    /// CFM decoder takes (small enough for the host).
+    pub fn speaker_projection(&self, embedding: &[f32]) -> Result<Vec<f32>, String> {
+        let (din, dout) = (self.hp.speaker_dim, self.hp.mel_channels);
+        if embedding.len() != din {
+            return Err(format!("the speaker embedding has {} values, S3Gen takes {din}", embedding.len()));
+        }
+        let w = ggml(self.weights.host_f32("flow.spk_embed_affine_layer.weight"))?;
+        let bias = ggml(self.weights.host_f32("flow.spk_embed_affine_layer.bias"))?;
+        let norm = embedding.iter().map(|v| v * v).sum::<f32>().sqrt().max(1e-12);
+        Ok((0..dout).map(|o| bias[o] + (0..din).map(|i| w[o * din + i] * (embedding[i] / norm)).sum::<f32>()).collect())
+    }
+}
