@@ -20,7 +20,7 @@ type; embeddings, norms, biases, the voice encoder, CAMPPlus and the tokenizer
 stay F32 (quantising them breaks speaker embeddings and prompt tokens).
 
 Usage:
-    convert.py CKPT_DIR OUT_DIR [--variant turbo|nano] [--weights f32|f16|q8_0|q4_0] [--t3-heads N]
+    convert.py CKPT_DIR OUT_DIR [--variant turbo|nano] [--weights f32|f16|q8_0|q4_0] [--t3-heads N] [--cfm-heads N]
 """
 
 from __future__ import annotations
@@ -188,6 +188,36 @@ def s3gen_flow_hparams(s3: dict[str, np.ndarray]) -> dict:
     }
 
 
+def s3gen_cfm_hparams(s3: dict[str, np.ndarray], n_head: int | None) -> dict:
+    """The CFM estimator (ConditionalDecoder, causal, one U-Net level) from the tensor shapes;
+    the head count is not in the shapes: official checkpoints use 64-wide heads."""
+    c = "cfm"
+    count = lambda prefix: 1 + max(int(m.group(1)) for k in s3 if (m := re.match(re.escape(prefix) + r"\.(\d+)\.", k)))
+    if any(k.startswith(f"{c}.down_blocks.1.") for k in s3):
+        raise ConversionError("the CFM estimator has more than one U-Net level; the engine implements one")
+    inner = int(s3[f"{c}.down_blocks.0.1.0.attn1.to_q.weight"].shape[0])
+    if n_head is None:
+        if inner % 64:
+            raise ConversionError(f"CFM attention width {inner} is not a multiple of 64; give --cfm-heads")
+        n_head = inner // 64
+    if inner % n_head:
+        raise ConversionError(f"CFM attention width {inner} does not split into {n_head} heads")
+    return {
+        "cfm.in_channels": int(s3[f"{c}.down_blocks.0.0.block1.block.0.weight"].shape[1]),
+        "cfm.channels": int(s3[f"{c}.down_blocks.0.0.block1.block.0.weight"].shape[0]),
+        "cfm.time_dim": int(s3[f"{c}.time_mlp.linear_2.weight"].shape[0]),
+        "cfm.n_transformer": count(f"{c}.down_blocks.0.1"),
+        "cfm.n_mid": count(f"{c}.mid_blocks"),
+        "cfm.n_head": n_head,
+        "cfm.head_dim": inner // n_head,
+        "cfm.ff_dim": int(s3[f"{c}.down_blocks.0.1.0.ff.net.0.proj.weight"].shape[0]),
+        "cfm.conv_kernel": int(s3[f"{c}.down_blocks.0.0.block1.block.0.weight"].shape[2]),
+        # SinusoidalPosEmb(in_channels) multiplies t by 1000; LayerNorms use PyTorch's default eps.
+        "cfm.time_scale": 1000.0,
+        "cfm.layer_norm_eps": 1e-5,
+    }
+
+
 def load_conds(path: Path) -> dict:
     import torch
     if not path.is_file():
@@ -243,7 +273,8 @@ def write(path: Path, arch: str, meta: list[tuple[str, object]], tensors: dict[s
     return converted
 
 
-def convert(ckpt: Path, out_dir: Path, variant: str, weights: str, n_head: int | None = None) -> list[str]:
+def convert(ckpt: Path, out_dir: Path, variant: str, weights: str, n_head: int | None = None,
+            cfm_heads: int | None = None) -> list[str]:
     out_dir.mkdir(parents=True, exist_ok=True)
     conds = load_conds(ckpt / "conds.pt")
 
@@ -275,6 +306,7 @@ def convert(ckpt: Path, out_dir: Path, variant: str, weights: str, n_head: int |
             (f"{b}.n_timesteps", 2 if meanflow else 10), (f"{b}.cfg_rate", 0.0 if meanflow else 0.7),
             (f"{b}.speech_vocab", int(s3["flow.input_embedding.weight"].shape[0])),
             *((f"{b}.{k}", v) for k, v in s3gen_flow_hparams(s3).items()),
+            *((f"{b}.{k}", v) for k, v in s3gen_cfm_hparams(s3, cfm_heads).items()),
             (f"{b}.weights", weights)]
     s3_path = out_dir / ("s3gen-meanflow.gguf" if meanflow else "s3gen.gguf")
     n2 = write(s3_path, b, meta, s3, weights)
@@ -290,9 +322,10 @@ def main(argv=None) -> int:
     ap.add_argument("--variant", choices=sorted(T3_FILES), default="turbo")
     ap.add_argument("--weights", choices=("f32", "f16", "q8_0", "q4_0"), default="f32")
     ap.add_argument("--t3-heads", type=int, help="attention heads of a non-standard GPT-2 size (official sizes: width / 64)")
+    ap.add_argument("--cfm-heads", type=int, help="attention heads of a non-standard CFM estimator (official: width / 64)")
     args = ap.parse_args(argv)
     try:
-        for line in convert(args.ckpt, args.out_dir, args.variant, args.weights, args.t3_heads):
+        for line in convert(args.ckpt, args.out_dir, args.variant, args.weights, args.t3_heads, args.cfm_heads):
             print(line)
     except Exception as e:  # one line for the user, whatever failed
         msg = str(e) if isinstance(e, ConversionError) else f"missing tensor or key {e}" if isinstance(e, KeyError) else f"{type(e).__name__}: {e}"

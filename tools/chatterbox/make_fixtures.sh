@@ -21,7 +21,7 @@ out=tests/fixtures/chatterbox/turbo-tiny
 rm -rf "$ckpt" "$out"
 "$PY" tools/chatterbox/make_fixtures.py --size tiny --out "$ckpt"
 "$PY" tools/chatterbox/make_tokenizer.py "$ckpt" --vocab 384
-"$PY" tools/chatterbox/convert.py "$ckpt" "$out" --t3-heads 2
+"$PY" tools/chatterbox/convert.py "$ckpt" "$out" --t3-heads 2 --cfm-heads 2
 "$PY" tools/chatterbox/check_conversion.py "$ckpt" "$out"
 mkdir -p "$out/reference"
 cp "$ckpt"/*.npy "$ckpt/stages.json" "$out/reference/"

@@ -120,6 +120,26 @@ pub struct EncoderHparams {
     pub after_norm_eps: f32,
 }
 
+/// The CFM estimator (Matcha/CosyVoice ConditionalDecoder, causal, one U-Net
+/// level): resnet + transformer blocks down, `n_mid` middle stages, up with a skip.
+#[derive(Debug, Clone, PartialEq)]
+pub struct CfmHparams {
+    /// `x ⊕ mu ⊕ spks ⊕ cond` channels (4 × mel).
+    pub in_channels: usize,
+    pub channels: usize,
+    pub time_dim: usize,
+    /// Transformer blocks per stage.
+    pub n_transformer: usize,
+    pub n_mid: usize,
+    pub n_head: usize,
+    pub head_dim: usize,
+    pub ff_dim: usize,
+    pub conv_kernel: usize,
+    /// Factor on t inside the sinusoidal time embedding.
+    pub time_scale: f32,
+    pub layer_norm_eps: f32,
+}
+
 #[derive(Debug, Clone, PartialEq)]
 pub struct S3GenHparams {
     /// `meanflow` (Turbo's distilled decoder) or `standard`.
@@ -132,6 +152,7 @@ pub struct S3GenHparams {
     /// Width of the x-vector (CAMPPlus) speaker embedding.
     pub speaker_dim: usize,
     pub encoder: EncoderHparams,
+    pub cfm: CfmHparams,
 }
 
 impl S3GenHparams {
@@ -157,6 +178,22 @@ impl S3GenHparams {
         if encoder.up_stride == 0 || encoder.lookahead_conv2_kernel == 0 {
             return Err(format!("{}: encoder up_stride and lookahead_conv2_kernel must be positive", file.path().display()));
         }
+        let cfm = CfmHparams {
+            in_channels: m.usize("cfm.in_channels")?,
+            channels: m.usize("cfm.channels")?,
+            time_dim: m.usize("cfm.time_dim")?,
+            n_transformer: m.usize("cfm.n_transformer")?,
+            n_mid: m.usize("cfm.n_mid")?,
+            n_head: m.usize("cfm.n_head")?,
+            head_dim: m.usize("cfm.head_dim")?,
+            ff_dim: m.usize("cfm.ff_dim")?,
+            conv_kernel: m.usize("cfm.conv_kernel")?,
+            time_scale: m.f32("cfm.time_scale")?,
+            layer_norm_eps: m.f32("cfm.layer_norm_eps")?,
+        };
+        if cfm.conv_kernel == 0 || !cfm.in_channels.is_multiple_of(2) {
+            return Err(format!("{}: CFM conv_kernel must be positive and in_channels even", file.path().display()));
+        }
         Ok(S3GenHparams {
             variant: m.str("variant")?,
             meanflow: m.bool("meanflow")?,
@@ -166,6 +203,7 @@ impl S3GenHparams {
             mel_channels: m.usize("mel_channels")?,
             speaker_dim: m.usize("speaker_dim")?,
             encoder,
+            cfm,
         })
     }
 }

@@ -22,3 +22,36 @@ fn flow_encoder_and_speaker_projection_match_the_reference() {
     check("mu (encoder_proj)", &out.mu, &npy("s3gen_mu").1, ENCODER_TOL);
     check("speaker projection", &s3.speaker_projection(&voice.embedding).unwrap(), &npy("s3gen_spks").1, ENCODER_TOL);
 }
+
+/// `[rows][cols]` → `[cols][rows]`.
+fn transpose(v: &[f32], rows: usize, cols: usize) -> Vec<f32> {
+    (0..cols).flat_map(|c| (0..rows).map(move |r| v[r * cols + c])).collect()
+}
+
+#[test]
+fn cfm_steps_and_integration_match_the_reference() {
+    let handle = open("cpu");
+    let mut s3 = S3Gen::load(&common::fixture_dir().join("s3gen-meanflow.gguf"), handle.ggml_backend()).unwrap();
+    let mel = s3.hp.mel_channels;
+    // Reference layouts: x, cond, v are (1, mel, T); mu is (1, T, mel); ours are [T][mel].
+    let channel_major = |name: &str| {
+        let (shape, v) = npy(name);
+        transpose(&v, mel, shape[2] as usize)
+    };
+    let mu = npy("s3gen_mu").1;
+    let spks = npy("s3gen_spks").1;
+    let cond = channel_major("s3gen_cond");
+    let steps = s3.hp.n_timesteps;
+    for i in 0..steps {
+        let x = channel_major(&format!("s3gen_cfm_step{i}_x"));
+        let (t, r) = (i as f32 / steps as f32, (i + 1) as f32 / steps as f32);
+        let v = s3.velocity(&x, &mu, &spks, &cond, t, r).unwrap();
+        check(&format!("CFM step {i} velocity"), &v, &channel_major(&format!("s3gen_cfm_step{i}_v")), ENCODER_TOL);
+    }
+    let x = s3.integrate(&channel_major("s3gen_z"), &mu, &spks, &cond, steps).unwrap();
+    let (shape, reference) = npy("s3gen_mel");
+    let generated = shape[2] as usize;
+    let frames = x.len() / mel;
+    let ours = transpose(&x[(frames - generated) * mel..], generated, mel);
+    check("CFM output mel", &ours, &reference, ENCODER_TOL);
+}

@@ -2,6 +2,7 @@
 //! HiFT vocoder. This module owns the runtime: weights, the built-in voice,
 //! cached graphs per shape.
 
+pub mod cfm;
 pub mod encoder;
 
 use crate::graph::Builder;
@@ -45,6 +46,7 @@ fn is_matmul_weight(name: &str) -> bool {
 pub struct S3Gen {
     // Graphs reference the weights: declared (dropped) first.
     encoder_graph: Option<(usize, ComputeGraph)>,
+    cfm_graph: Option<(usize, ComputeGraph)>,
     weights: Weights,
     backend: Backend,
     pub hp: S3GenHparams,
@@ -63,7 +65,7 @@ impl S3Gen {
         if emb[0] as usize != hp.encoder.n_embd || emb[1] as usize != hp.speech_vocab {
             return Err(format!("{}: input_embedding is {}x{}, the metadata says {}x{}", path.display(), emb[0], emb[1], hp.encoder.n_embd, hp.speech_vocab));
         }
-        Ok(S3Gen { encoder_graph: None, weights, backend, hp })
+        Ok(S3Gen { encoder_graph: None, cfm_graph: None, weights, backend, hp })
     }
 
     /// The built-in voice (`voice.builtin.*`, from `conds.pt`).
@@ -99,6 +101,51 @@ impl S3Gen {
         let hidden = ggml(graph.output(encoder::ENCODER_OUT).and_then(|t| t.get_f32()))?;
         let mu = ggml(graph.output(encoder::MU).and_then(|t| t.get_f32()))?;
         Ok(EncoderOutput { hidden, mu, frames })
+    }
+
+    /// One estimator evaluation. Every array is `[frames][mel_channels]`
+    /// flattened (`spks` one row); returns the velocity in the same layout.
+    pub fn velocity(&mut self, x: &[f32], mu: &[f32], spks: &[f32], cond: &[f32], t: f32, r: f32) -> Result<Vec<f32>, String> {
+        let mel = self.hp.mel_channels;
+        let frames = x.len() / mel;
+        if x.len() != frames * mel || mu.len() != x.len() || cond.len() != x.len() || spks.len() != mel || frames == 0 {
+            return Err(format!("CFM inputs disagree: x {}, mu {}, cond {}, spks {} values for {mel} mel channels", x.len(), mu.len(), cond.len(), spks.len()));
+        }
+        let meanflow = self.hp.meanflow;
+        if self.cfm_graph.as_ref().is_none_or(|(len, _)| *len != frames) {
+            self.cfm_graph = None;
+            let g = ggml(ComputeGraph::build(&self.backend, MAX_NODES, |ctx| cfm::build(&Builder { ctx, weights: &self.weights }, &self.hp, frames, meanflow)))?;
+            self.cfm_graph = Some((frames, g));
+        }
+        let (_, graph) = self.cfm_graph.as_ref().expect("built above");
+        let c = &self.hp.cfm;
+        let set = |name: &str, v: &[f32]| ggml(graph.input(name).and_then(|t| t.set_f32(v)));
+        set(cfm::X, x)?;
+        set(cfm::MU, mu)?;
+        set(cfm::SPKS, spks)?;
+        set(cfm::COND, cond)?;
+        set(cfm::T_EMB, &cfm::time_embedding(c.in_channels, c.time_scale, t))?;
+        if meanflow {
+            set(cfm::R_EMB, &cfm::time_embedding(c.in_channels, c.time_scale, r))?;
+        }
+        ggml(graph.compute(&self.backend))?;
+        ggml(graph.output(cfm::VELOCITY).and_then(|t| t.get_f32()))
+    }
+
+    /// Meanflow Euler integration from `x0`: steps at t = i/n with r = (i+1)/n,
+    /// `x += (r − t)·v`; returns the final state.
+    pub fn integrate(&mut self, x0: &[f32], mu: &[f32], spks: &[f32], cond: &[f32], steps: usize) -> Result<Vec<f32>, String> {
+        if !self.hp.meanflow {
+            return Err("the standard (cosine-schedule, guided) CFM decoder is not implemented yet; convert a meanflow S3Gen".into());
+        }
+        let mut x = x0.to_vec();
+        for i in 0..steps {
+            let (t, r) = (i as f32 / steps as f32, (i + 1) as f32 / steps as f32);
+            let v = self.velocity(&x, mu, spks, cond, t, r)?;
+            let dt = r - t;
+            x.iter_mut().zip(&v).for_each(|(a, b)| *a += dt * b);
+        }
+        Ok(x)
     }
 
     /// `spk_embed_affine_layer(normalize(embedding))`: the speaker vector the

@@ -1,0 +1,128 @@
+//! CFM estimator: one velocity evaluation `v(x, mu, spks, cond, t, r)`.
+//!
+//! ConditionalDecoder with causal convolutions and a single U-Net level (no
+//! resampling): resnet + transformer blocks + causal conv (down), `n_mid`
+//! resnet + transformer stages, concat skip → resnet + transformer blocks +
+//! causal conv (up), final causal block and a 1×1 projection. The time
+//! embedding mixes t and r (meanflow). Layout `[channels, frames]`; batch 1 and
+//! every frame valid, so the masks are all ones and are dropped.
+
+use crate::graph::Builder;
+use crate::hparams::{CfmHparams, S3GenHparams};
+use ggml_sys::{GraphIo, Result, Tensor, TYPE_F32};
+
+pub const X: &str = "x";
+pub const MU: &str = "mu";
+pub const SPKS: &str = "spks";
+pub const COND: &str = "cond";
+/// Sinusoidal embeddings of t and r (host-computed, see [`time_embedding`]).
+pub const T_EMB: &str = "t_emb";
+pub const R_EMB: &str = "r_emb";
+pub const VELOCITY: &str = "velocity";
+
+const P: &str = "cfm";
+
+pub fn build<'c>(b: &Builder<'c, '_>, hp: &S3GenHparams, frames: usize, meanflow: bool) -> Result<GraphIo<'c>> {
+    let ctx = b.ctx;
+    let c = &hp.cfm;
+    let (mel, t) = (hp.mel_channels as i64, frames as i64);
+    let new = |name: &'static str, ne: &[i64]| -> Result<Tensor<'c>> { Ok(ctx.new_tensor(TYPE_F32, ne)?.set_name(name)) };
+    let x = new(X, &[mel, t])?;
+    let mu = new(MU, &[mel, t])?;
+    let spks = new(SPKS, &[mel, 1])?;
+    let cond = new(COND, &[mel, t])?;
+    let t_emb = new(T_EMB, &[c.in_channels as i64, 1])?;
+    let mut inputs = vec![(X, x), (MU, mu), (SPKS, spks), (COND, cond), (T_EMB, t_emb)];
+
+    let time_mlp = |e: Tensor<'c>| -> Result<Tensor<'c>> { b.linear(ctx.silu(b.linear(e, &format!("{P}.time_mlp.linear_1"))?)?, &format!("{P}.time_mlp.linear_2")) };
+    let mut temb = time_mlp(t_emb)?;
+    if meanflow {
+        let r_emb = new(R_EMB, &[c.in_channels as i64, 1])?;
+        inputs.push((R_EMB, r_emb));
+        let both = ctx.concat(temb, time_mlp(r_emb)?, 0)?;
+        temb = ctx.mul_mat(b.w(&format!("{P}.time_embed_mixer.weight"))?, both)?;
+    }
+
+    let h = ctx.concat(ctx.concat(ctx.concat(x, mu, 0)?, ctx.repeat_to(spks, [mel, t, 1, 1])?, 0)?, cond, 0)?;
+    let h = resnet(b, c, h, temb, &format!("{P}.down_blocks.0.0"))?;
+    let h = transformers(b, c, h, &format!("{P}.down_blocks.0.1"))?;
+    let skip = h;
+    let mut h = causal_conv(b, c, h, &format!("{P}.down_blocks.0.2"))?;
+    for m in 0..c.n_mid {
+        h = resnet(b, c, h, temb, &format!("{P}.mid_blocks.{m}.0"))?;
+        h = transformers(b, c, h, &format!("{P}.mid_blocks.{m}.1"))?;
+    }
+    let h = ctx.concat(h, skip, 0)?;
+    let h = resnet(b, c, h, temb, &format!("{P}.up_blocks.0.0"))?;
+    let h = transformers(b, c, h, &format!("{P}.up_blocks.0.1"))?;
+    let h = causal_conv(b, c, h, &format!("{P}.up_blocks.0.2"))?;
+    let h = causal_block(b, c, h, &format!("{P}.final_block"))?;
+    let v = conv(b, h, &format!("{P}.final_proj"), 0)?;
+    Ok(GraphIo { inputs, outputs: vec![(VELOCITY, v)] })
+}
+
+/// `[sin | cos]` of `scale · t · 10000^(-i/(half-1))`, in f32 as the reference forms it.
+pub fn time_embedding(dim: usize, scale: f32, t: f32) -> Vec<f32> {
+    let half = dim / 2;
+    let step = (10000f64.ln() / (half as f64 - 1.0)) as f32;
+    let args: Vec<f32> = (0..half).map(|i| (scale * t) * (i as f32 * -step).exp()).collect();
+    args.iter().map(|a| (*a as f64).sin() as f32).chain(args.iter().map(|a| (*a as f64).cos() as f32)).collect()
+}
+
+fn mish<'c>(b: &Builder<'c, '_>, x: Tensor<'c>) -> Result<Tensor<'c>> {
+    b.ctx.mul(x, b.ctx.tanh(b.ctx.softplus(x)?)?)
+}
+
+/// Convolution with `left` zero frames of padding on the left.
+fn conv<'c>(b: &Builder<'c, '_>, x: Tensor<'c>, prefix: &str, left: usize) -> Result<Tensor<'c>> {
+    let ctx = b.ctx;
+    let x = if left > 0 { ctx.pad_ext(x, [[0, 0], [left as i32, 0], [0, 0], [0, 0]])? } else { x };
+    ctx.add(ctx.conv_1d(b.w(&format!("{prefix}.weight"))?, x, 1, 1)?, b.w(&format!("{prefix}.bias"))?)
+}
+
+fn causal_conv<'c>(b: &Builder<'c, '_>, c: &CfmHparams, x: Tensor<'c>, prefix: &str) -> Result<Tensor<'c>> {
+    conv(b, x, prefix, c.conv_kernel - 1)
+}
+
+/// CausalBlock1D: causal conv → LayerNorm over channels → Mish.
+fn causal_block<'c>(b: &Builder<'c, '_>, c: &CfmHparams, x: Tensor<'c>, prefix: &str) -> Result<Tensor<'c>> {
+    let h = causal_conv(b, c, x, &format!("{prefix}.block.0"))?;
+    let h = b.layer_norm(h, &format!("{prefix}.block.2"), c.layer_norm_eps)?;
+    mish(b, h)
+}
+
+/// CausalResnetBlock1D: `block2(block1(x) + Linear(mish(temb))) + res_conv(x)`.
+fn resnet<'c>(b: &Builder<'c, '_>, c: &CfmHparams, x: Tensor<'c>, temb: Tensor<'c>, prefix: &str) -> Result<Tensor<'c>> {
+    let ctx = b.ctx;
+    let h = causal_block(b, c, x, &format!("{prefix}.block1"))?;
+    let h = ctx.add(h, b.linear(mish(b, temb)?, &format!("{prefix}.mlp.1"))?)?;
+    let h = causal_block(b, c, h, &format!("{prefix}.block2"))?;
+    ctx.add(h, conv(b, x, &format!("{prefix}.res_conv"), 0)?)
+}
+
+fn transformers<'c>(b: &Builder<'c, '_>, c: &CfmHparams, mut x: Tensor<'c>, prefix: &str) -> Result<Tensor<'c>> {
+    for i in 0..c.n_transformer {
+        x = transformer_block(b, c, x, &format!("{prefix}.{i}"))?;
+    }
+    Ok(x)
+}
+
+/// diffusers BasicTransformerBlock (self-attention only):
+/// `x += Attn(LN1(x))`, `x += W2 gelu(W1 LN3(x))` (exact GELU).
+fn transformer_block<'c>(b: &Builder<'c, '_>, c: &CfmHparams, x: Tensor<'c>, prefix: &str) -> Result<Tensor<'c>> {
+    let ctx = b.ctx;
+    let (hd, nh, t) = (c.head_dim as i64, c.n_head as i64, x.ne()[1]);
+    let h = b.layer_norm(x, &format!("{prefix}.norm1"), c.layer_norm_eps)?;
+    let proj = |name: &str| -> Result<Tensor<'c>> { ctx.reshape(ctx.mul_mat(b.w(&format!("{prefix}.attn1.{name}.weight"))?, h)?, &[hd, nh, t]) };
+    let (q, k, v) = (proj("to_q")?, proj("to_k")?, proj("to_v")?);
+    let by_head = |y: Tensor<'c>| ctx.permute(y, [0, 2, 1, 3]); // [hd, t, nh]
+    let scores = ctx.mul_mat(by_head(k)?, by_head(q)?)?; // [t(k), t(q), nh]
+    let attn = ctx.soft_max_ext(scores, None, 1.0 / (hd as f32).sqrt())?;
+    let v_t = ctx.cont(ctx.permute(v, [1, 2, 0, 3])?)?; // [t, hd, nh]
+    let out = ctx.mul_mat(v_t, attn)?; // [hd, t(q), nh]
+    let out = ctx.reshape(ctx.cont(ctx.permute(out, [0, 2, 1, 3])?)?, &[hd * nh, t])?;
+    let x = ctx.add(x, b.linear(out, &format!("{prefix}.attn1.to_out.0"))?)?;
+    let h = b.layer_norm(x, &format!("{prefix}.norm3"), c.layer_norm_eps)?;
+    let h = b.linear(ctx.gelu_erf(b.linear(h, &format!("{prefix}.ff.net.0.proj"))?)?, &format!("{prefix}.ff.net.2"))?;
+    ctx.add(x, h)
+}
