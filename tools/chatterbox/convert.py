@@ -218,6 +218,49 @@ def s3gen_cfm_hparams(s3: dict[str, np.ndarray], n_head: int | None) -> dict:
     }
 
 
+# HiFTGenerator as S3Gen builds it (s3gen.py): what the weights cannot show.
+HIFT_UPSAMPLE_RATES = [8, 5, 3]
+HIFT_DILATIONS = [1, 3, 5]
+
+
+def s3gen_hift_hparams(s3: dict[str, np.ndarray]) -> dict:
+    h = "hift"
+    count = lambda prefix: 1 + max(int(m.group(1)) for k in s3 if (m := re.match(re.escape(prefix) + r"\.(\d+)\.", k)))
+    n_up = count(f"{h}.ups")
+    if n_up != len(HIFT_UPSAMPLE_RATES):
+        raise ConversionError(f"HiFT has {n_up} upsampling stages, the reference configuration {len(HIFT_UPSAMPLE_RATES)}")
+    up_kernels = [int(s3[f"{h}.ups.{i}.weight"].shape[2]) for i in range(n_up)]
+    n_res = count(f"{h}.resblocks") // n_up
+    res_kernels = [int(s3[f"{h}.resblocks.{j}.convs1.0.weight"].shape[2]) for j in range(n_res)]
+    src_kernels = [int(s3[f"{h}.source_resblocks.{i}.convs1.0.weight"].shape[2]) for i in range(n_up)]
+    for prefix in [f"{h}.resblocks", f"{h}.source_resblocks"]:
+        if count(f"{prefix}.0.convs1") != len(HIFT_DILATIONS):
+            raise ConversionError(f"{prefix}.0 has {count(f'{prefix}.0.convs1')} dilated convs, the reference {len(HIFT_DILATIONS)}")
+    return {
+        "hift.sample_rate": 24000,
+        "hift.base_channels": int(s3[f"{h}.conv_pre.weight"].shape[0]),
+        "hift.conv_pre_kernel": int(s3[f"{h}.conv_pre.weight"].shape[2]),
+        "hift.conv_post_kernel": int(s3[f"{h}.conv_post.weight"].shape[2]),
+        "hift.upsample_rates": HIFT_UPSAMPLE_RATES,
+        "hift.upsample_kernels": up_kernels,
+        "hift.resblock_kernels": res_kernels,
+        "hift.source_resblock_kernels": src_kernels,
+        "hift.resblock_dilations": HIFT_DILATIONS,
+        "hift.n_fft": int(s3[f"{h}.conv_post.weight"].shape[0]) - 2,
+        "hift.hop": 4,
+        "hift.harmonics": int(s3[f"{h}.m_source.l_linear.weight"].shape[1]) - 1,
+        "hift.nsf_alpha": 0.1,
+        "hift.nsf_sigma": 0.003,
+        "hift.voiced_threshold": 10.0,
+        "hift.lrelu_slope": 0.1,
+        "hift.audio_limit": 0.99,
+        "hift.f0_layers": count(f"{h}.f0_predictor.condnet") // 2 + 1,
+        "hift.f0_kernel": int(s3[f"{h}.f0_predictor.condnet.0.weight"].shape[2]),
+        # S3Token2Wav: 20 ms of silence, then a 20 ms raised-cosine fade-in.
+        "hift.trim_fade_samples": 480,
+    }
+
+
 def load_conds(path: Path) -> dict:
     import torch
     if not path.is_file():
@@ -307,6 +350,7 @@ def convert(ckpt: Path, out_dir: Path, variant: str, weights: str, n_head: int |
             (f"{b}.speech_vocab", int(s3["flow.input_embedding.weight"].shape[0])),
             *((f"{b}.{k}", v) for k, v in s3gen_flow_hparams(s3).items()),
             *((f"{b}.{k}", v) for k, v in s3gen_cfm_hparams(s3, cfm_heads).items()),
+            *((f"{b}.{k}", v) for k, v in s3gen_hift_hparams(s3).items()),
             (f"{b}.weights", weights)]
     s3_path = out_dir / ("s3gen-meanflow.gguf" if meanflow else "s3gen.gguf")
     n2 = write(s3_path, b, meta, s3, weights)

@@ -34,6 +34,10 @@ impl Context {
         softplus => ggml_softplus;
         /// x·sigmoid(x) (Swish).
         silu => ggml_silu;
+        sqr => ggml_sqr;
+        abs => ggml_abs;
+        /// x for x > 0, exp(x) − 1 otherwise.
+        elu => ggml_elu;
         /// GELU with the exact erf form (PyTorch's default).
         gelu_erf => ggml_gelu_erf;
         cont => ggml_cont;
@@ -149,6 +153,24 @@ impl Context {
         let t_out = patches.ne()[1];
         let patches = self.reshape(patches, &[k * cin, t_out])?;
         self.mul_mat(self.reshape(kernel, &[k * cin, cout])?, patches)
+    }
+
+    /// 1-D convolution of time-first data: `x` `[T, C_in]`, kernel in PyTorch's
+    /// layout (`[k, C_in, C_out]` in ggml order), symmetric zero padding `pad`.
+    /// Returns `[T_out, C_out]`; patches gathered in F32.
+    pub fn conv_1d_time_first<'a>(&'a self, kernel: Tensor<'a>, x: Tensor<'a>, stride: i32, pad: i32, dilation: i32) -> Result<Tensor<'a>> {
+        let [k, cin, cout, _] = kernel.ne();
+        let patches = self.wrap(unsafe {
+            sys::ggml_im2col(self.as_ptr(), kernel.as_ptr(), x.as_ptr(), stride, 0, pad, 0, dilation, 0, false, sys::GGML_TYPE_F32)
+        })?; // [C_in·k, T_out]
+        let t_out = patches.ne()[1];
+        let patches = self.reshape(patches, &[k * cin, t_out])?;
+        self.mul_mat(patches, self.reshape(kernel, &[k * cin, cout])?)
+    }
+
+    /// Reflection padding of ne0 (`left`, `right` < ne0).
+    pub fn pad_reflect_1d<'a>(&'a self, a: Tensor<'a>, left: i32, right: i32) -> Result<Tensor<'a>> {
+        self.wrap(unsafe { sys::ggml_pad_reflect_1d(self.as_ptr(), a.as_ptr(), left, right) })
     }
 
     pub fn new_tensor_like<'a>(&'a self, ty: Type, like: Tensor<'a>) -> Result<Tensor<'a>> {

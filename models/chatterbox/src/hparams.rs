@@ -140,6 +140,42 @@ pub struct CfmHparams {
     pub layer_norm_eps: f32,
 }
 
+/// HiFT (HiFi-GAN with a neural-source-filter excitation and an ISTFT head).
+#[derive(Debug, Clone, PartialEq)]
+pub struct HiftHparams {
+    pub sample_rate: u32,
+    pub base_channels: usize,
+    pub conv_pre_kernel: usize,
+    pub conv_post_kernel: usize,
+    pub upsample_rates: Vec<usize>,
+    pub upsample_kernels: Vec<usize>,
+    /// Kernels of the resblocks averaged after each upsampling stage.
+    pub resblock_kernels: Vec<usize>,
+    /// Kernel of the source branch's resblock at each stage.
+    pub source_resblock_kernels: Vec<usize>,
+    pub resblock_dilations: Vec<usize>,
+    pub n_fft: usize,
+    pub hop: usize,
+    /// Overtones above the fundamental in the sine source.
+    pub harmonics: usize,
+    pub nsf_alpha: f32,
+    pub nsf_sigma: f32,
+    pub voiced_threshold: f32,
+    pub lrelu_slope: f32,
+    pub audio_limit: f32,
+    pub f0_layers: usize,
+    pub f0_kernel: usize,
+    /// Samples silenced, then faded in, at the start of every waveform.
+    pub trim_fade_samples: usize,
+}
+
+impl HiftHparams {
+    /// Waveform samples per mel frame (∏ rates × hop).
+    pub fn samples_per_frame(&self) -> usize {
+        self.upsample_rates.iter().product::<usize>() * self.hop
+    }
+}
+
 #[derive(Debug, Clone, PartialEq)]
 pub struct S3GenHparams {
     /// `meanflow` (Turbo's distilled decoder) or `standard`.
@@ -153,6 +189,7 @@ pub struct S3GenHparams {
     pub speaker_dim: usize,
     pub encoder: EncoderHparams,
     pub cfm: CfmHparams,
+    pub hift: HiftHparams,
 }
 
 impl S3GenHparams {
@@ -194,6 +231,38 @@ impl S3GenHparams {
         if cfm.conv_kernel == 0 || !cfm.in_channels.is_multiple_of(2) {
             return Err(format!("{}: CFM conv_kernel must be positive and in_channels even", file.path().display()));
         }
+        let hift = HiftHparams {
+            sample_rate: m.u32("hift.sample_rate")?,
+            base_channels: m.usize("hift.base_channels")?,
+            conv_pre_kernel: m.usize("hift.conv_pre_kernel")?,
+            conv_post_kernel: m.usize("hift.conv_post_kernel")?,
+            upsample_rates: m.usizes("hift.upsample_rates")?,
+            upsample_kernels: m.usizes("hift.upsample_kernels")?,
+            resblock_kernels: m.usizes("hift.resblock_kernels")?,
+            source_resblock_kernels: m.usizes("hift.source_resblock_kernels")?,
+            resblock_dilations: m.usizes("hift.resblock_dilations")?,
+            n_fft: m.usize("hift.n_fft")?,
+            hop: m.usize("hift.hop")?,
+            harmonics: m.usize("hift.harmonics")?,
+            nsf_alpha: m.f32("hift.nsf_alpha")?,
+            nsf_sigma: m.f32("hift.nsf_sigma")?,
+            voiced_threshold: m.f32("hift.voiced_threshold")?,
+            lrelu_slope: m.f32("hift.lrelu_slope")?,
+            audio_limit: m.f32("hift.audio_limit")?,
+            f0_layers: m.usize("hift.f0_layers")?,
+            f0_kernel: m.usize("hift.f0_kernel")?,
+            trim_fade_samples: m.usize("hift.trim_fade_samples")?,
+        };
+        let stages = hift.upsample_rates.len();
+        if stages == 0 || hift.upsample_kernels.len() != stages || hift.source_resblock_kernels.len() != stages {
+            return Err(format!("{}: HiFT upsample rates, kernels and source resblocks disagree in count", file.path().display()));
+        }
+        if hift.upsample_rates.iter().zip(&hift.upsample_kernels).any(|(u, k)| k < u || (k - u) % 2 != 0) {
+            return Err(format!("{}: a HiFT upsampling kernel is not rate + an even number", file.path().display()));
+        }
+        if hift.n_fft == 0 || hift.hop == 0 || hift.f0_kernel.is_multiple_of(2) || hift.resblock_kernels.is_empty() {
+            return Err(format!("{}: HiFT n_fft, hop, f0_kernel or resblock kernels are invalid", file.path().display()));
+        }
         Ok(S3GenHparams {
             variant: m.str("variant")?,
             meanflow: m.bool("meanflow")?,
@@ -204,6 +273,7 @@ impl S3GenHparams {
             speaker_dim: m.usize("speaker_dim")?,
             encoder,
             cfm,
+            hift,
         })
     }
 }

@@ -4,6 +4,7 @@
 mod common;
 
 use common::{check, npy, npy_i64, open};
+use tts_model_chatterbox::s3gen::source::{apply_trim_fade, SourceNoise};
 use tts_model_chatterbox::s3gen::S3Gen;
 
 const ENCODER_TOL: f32 = 1e-5;
@@ -54,4 +55,30 @@ fn cfm_steps_and_integration_match_the_reference() {
     let frames = x.len() / mel;
     let ours = transpose(&x[(frames - generated) * mel..], generated, mel);
     check("CFM output mel", &ours, &reference, ENCODER_TOL);
+}
+
+#[test]
+fn hift_matches_the_reference_with_injected_source_noise() {
+    let handle = open("cpu");
+    let mut s3 = S3Gen::load(&common::fixture_dir().join("s3gen-meanflow.gguf"), handle.ggml_backend()).unwrap();
+    let mel_channels = s3.hp.mel_channels;
+    let (shape, mel) = npy("s3gen_mel");
+    let mel = transpose(&mel, mel_channels, shape[2] as usize);
+    let mut phase = npy("hift_sine_phase").1;
+    phase[0] = 0.0;
+    let draws = SourceNoise { phase, noise: npy("hift_sine_noise").1 };
+    let f0 = npy("hift_f0").1;
+    let source = npy("hift_source").1;
+    check("HiFT f0", &s3.predict_f0(&mel).unwrap(), &f0, 1e-5);
+    // Stage by stage from the reference's inputs.
+    check("HiFT source", &s3.excitation(&f0, &draws).unwrap(), &source, 1e-5);
+    check("HiFT body (conv_post)", &s3.hift_body(&mel, &source).unwrap(), &npy("hift_conv_post").1, 1e-5);
+    // End to end from the mel. The source's phase is a running sum over every
+    // sample, so f0's last-bit differences grow along the signal (to ~1e-4).
+    let out = s3.vocode(&mel, &draws).unwrap();
+    check("HiFT source (our f0)", &out.source, &source, 1e-3);
+    check("HiFT waveform", &out.wav, &npy("hift_wav").1, 1e-3);
+    let mut wav = out.wav.clone();
+    apply_trim_fade(&mut wav, s3.hp.hift.trim_fade_samples);
+    check("S3Gen waveform (trim fade)", &wav, &npy("s3gen_wav").1, 1e-3);
 }

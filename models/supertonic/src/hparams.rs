@@ -2,7 +2,7 @@
 //! (`supertonic.*`, written by `tools/supertonic/convert.py`; see docs/gguf.md).
 //! Nothing here has a default: a key the converter did not write is an error.
 
-use ggml_sys::gguf::GgufFile;
+use ggml_sys::gguf::{GgufFile, Metadata};
 
 pub const ARCH: &str = "supertonic";
 
@@ -141,7 +141,7 @@ impl Hparams {
     }
 
     pub fn load(gguf: &GgufFile) -> Result<Self, String> {
-        let r = Reader(gguf);
+        let r = Reader(Metadata::new(gguf, ARCH));
         let version = match r.str("version")?.as_str() {
             "v1" => Version::V1,
             "v2" => Version::V2,
@@ -213,34 +213,18 @@ impl Hparams {
     }
 }
 
-/// Typed access to `supertonic.<key>` with errors that name the key.
-struct Reader<'a>(&'a GgufFile);
+/// Typed access to `supertonic.<key>` with errors that name the key, plus the
+/// composite entries (ConvNeXt stacks, attention encoders) the stages share.
+struct Reader<'a>(Metadata<'a>);
+
+impl<'a> std::ops::Deref for Reader<'a> {
+    type Target = Metadata<'a>;
+    fn deref(&self) -> &Metadata<'a> {
+        &self.0
+    }
+}
 
 impl Reader<'_> {
-    fn key(k: &str) -> String {
-        format!("{ARCH}.{k}")
-    }
-    fn str(&self, k: &str) -> Result<String, String> {
-        self.0.get_str(&Self::key(k)).map_err(|e| e.to_string())
-    }
-    fn strs(&self, k: &str) -> Result<Vec<String>, String> {
-        self.0.get_str_array(&Self::key(k)).map_err(|e| e.to_string())
-    }
-    fn u32(&self, k: &str) -> Result<u32, String> {
-        self.0.get_u32(&Self::key(k)).map_err(|e| e.to_string())
-    }
-    fn usize(&self, k: &str) -> Result<usize, String> {
-        self.u32(k).map(|v| v as usize)
-    }
-    fn usizes(&self, k: &str) -> Result<Vec<usize>, String> {
-        self.0.get_u32_array(&Self::key(k)).map(|v| v.into_iter().map(|x| x as usize).collect()).map_err(|e| e.to_string())
-    }
-    fn f32(&self, k: &str) -> Result<f32, String> {
-        self.0.get_f32(&Self::key(k)).map_err(|e| e.to_string())
-    }
-    fn bool(&self, k: &str) -> Result<bool, String> {
-        self.0.get_bool(&Self::key(k)).map_err(|e| e.to_string())
-    }
     fn convnext(&self, p: &str) -> Result<ConvNextHp, String> {
         Ok(ConvNextHp { kernel: self.usize(&format!("{p}.kernel"))?, inner: self.usize(&format!("{p}.inner"))?, dilations: self.usizes(&format!("{p}.dilations"))? })
     }

@@ -4,6 +4,8 @@
 
 pub mod cfm;
 pub mod encoder;
+pub mod hift;
+pub mod source;
 
 use crate::graph::Builder;
 use crate::hparams::{S3GenHparams, S3GEN_ARCH};
@@ -24,6 +26,18 @@ pub struct S3GenConditioning {
     pub prompt_feat: Vec<f32>,
     /// x-vector speaker embedding.
     pub embedding: Vec<f32>,
+}
+
+/// HiFT's stages for one mel.
+pub struct VocoderOutput {
+    /// Hz per mel frame.
+    pub f0: Vec<f32>,
+    /// The excitation, one value per output sample.
+    pub source: Vec<f32>,
+    /// The decoder body's output `[n_fft + 2][stft frames]`.
+    pub conv_post: Vec<f32>,
+    /// The clamped waveform (before the trim fade).
+    pub wav: Vec<f32>,
 }
 
 /// What the flow encoder produces for `prompt + speech` tokens.
@@ -47,6 +61,8 @@ pub struct S3Gen {
     // Graphs reference the weights: declared (dropped) first.
     encoder_graph: Option<(usize, ComputeGraph)>,
     cfm_graph: Option<(usize, ComputeGraph)>,
+    f0_graph: Option<(usize, ComputeGraph)>,
+    hift_graph: Option<(usize, ComputeGraph)>,
     weights: Weights,
     backend: Backend,
     pub hp: S3GenHparams,
@@ -65,7 +81,11 @@ impl S3Gen {
         if emb[0] as usize != hp.encoder.n_embd || emb[1] as usize != hp.speech_vocab {
             return Err(format!("{}: input_embedding is {}x{}, the metadata says {}x{}", path.display(), emb[0], emb[1], hp.encoder.n_embd, hp.speech_vocab));
         }
-        Ok(S3Gen { encoder_graph: None, cfm_graph: None, weights, backend, hp })
+        Ok(S3Gen { encoder_graph: None, cfm_graph: None, f0_graph: None, hift_graph: None, weights, backend, hp })
+    }
+
+    pub fn weights(&self) -> &Weights {
+        &self.weights
     }
 
     /// The built-in voice (`voice.builtin.*`, from `conds.pt`).
@@ -146,6 +166,69 @@ impl S3Gen {
             x.iter_mut().zip(&v).for_each(|(a, b)| *a += dt * b);
         }
         Ok(x)
+    }
+
+    fn mel_frames(&self, mel: &[f32]) -> Result<usize, String> {
+        let channels = self.hp.mel_channels;
+        let frames = mel.len() / channels;
+        if frames == 0 || mel.len() != frames * channels {
+            return Err(format!("the mel has {} values, not whole frames of {channels} channels", mel.len()));
+        }
+        Ok(frames)
+    }
+
+    /// HiFT's F0 predictor: Hz per frame of a mel `[frames][mel_channels]`.
+    pub fn predict_f0(&mut self, mel: &[f32]) -> Result<Vec<f32>, String> {
+        let frames = self.mel_frames(mel)?;
+        if self.f0_graph.as_ref().is_none_or(|(len, _)| *len != frames) {
+            self.f0_graph = None;
+            let g = ggml(ComputeGraph::build(&self.backend, MAX_NODES, |ctx| {
+                hift::build_f0(&Builder { ctx, weights: &self.weights }, &self.hp.hift, self.hp.mel_channels, frames)
+            }))?;
+            self.f0_graph = Some((frames, g));
+        }
+        let (_, graph) = self.f0_graph.as_ref().expect("built above");
+        ggml(graph.input(hift::MEL).and_then(|t| t.set_f32(mel)))?;
+        ggml(graph.compute(&self.backend))?;
+        ggml(graph.output(hift::F0).and_then(|t| t.get_f32()))
+    }
+
+    /// The excitation for `f0` with the given random draws.
+    pub fn excitation(&self, f0: &[f32], draws: &source::SourceNoise) -> Result<Vec<f32>, String> {
+        let merge_weight = ggml(self.weights.host_f32("hift.m_source.l_linear.weight"))?;
+        let merge_bias = ggml(self.weights.host_f32("hift.m_source.l_linear.bias"))?[0];
+        source::excitation(&self.hp.hift, f0, &merge_weight, merge_bias, draws)
+    }
+
+    /// HiFT's decoder body: mel + excitation → `conv_post` `[n_fft + 2][stft frames]`.
+    pub fn hift_body(&mut self, mel: &[f32], excitation: &[f32]) -> Result<Vec<f32>, String> {
+        let frames = self.mel_frames(mel)?;
+        let hp = &self.hp.hift;
+        if excitation.len() != frames * hp.samples_per_frame() {
+            return Err(format!("the excitation has {} samples, {frames} mel frames need {}", excitation.len(), frames * hp.samples_per_frame()));
+        }
+        let stft = source::stft(excitation, hp.n_fft, hp.hop)?;
+        if self.hift_graph.as_ref().is_none_or(|(len, _)| *len != frames) {
+            self.hift_graph = None;
+            let g = ggml(ComputeGraph::build(&self.backend, MAX_NODES, |ctx| {
+                hift::build_decoder(&Builder { ctx, weights: &self.weights }, &self.hp.hift, self.hp.mel_channels, frames)
+            }))?;
+            self.hift_graph = Some((frames, g));
+        }
+        let (_, graph) = self.hift_graph.as_ref().expect("built above");
+        ggml(graph.input(hift::MEL).and_then(|t| t.set_f32(mel)))?;
+        ggml(graph.input(hift::SOURCE_STFT).and_then(|t| t.set_f32(&stft)))?;
+        ggml(graph.compute(&self.backend))?;
+        ggml(graph.output(hift::CONV_POST).and_then(|t| t.get_f32()))
+    }
+
+    /// The whole vocoder on a mel `[frames][mel_channels]`, with the source's random draws given.
+    pub fn vocode(&mut self, mel: &[f32], draws: &source::SourceNoise) -> Result<VocoderOutput, String> {
+        let f0 = self.predict_f0(mel)?;
+        let excitation = self.excitation(&f0, draws)?;
+        let conv_post = self.hift_body(mel, &excitation)?;
+        let wav = source::istft_head(&self.hp.hift, &conv_post)?;
+        Ok(VocoderOutput { f0, source: excitation, conv_post, wav })
     }
 
     /// `spk_embed_affine_layer(normalize(embedding))`: the speaker vector the

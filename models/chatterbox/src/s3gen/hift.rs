@@ -1,0 +1,122 @@
+//! HiFT graphs: the F0 predictor and the decoder body (mel + source STFT →
+//! log-magnitude and phase channels). The sine source, the STFT/ISTFT and the
+//! trim fade run on the host (`source.rs`): they are cheap, and the source's
+//! phase is a long float32 running sum whose rounding the reference fixes.
+//!
+//! Layout: time-first `[frames, channels]` (ne0 = time), which is what ggml's
+//! im2col convolution and transposed convolution take.
+
+use crate::graph::Builder;
+use crate::hparams::HiftHparams;
+use ggml_sys::{GraphIo, Result, Tensor, TYPE_F32};
+
+pub const MEL: &str = "mel";
+pub const F0: &str = "f0";
+pub const SOURCE_STFT: &str = "source_stft";
+pub const CONV_POST: &str = "conv_post";
+
+const P: &str = "hift";
+
+/// `mel` `[mel_channels, T]` (frame-major, as the CFM produces it) → `f0` `[T]` in Hz.
+pub fn build_f0<'c>(b: &Builder<'c, '_>, hp: &HiftHparams, mel_channels: usize, frames: usize) -> Result<GraphIo<'c>> {
+    let ctx = b.ctx;
+    let mel = ctx.new_tensor(TYPE_F32, &[mel_channels as i64, frames as i64])?.set_name(MEL);
+    let mut x = ctx.cont(ctx.transpose(mel)?)?;
+    for l in 0..hp.f0_layers {
+        let prefix = format!("{P}.f0_predictor.condnet.{}", 2 * l);
+        x = ctx.elu(conv(b, x, &prefix, 1, hp.f0_kernel / 2, 1)?)?;
+    }
+    let x = ctx.cont(ctx.transpose(x)?)?; // [C, T]
+    let f0 = ctx.abs(b.linear(x, &format!("{P}.f0_predictor.classifier"))?)?;
+    Ok(GraphIo { inputs: vec![(MEL, mel)], outputs: vec![(F0, f0)] })
+}
+
+/// Decoder body. Inputs: `mel` `[mel_channels, T]`, `source_stft` `[F, n_fft+2]`
+/// (F = T·∏rates + 1 STFT frames: real parts then imaginary parts). Output:
+/// `conv_post` `[F, n_fft+2]`: log-magnitudes then phases before `sin`.
+pub fn build_decoder<'c>(b: &Builder<'c, '_>, hp: &HiftHparams, mel_channels: usize, frames: usize) -> Result<GraphIo<'c>> {
+    let ctx = b.ctx;
+    let stft_frames = frames * hp.upsample_rates.iter().product::<usize>() + 1;
+    let mel = ctx.new_tensor(TYPE_F32, &[mel_channels as i64, frames as i64])?.set_name(MEL);
+    let source = ctx.new_tensor(TYPE_F32, &[stft_frames as i64, hp.n_fft as i64 + 2])?.set_name(SOURCE_STFT);
+
+    let x = ctx.cont(ctx.transpose(mel)?)?;
+    let mut x = conv(b, x, &format!("{P}.conv_pre"), 1, hp.conv_pre_kernel / 2, 1)?;
+    let stages = hp.upsample_rates.len();
+    let n_res = hp.resblock_kernels.len();
+    // The source branch of stage i sees the STFT downsampled by the rates still to come.
+    let mut remaining: usize = hp.upsample_rates.iter().product();
+    for i in 0..stages {
+        let (rate, kernel) = (hp.upsample_rates[i], hp.upsample_kernels[i]);
+        x = ctx.leaky_relu(x, hp.lrelu_slope)?;
+        x = upsample(b, x, &format!("{P}.ups.{i}"), rate, kernel)?;
+        if i == stages - 1 {
+            x = ctx.pad_reflect_1d(x, 1, 0)?;
+        }
+        remaining /= rate;
+        let si = if remaining == 1 {
+            conv(b, source, &format!("{P}.source_downs.{i}"), 1, 0, 1)?
+        } else {
+            conv(b, source, &format!("{P}.source_downs.{i}"), remaining, remaining / 2, 1)?
+        };
+        let si = resblock(b, hp, si, &format!("{P}.source_resblocks.{i}"), hp.source_resblock_kernels[i])?;
+        x = ctx.add(x, si)?;
+        let mut sum: Option<Tensor<'c>> = None;
+        for (j, &k) in hp.resblock_kernels.iter().enumerate() {
+            let r = resblock(b, hp, x, &format!("{P}.resblocks.{}", i * n_res + j), k)?;
+            sum = Some(match sum {
+                None => r,
+                Some(s) => ctx.add(s, r)?,
+            });
+        }
+        x = ctx.scale(sum.expect("at least one resblock"), 1.0 / n_res as f32)?;
+    }
+    // PyTorch's default slope here, not `lrelu_slope`.
+    let x = ctx.leaky_relu(x, 0.01)?;
+    let out = conv(b, x, &format!("{P}.conv_post"), 1, hp.conv_post_kernel / 2, 1)?;
+    Ok(GraphIo { inputs: vec![(MEL, mel), (SOURCE_STFT, source)], outputs: vec![(CONV_POST, out)] })
+}
+
+/// Per-channel vector `[C]` as `[1, C]`, broadcastable over time.
+fn channel_vec<'c>(b: &Builder<'c, '_>, name: &str) -> Result<Tensor<'c>> {
+    let w = b.w(name)?;
+    b.ctx.reshape(w, &[1, w.ne()[0]])
+}
+
+fn conv<'c>(b: &Builder<'c, '_>, x: Tensor<'c>, prefix: &str, stride: usize, pad: usize, dilation: usize) -> Result<Tensor<'c>> {
+    let y = b.ctx.conv_1d_time_first(b.w(&format!("{prefix}.weight"))?, x, stride as i32, pad as i32, dilation as i32)?;
+    b.ctx.add(y, channel_vec(b, &format!("{prefix}.bias"))?)
+}
+
+/// ConvTranspose1d with padding (k − rate)/2: the full transposed convolution,
+/// cropped on both sides (ggml's takes no padding).
+fn upsample<'c>(b: &Builder<'c, '_>, x: Tensor<'c>, prefix: &str, rate: usize, kernel: usize) -> Result<Tensor<'c>> {
+    let ctx = b.ctx;
+    let full = ctx.conv_transpose_1d(b.w(&format!("{prefix}.weight"))?, x, rate as i32, 0, 1)?;
+    let pad = (kernel - rate) / 2;
+    let len = x.ne()[0] * rate as i64;
+    let [_, c, _, _] = full.ne();
+    let y = ctx.view(full, &[len, c], &[full.nb()[1]], pad * std::mem::size_of::<f32>())?;
+    ctx.add(y, channel_vec(b, &format!("{prefix}.bias"))?)
+}
+
+/// `x + 1/(α + 1e-9) · sin²(αx)`, α per channel.
+fn snake<'c>(b: &Builder<'c, '_>, x: Tensor<'c>, alpha_name: &str) -> Result<Tensor<'c>> {
+    let ctx = b.ctx;
+    let alpha = channel_vec(b, alpha_name)?;
+    let s = ctx.sqr(ctx.sin(ctx.mul(x, alpha)?)?)?;
+    ctx.add(x, ctx.div(s, ctx.scale_bias(alpha, 1.0, 1e-9)?)?)
+}
+
+/// HiFi-GAN ResBlock with Snake: for each dilation d,
+/// `x += conv2(snake(conv1_d(snake(x))))`.
+fn resblock<'c>(b: &Builder<'c, '_>, hp: &HiftHparams, mut x: Tensor<'c>, prefix: &str, kernel: usize) -> Result<Tensor<'c>> {
+    for (i, &d) in hp.resblock_dilations.iter().enumerate() {
+        let h = snake(b, x, &format!("{prefix}.activations1.{i}.alpha"))?;
+        let h = conv(b, h, &format!("{prefix}.convs1.{i}"), 1, d * (kernel - 1) / 2, d)?;
+        let h = snake(b, h, &format!("{prefix}.activations2.{i}.alpha"))?;
+        let h = conv(b, h, &format!("{prefix}.convs2.{i}"), 1, (kernel - 1) / 2, 1)?;
+        x = b.ctx.add(x, h)?;
+    }
+    Ok(x)
+}

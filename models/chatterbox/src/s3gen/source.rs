@@ -1,0 +1,226 @@
+//! HiFT's host-side signal processing: the neural-source-filter excitation
+//! (SineGen + the merge layer), the source STFT, the output ISTFT and the trim
+//! fade. Float32 throughout with the reference's rounding points: the phase
+//! is a running sum accumulated in f64 and rounded per sample, as torch's CPU
+//! `cumsum` does, then wrapped to [0, 1).
+
+use crate::hparams::HiftHparams;
+use crate::sampler::Xoshiro256;
+use realfft::RealFftPlanner;
+
+/// The source's random draws: a phase per harmonic (the fundamental's is
+/// forced to 0) and a standard-normal noise sample per harmonic and sample.
+#[derive(Debug, Clone, PartialEq)]
+pub struct SourceNoise {
+    /// `[harmonics + 1]`, in (−π, π).
+    pub phase: Vec<f32>,
+    /// `[harmonics + 1][samples]`.
+    pub noise: Vec<f32>,
+}
+
+impl SourceNoise {
+    /// Seeded draws (uniform phases, Box–Muller normals).
+    pub fn seeded(seed: u64, harmonics: usize, samples: usize) -> Self {
+        let mut rng = Xoshiro256::new(seed);
+        let mut phase: Vec<f32> = (0..=harmonics).map(|_| (rng.next_f32() * 2.0 - 1.0) * std::f32::consts::PI).collect();
+        phase[0] = 0.0;
+        let n = (harmonics + 1) * samples;
+        let mut noise = Vec::with_capacity(n + 1);
+        while noise.len() < n {
+            let u1 = (rng.next_u64() >> 11) as f64 * (1.0 / (1u64 << 53) as f64);
+            let u2 = (rng.next_u64() >> 11) as f64 * (1.0 / (1u64 << 53) as f64);
+            let r = (-2.0 * (1.0 - u1).ln()).sqrt();
+            let a = 2.0 * std::f64::consts::PI * u2;
+            noise.push((r * a.cos()) as f32);
+            noise.push((r * a.sin()) as f32);
+        }
+        noise.truncate(n);
+        SourceNoise { phase, noise }
+    }
+}
+
+/// The excitation for `f0` (one value per mel frame, Hz): nearest-upsampled to
+/// samples, `harmonics + 1` sines (noise where unvoiced), merged by
+/// `tanh(w · sines + b)`. Returns one value per output sample.
+pub fn excitation(hp: &HiftHparams, f0: &[f32], merge_weight: &[f32], merge_bias: f32, draws: &SourceNoise) -> Result<Vec<f32>, String> {
+    let per_frame = hp.samples_per_frame();
+    let samples = f0.len() * per_frame;
+    let bands = hp.harmonics + 1;
+    if draws.phase.len() != bands || draws.noise.len() != bands * samples {
+        return Err(format!(
+            "source noise has {} phases and {} samples; {bands} harmonics over {samples} samples need {bands} and {}",
+            draws.phase.len(),
+            draws.noise.len(),
+            bands * samples
+        ));
+    }
+    if merge_weight.len() != bands {
+        return Err(format!("the source merge layer has {} weights for {bands} harmonics", merge_weight.len()));
+    }
+    let sr = hp.sample_rate as f32;
+    let two_pi = std::f64::consts::TAU as f32;
+    let noise_unvoiced = hp.nsf_alpha / 3.0;
+    let mut merged = vec![merge_bias; samples];
+    for (h, &weight) in merge_weight.iter().enumerate() {
+        let mult = (h + 1) as f32;
+        let mut cum = 0f64;
+        for (n, out) in merged.iter_mut().enumerate() {
+            let f = f0[n / per_frame];
+            cum += ((f * mult) / sr) as f64;
+            let wrapped = {
+                let c = cum as f32;
+                c - c.floor()
+            };
+            let sine = hp.nsf_alpha * (two_pi * wrapped + draws.phase[h]).sin();
+            let voiced = f > hp.voiced_threshold;
+            let amp = if voiced { hp.nsf_sigma } else { noise_unvoiced };
+            let value = if voiced { sine } else { 0.0 } + amp * draws.noise[h * samples + n];
+            *out += weight * value;
+        }
+    }
+    merged.iter_mut().for_each(|v| *v = v.tanh());
+    Ok(merged)
+}
+
+/// Periodic Hann window of length `n`.
+fn hann(n: usize) -> Vec<f32> {
+    (0..n).map(|i| (0.5 - 0.5 * (std::f64::consts::TAU * i as f64 / n as f64).cos()) as f32).collect()
+}
+
+/// `torch.stft(x, n_fft, hop, window=hann, center=True, pad_mode="reflect")`:
+/// `[2·(n_fft/2+1)][frames]` flattened, real parts then imaginary parts.
+pub fn stft(x: &[f32], n_fft: usize, hop: usize) -> Result<Vec<f32>, String> {
+    let pad = n_fft / 2;
+    if x.len() <= pad {
+        return Err(format!("the source has {} samples, the STFT needs more than {pad}", x.len()));
+    }
+    let reflect = |i: isize| -> f32 {
+        let n = x.len() as isize;
+        let j = if i < 0 { -i } else if i >= n { 2 * (n - 1) - i } else { i };
+        x[j as usize]
+    };
+    let frames = x.len() / hop + 1;
+    let bins = n_fft / 2 + 1;
+    let window = hann(n_fft);
+    let fft = RealFftPlanner::<f32>::new().plan_fft_forward(n_fft);
+    let mut buf = fft.make_input_vec();
+    let mut spec = fft.make_output_vec();
+    let mut out = vec![0f32; 2 * bins * frames];
+    for f in 0..frames {
+        for (k, b) in buf.iter_mut().enumerate() {
+            *b = reflect((f * hop + k) as isize - pad as isize) * window[k];
+        }
+        fft.process(&mut buf, &mut spec).map_err(|e| format!("STFT: {e}"))?;
+        for (k, c) in spec.iter().enumerate() {
+            out[k * frames + f] = c.re;
+            out[(bins + k) * frames + f] = c.im;
+        }
+    }
+    Ok(out)
+}
+
+/// The head: `conv_post` `[2·bins][frames]` (log-magnitudes, then phases
+/// before `sin`) → `torch.istft(mag·e^{i·sin(phase)}, center=True)` with the
+/// magnitude clipped at 100 → clamp to ±`audio_limit`.
+pub fn istft_head(hp: &HiftHparams, conv_post: &[f32]) -> Result<Vec<f32>, String> {
+    let bins = hp.n_fft / 2 + 1;
+    if conv_post.is_empty() || !conv_post.len().is_multiple_of(2 * bins) {
+        return Err(format!("conv_post has {} values, not a multiple of {}", conv_post.len(), 2 * bins));
+    }
+    let frames = conv_post.len() / (2 * bins);
+    let mut spec = vec![0f32; conv_post.len()];
+    for k in 0..bins {
+        for f in 0..frames {
+            let mag = conv_post[k * frames + f].exp().min(100.0);
+            let phase = conv_post[(bins + k) * frames + f].sin();
+            spec[k * frames + f] = mag * phase.cos();
+            spec[(bins + k) * frames + f] = mag * phase.sin();
+        }
+    }
+    let mut wav = istft(&spec, hp.n_fft, hp.hop)?;
+    wav.iter_mut().for_each(|v| *v = v.clamp(-hp.audio_limit, hp.audio_limit));
+    Ok(wav)
+}
+
+/// `torch.istft(spec, n_fft, hop, window=hann, center=True)` of a spectrum laid
+/// out as [`stft`] returns it; `hop · (frames − 1)` samples.
+pub fn istft(spec: &[f32], n_fft: usize, hop: usize) -> Result<Vec<f32>, String> {
+    let bins = n_fft / 2 + 1;
+    let frames = spec.len() / (2 * bins);
+    if frames < 2 || spec.len() != 2 * bins * frames {
+        return Err(format!("an ISTFT spectrum of {} values does not hold 2 or more frames of {bins} bins", spec.len()));
+    }
+    let window = hann(n_fft);
+    let ifft = RealFftPlanner::<f32>::new().plan_fft_inverse(n_fft);
+    let mut bins_buf = ifft.make_input_vec();
+    let mut buf = ifft.make_output_vec();
+    let total = n_fft + hop * (frames - 1);
+    let mut acc = vec![0f32; total];
+    let mut envelope = vec![0f32; total];
+    for f in 0..frames {
+        for (k, c) in bins_buf.iter_mut().enumerate() {
+            *c = realfft::num_complex::Complex::new(spec[k * frames + f], spec[(bins + k) * frames + f]);
+        }
+        // A real signal's DC and Nyquist bins are real; the inverse ignores their imaginary parts.
+        bins_buf[0].im = 0.0;
+        bins_buf[bins - 1].im = 0.0;
+        ifft.process(&mut bins_buf, &mut buf).map_err(|e| format!("ISTFT: {e}"))?;
+        for k in 0..n_fft {
+            acc[f * hop + k] += buf[k] / n_fft as f32 * window[k];
+            envelope[f * hop + k] += window[k] * window[k];
+        }
+    }
+    let pad = n_fft / 2;
+    Ok((pad..total - pad).map(|i| if envelope[i] > 1e-11 { acc[i] / envelope[i] } else { acc[i] }).collect())
+}
+
+/// Silences the first `n` samples and fades the next `n` in with a raised
+/// cosine (S3Gen's trim fade against the vocoder's start-up transient).
+pub fn apply_trim_fade(wav: &mut [f32], n: usize) {
+    let step = (0.0 - std::f32::consts::PI) / (n as f32 - 1.0);
+    for (i, s) in wav.iter_mut().take(2 * n).enumerate() {
+        let fade = if i < n {
+            0.0
+        } else {
+            let k = i - n;
+            let x = if k < n / 2 { std::f32::consts::PI + step * k as f32 } else { 0.0 - step * (n - 1 - k) as f32 };
+            (x.cos() + 1.0) / 2.0
+        };
+        *s *= fade;
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn istft_inverts_stft() {
+        let x: Vec<f32> = (0..400).map(|i| 0.5 * (i as f32 * 0.07).sin() + 0.2 * (i as f32 * 0.31).cos()).collect();
+        let y = istft(&stft(&x, 16, 4).unwrap(), 16, 4).unwrap();
+        assert_eq!(y.len(), x.len());
+        let err = x.iter().zip(&y).fold(0f32, |m, (a, b)| m.max((a - b).abs()));
+        assert!(err < 1e-5, "round trip error {err}");
+    }
+
+    #[test]
+    fn stft_of_a_bin_centred_sine_peaks_in_that_bin() {
+        let x: Vec<f32> = (0..256).map(|i| (std::f32::consts::TAU * 3.0 * i as f32 / 16.0).cos()).collect();
+        let spec = stft(&x, 16, 4).unwrap();
+        let frames = 65;
+        let f = 30; // away from the reflected edges
+        let mag: Vec<f32> = (0..9).map(|k| spec[k * frames + f].hypot(spec[(9 + k) * frames + f])).collect();
+        let peak = mag.iter().enumerate().fold(0, |b, (i, &m)| if m > mag[b] { i } else { b });
+        assert_eq!(peak, 3, "magnitudes {mag:?}");
+    }
+
+    #[test]
+    fn trim_fade_silences_then_rises_to_one() {
+        let mut w = vec![1f32; 2000];
+        apply_trim_fade(&mut w, 480);
+        assert!(w[..480].iter().all(|&v| v == 0.0));
+        assert!(w[480] < 1e-6 && (w[959] - 1.0).abs() < 1e-6);
+        assert!(w[480..960].windows(2).all(|p| p[1] >= p[0]));
+        assert!(w[960..].iter().all(|&v| v == 1.0));
+    }
+}
