@@ -8,6 +8,7 @@
 
 pub mod graph;
 pub mod hparams;
+pub mod model;
 pub mod s3gen;
 pub mod sampler;
 pub mod t3;

@@ -1,0 +1,319 @@
+//! A loaded Chatterbox Turbo/Nano model and the synthesis loop, per text chunk:
+//! normalise → tokenize → T3 (speech tokens) → drop non-speech tokens, append
+//! silence → S3Gen flow encoder → meanflow CFM → HiFT → trim fade; chunks are
+//! joined with a short crossfade.
+
+use crate::hparams::{S3GEN_ARCH, T3_ARCH};
+use crate::s3gen::source::{apply_trim_fade, SourceNoise};
+use crate::s3gen::{S3Gen, S3GenConditioning};
+use crate::sampler::{SamplingParams, UniformSource, Xoshiro256};
+use crate::t3::{self, AttentionConfig, T3Conditioning, TokenChoice, T3};
+use crate::text::{self, TextTokenizer};
+use ggml_sys::gguf::GgufFile;
+use ggml_sys::Backend;
+use std::path::{Path, PathBuf};
+use std::time::Instant;
+
+/// Random draws recorded from a reference run, injected instead of seeded
+/// ones (parity debugging): `t3_uniforms.npy` (one per speech token),
+/// `cfm_z.npy` (the initial Euler state, `(1, mel, frames)`), `sine_phase.npy`
+/// and `sine_noise.npy` (HiFT's source). Any file may be absent.
+#[derive(Debug, Clone, Default)]
+pub struct RecordedDraws {
+    pub t3_uniforms: Option<Vec<f32>>,
+    /// `[mel][frames]` as the reference lays it out.
+    pub cfm_z: Option<Vec<f32>>,
+    pub sine_phase: Option<Vec<f32>>,
+    pub sine_noise: Option<Vec<f32>>,
+}
+
+impl RecordedDraws {
+    pub fn from_dir(dir: &Path) -> Result<Self, String> {
+        if !dir.is_dir() {
+            return Err(format!("draws directory {} does not exist", dir.display()));
+        }
+        let load = |name: &str| -> Result<Option<Vec<f32>>, String> {
+            let path = dir.join(format!("{name}.npy"));
+            if path.exists() {
+                read_npy_f32(&path).map(Some)
+            } else {
+                Ok(None)
+            }
+        };
+        Ok(RecordedDraws { t3_uniforms: load("t3_uniforms")?, cfm_z: load("cfm_z")?, sine_phase: load("sine_phase")?, sine_noise: load("sine_noise")? })
+    }
+}
+
+/// A float32 `.npy` file's values.
+pub fn read_npy_f32(path: &Path) -> Result<Vec<f32>, String> {
+    let bytes = std::fs::read(path).map_err(|e| format!("{}: {e}", path.display()))?;
+    let npy = npyz::NpyFile::new(&bytes[..]).map_err(|e| format!("{}: not a .npy file ({e})", path.display()))?;
+    match npy.dtype().descr().trim_matches('\'') {
+        "<f4" => npy.into_vec::<f32>().map_err(|e| format!("{}: {e}", path.display())),
+        other => Err(format!("{}: dtype {other}, expected float32", path.display())),
+    }
+}
+
+#[derive(Debug, Clone)]
+pub struct SynthesisParams {
+    /// Temperature 0 means greedy decoding (the argmax of the raw logits).
+    pub sampling: SamplingParams,
+    pub max_new_tokens: usize,
+    pub seed: u64,
+    /// Longest chunk of text synthesised at once (0 = no splitting).
+    pub max_chars: usize,
+    pub crossfade_ms: f32,
+    /// Euler steps of the CFM decoder; None = the model's default.
+    pub cfm_steps: Option<usize>,
+    pub draws: Option<PathBuf>,
+}
+
+impl Default for SynthesisParams {
+    fn default() -> Self {
+        SynthesisParams { sampling: SamplingParams::default(), max_new_tokens: 1000, seed: 0, max_chars: 300, crossfade_ms: 20.0, cfm_steps: None, draws: None }
+    }
+}
+
+/// Milliseconds per stage, in order.
+#[derive(Debug, Default, Clone)]
+pub struct Timings {
+    pub entries: Vec<(String, f64)>,
+}
+
+impl Timings {
+    fn add(&mut self, stage: &str, ms: f64) {
+        match self.entries.iter_mut().find(|(s, _)| s == stage) {
+            Some((_, v)) => *v += ms,
+            None => self.entries.push((stage.to_string(), ms)),
+        }
+    }
+
+    fn time<T>(&mut self, stage: &str, f: impl FnOnce() -> T) -> T {
+        let start = Instant::now();
+        let out = f();
+        self.add(stage, start.elapsed().as_secs_f64() * 1e3);
+        out
+    }
+}
+
+pub struct Synthesis {
+    pub samples: Vec<f32>,
+    pub timings: Timings,
+    /// Speech tokens per chunk, as T3 produced them (before filtering).
+    pub speech_tokens: Vec<Vec<u32>>,
+}
+
+pub struct Chatterbox {
+    pub t3: T3,
+    pub s3gen: S3Gen,
+    tokenizer: TextTokenizer,
+    t3_voice: T3Conditioning,
+    s3_voice: S3GenConditioning,
+}
+
+fn architecture(path: &Path) -> Result<String, String> {
+    let file = GgufFile::open(path).map_err(|e| e.to_string())?;
+    file.get_str("general.architecture").map_err(|e| e.to_string())
+}
+
+impl Chatterbox {
+    /// Loads the T3 file and the S3Gen file, given in either order, onto
+    /// `backend` (borrowed: the caller keeps it alive longer than the model).
+    pub fn load(files: &[PathBuf], backend: &Backend, attention: AttentionConfig) -> Result<Self, String> {
+        let [a, b] = files else {
+            return Err(format!("chatterbox takes two GGUF files (T3 and S3Gen), the profile names {}", files.len()));
+        };
+        let (t3_path, s3_path) = match (architecture(a)?.as_str(), architecture(b)?.as_str()) {
+            (T3_ARCH, S3GEN_ARCH) => (a, b),
+            (S3GEN_ARCH, T3_ARCH) => (b, a),
+            (x, y) => return Err(format!("chatterbox needs one '{T3_ARCH}' and one '{S3GEN_ARCH}' file, got '{x}' ({}) and '{y}' ({})", a.display(), b.display())),
+        };
+        let borrow = || unsafe { Backend::from_raw(backend.as_ptr()) }.expect("backend is not null");
+        let t3 = T3::load(t3_path, borrow(), attention)?;
+        let s3gen = S3Gen::load(s3_path, borrow())?;
+        if !s3gen.hp.meanflow {
+            return Err(format!(
+                "{}: T3 '{}' pairs with the meanflow S3Gen (s3gen-meanflow.gguf), {} is the '{}' one",
+                t3_path.display(),
+                t3.hp.variant,
+                s3_path.display(),
+                s3gen.hp.variant
+            ));
+        }
+        if (t3.hp.start_speech_token as usize) < s3gen.hp.speech_vocab {
+            return Err(format!("T3's start token {} lies inside S3Gen's speech vocabulary ({})", t3.hp.start_speech_token, s3gen.hp.speech_vocab));
+        }
+        let json = GgufFile::open(t3_path).and_then(|f| f.get_str("chatterbox.tokenizer_json")).map_err(|e| e.to_string())?;
+        let tokenizer = TextTokenizer::from_json(&json, t3.hp.text_vocab)?;
+        let t3_voice = t3.builtin_voice()?;
+        let s3_voice = s3gen.builtin_voice()?;
+        if s3_voice.prompt_feat.len() % s3gen.hp.mel_channels != 0 {
+            return Err(format!("{}: the built-in prompt_feat is not whole mel frames", s3_path.display()));
+        }
+        Ok(Chatterbox { t3, s3gen, tokenizer, t3_voice, s3_voice })
+    }
+
+    pub fn variant(&self) -> &str {
+        &self.t3.hp.variant
+    }
+
+    pub fn sample_rate(&self) -> u32 {
+        self.s3gen.hp.hift.sample_rate
+    }
+
+    pub fn synthesize(&mut self, text: &str, params: &SynthesisParams) -> Result<Synthesis, String> {
+        if text.trim().is_empty() {
+            return Err("text is empty".into());
+        }
+        let chunks = text::split_sentences(text, params.max_chars);
+        let draws = match &params.draws {
+            Some(dir) => {
+                if chunks.len() > 1 {
+                    return Err(format!("recorded draws cover one chunk; the text splits into {} (raise max_chars)", chunks.len()));
+                }
+                Some(RecordedDraws::from_dir(dir)?)
+            }
+            None => None,
+        };
+        // Tokenize every chunk first, so a text problem fails before any compute.
+        let encoded: Vec<Vec<i32>> = chunks.iter().map(|c| self.tokenizer.encode(&text::normalize_punctuation(c))).collect::<Result<_, _>>()?;
+        let prompt = 2 + self.t3_voice.prompt_speech_tokens.len();
+        for ids in &encoded {
+            self.t3.check_context(prompt + ids.len(), params.max_new_tokens + 1)?;
+        }
+        let mut timings = Timings::default();
+        let mut samples: Vec<f32> = Vec::new();
+        let mut speech_tokens = Vec::new();
+        let crossfade = (params.crossfade_ms.max(0.0) * self.sample_rate() as f32 / 1000.0) as usize;
+        for (i, ids) in encoded.iter().enumerate() {
+            let seed = params.seed.wrapping_add(i as u64);
+            let (wav, tokens) = self.synthesize_chunk(ids, params, seed, draws.as_ref(), &mut timings)?;
+            join_crossfade(&mut samples, &wav, crossfade);
+            speech_tokens.push(tokens);
+        }
+        // Every token after the first costs one decode step.
+        let steps: usize = speech_tokens.iter().map(|t| t.len().saturating_sub(1)).sum();
+        let decode_ms = timings.entries.iter().find(|(s, _)| s == "t3.decode").map_or(0.0, |(_, v)| *v);
+        timings.add("t3.ms_per_token", decode_ms / steps.max(1) as f64);
+        Ok(Synthesis { samples, timings, speech_tokens })
+    }
+
+    fn synthesize_chunk(&mut self, ids: &[i32], params: &SynthesisParams, seed: u64, draws: Option<&RecordedDraws>, timings: &mut Timings) -> Result<(Vec<f32>, Vec<u32>), String> {
+        let mut choice = if params.sampling.is_greedy() {
+            TokenChoice::Greedy
+        } else {
+            let uniforms = match draws.and_then(|d| d.t3_uniforms.clone()) {
+                Some(u) => UniformSource::recorded(u),
+                None => UniformSource::seeded(seed),
+            };
+            TokenChoice::Sample(params.sampling, uniforms)
+        };
+        let (tokens, stats) = t3::generate(&mut self.t3, &self.t3_voice, ids, &mut choice, params.max_new_tokens)?;
+        timings.add("t3.prefill", stats.prefill_ms);
+        timings.add("t3.decode", stats.steps_ms);
+
+        // As the reference: keep speech codes only, then pad with silence so the end is not cut.
+        let s3 = &mut self.s3gen;
+        let vocab = s3.hp.speech_vocab as u32;
+        let mut speech: Vec<i32> = self.s3_voice.prompt_token.clone();
+        speech.extend(tokens.iter().filter(|&&t| t < vocab).map(|&t| t as i32));
+        speech.extend([self.t3.hp.silence_token as i32; 3]);
+
+        let encoded = timings.time("s3gen.encoder", || s3.encode(&speech))?;
+        let mel_ch = s3.hp.mel_channels;
+        let frames = encoded.frames;
+        let prompt_frames = self.s3_voice.prompt_feat.len() / mel_ch;
+        if prompt_frames >= frames {
+            return Err(format!("the voice's prompt has {prompt_frames} mel frames, the encoder produced only {frames}"));
+        }
+        let spks = s3.speaker_projection(&self.s3_voice.embedding)?;
+        // The CFM's `cond`: the voice's mel over the prompt frames, zeros after.
+        let mut cond = vec![0f32; frames * mel_ch];
+        cond[..prompt_frames * mel_ch].copy_from_slice(&self.s3_voice.prompt_feat);
+        let z = match draws.and_then(|d| d.cfm_z.as_ref()) {
+            Some(z) if z.len() == frames * mel_ch => transpose(z, mel_ch, frames),
+            Some(z) => return Err(format!("recorded cfm_z has {} values, this chunk needs {}", z.len(), frames * mel_ch)),
+            None => gaussian(seed ^ 0x5EED_CF31, frames * mel_ch),
+        };
+        let steps = params.cfm_steps.unwrap_or(s3.hp.n_timesteps);
+        let x = timings.time("s3gen.cfm", || s3.integrate(&z, &encoded.mu, &spks, &cond, steps))?;
+        let mel = &x[prompt_frames * mel_ch..];
+
+        let hp = &s3.hp.hift;
+        let samples = (frames - prompt_frames) * hp.samples_per_frame();
+        let noise = match draws {
+            Some(RecordedDraws { sine_phase: Some(p), sine_noise: Some(n), .. }) => {
+                let mut phase = p.clone();
+                if let Some(first) = phase.first_mut() {
+                    *first = 0.0;
+                }
+                SourceNoise { phase, noise: n.clone() }
+            }
+            _ => SourceNoise::seeded(seed ^ 0x50_0C3E, hp.harmonics, samples),
+        };
+        let trim = hp.trim_fade_samples;
+        let out = timings.time("hift", || s3.vocode(mel, &noise))?;
+        let mut wav = out.wav;
+        apply_trim_fade(&mut wav, trim);
+        Ok((wav, tokens))
+    }
+}
+
+/// `[rows][cols]` → `[cols][rows]`.
+pub fn transpose(v: &[f32], rows: usize, cols: usize) -> Vec<f32> {
+    (0..cols).flat_map(|c| (0..rows).map(move |r| v[r * cols + c])).collect()
+}
+
+/// Standard normals (Box–Muller on xoshiro256**).
+fn gaussian(seed: u64, n: usize) -> Vec<f32> {
+    let mut rng = Xoshiro256::new(seed);
+    let mut out = Vec::with_capacity(n + 1);
+    while out.len() < n {
+        let u1 = (rng.next_u64() >> 11) as f64 * (1.0 / (1u64 << 53) as f64);
+        let u2 = (rng.next_u64() >> 11) as f64 * (1.0 / (1u64 << 53) as f64);
+        let r = (-2.0 * (1.0 - u1).ln()).sqrt();
+        let a = std::f64::consts::TAU * u2;
+        out.push((r * a.cos()) as f32);
+        out.push((r * a.sin()) as f32);
+    }
+    out.truncate(n);
+    out
+}
+
+/// Appends `next`, overlapping its first `fade` samples with the tail of
+/// `out` under a linear crossfade.
+fn join_crossfade(out: &mut Vec<f32>, next: &[f32], fade: usize) {
+    let fade = fade.min(out.len()).min(next.len());
+    let start = out.len() - fade;
+    for i in 0..fade {
+        let w = (i as f32 + 0.5) / fade as f32;
+        out[start + i] = out[start + i] * (1.0 - w) + next[i] * w;
+    }
+    out.extend_from_slice(&next[fade..]);
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn crossfade_overlaps_and_keeps_lengths() {
+        let mut out = vec![1.0; 10];
+        join_crossfade(&mut out, &[0.0; 10], 4);
+        assert_eq!(out.len(), 16);
+        assert_eq!(&out[..6], &[1.0; 6]);
+        assert!(out[6..10].windows(2).all(|w| w[1] < w[0]));
+        assert_eq!(&out[10..], &[0.0; 6]);
+        let mut first = Vec::new();
+        join_crossfade(&mut first, &[2.0; 3], 4);
+        assert_eq!(first, vec![2.0; 3]);
+    }
+
+    #[test]
+    fn gaussian_draws_have_unit_variance() {
+        let g = gaussian(3, 20000);
+        let mean = g.iter().sum::<f32>() / g.len() as f32;
+        let var = g.iter().map(|v| (v - mean) * (v - mean)).sum::<f32>() / g.len() as f32;
+        assert!(mean.abs() < 0.03 && (var - 1.0).abs() < 0.05, "mean {mean}, variance {var}");
+    }
+}

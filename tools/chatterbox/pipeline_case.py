@@ -1,0 +1,98 @@
+#!/usr/bin/env python3
+"""End-to-end reference case: `ChatterboxTurboTTS.generate(text)` on a checkpoint directory
+written by make_fixtures.py (tiny size), with every random draw recorded.
+
+The official `generate` runs unchanged: punc_norm, the tokenizer the directory holds, T3
+`inference_turbo` with the default sampling parameters, the token filter and the three silence
+tokens, `s3gen.inference` (meanflow, 2 steps) and the trim fade. Two things are swapped:
+- `torch.multinomial` draws by inverse CDF from a recorded uniform (the engine takes the same
+  uniforms), and `max_gen_len` is capped so the case stays small;
+- the Perth watermark is skipped (the engine does not watermark).
+
+Output, in OUT_DIR: `case.json` (text, normalised text, token ids, the cap), and the draws the
+engine can inject: `t3_uniforms.npy`, `cfm_z.npy` (the initial Euler state as used, (1, 80, T)),
+`sine_phase.npy`, `sine_noise.npy`; the result: `speech_tokens.npy`, `wav.npy`.
+
+Usage: pipeline_case.py CKPT_DIR OUT_DIR
+"""
+
+import json
+import sys
+from functools import partial
+from pathlib import Path
+
+import numpy as np
+import torch
+from safetensors.torch import load_file
+from transformers import AutoTokenizer
+
+sys.path.insert(0, str(Path(__file__).parent))
+import make_fixtures as mf  # noqa: E402  (registers the tiny configurations)
+
+from chatterbox.tts_turbo import ChatterboxTurboTTS, Conditionals, punc_norm  # noqa: E402
+
+TEXT = "hello there, the quick brown fox jumps over the lazy dog"
+MAX_GEN_LEN = 12
+SEED = 4321
+
+
+def main() -> int:
+    ckpt, out = Path(sys.argv[1]), Path(sys.argv[2])
+    out.mkdir(parents=True, exist_ok=True)
+    torch.set_num_threads(1)
+    torch.use_deterministic_algorithms(True)
+
+    t3 = mf.build_t3("tiny", "turbo")
+    t3.load_state_dict(load_file(ckpt / "t3_turbo_v1.safetensors"))
+    del t3.tfmr.wte
+    t3.eval()
+    s3gen = mf.build_s3gen("tiny")
+    s3gen.load_state_dict(load_file(ckpt / "s3gen_meanflow.safetensors"), strict=True)
+    s3gen.eval()
+    ve = mf.build_ve("tiny")
+    ve.load_state_dict(load_file(ckpt / "ve.safetensors"))
+    ve.eval()
+    tokenizer = AutoTokenizer.from_pretrained(str(ckpt))
+    if tokenizer.pad_token is None:  # as ChatterboxTurboTTS.from_local
+        tokenizer.pad_token = tokenizer.eos_token
+    tts = ChatterboxTurboTTS(t3, s3gen, ve, tokenizer, "cpu", conds=Conditionals.load(ckpt / "conds.pt"))
+    tts.watermarker.apply_watermark = lambda wav, sample_rate: wav
+    tts.t3.inference_turbo = partial(type(tts.t3).inference_turbo, tts.t3, max_gen_len=MAX_GEN_LEN)
+
+    g = torch.Generator().manual_seed(SEED)
+    uniforms = torch.rand(MAX_GEN_LEN + 1, generator=g, dtype=torch.float32)
+    drawn = []
+
+    def multinomial(probs, num_samples=1, *a, **k):
+        tok = mf.inverse_cdf(probs[0], float(uniforms[len(drawn)]))
+        drawn.append(tok)
+        return torch.tensor([[tok]], dtype=torch.long)
+
+    rng_log = []
+    torch.manual_seed(SEED)
+    with mf.replace_multinomial(multinomial), mf.record_rng(rng_log), torch.inference_mode():
+        wav = tts.generate(TEXT)
+    kinds = [k for k, _ in rng_log]
+    assert kinds == ["torch.randn", "torch.randn_like", "Uniform(-pi,pi).sample", "torch.randn_like",
+                     "torch.randn_like"], kinds
+    _, z, phase, sine_noise, _ = [t for _, t in rng_log]
+
+    norm = punc_norm(TEXT)
+    ids = tokenizer(norm).input_ids
+    save = lambda name, a: np.save(out / f"{name}.npy", np.ascontiguousarray(a))
+    save("t3_uniforms", uniforms.numpy())
+    save("speech_tokens", np.array(drawn, dtype=np.int64))
+    save("cfm_z", z.numpy())
+    save("sine_phase", phase.numpy())
+    save("sine_noise", sine_noise.numpy())
+    save("wav", wav.numpy().reshape(-1).astype(np.float32))
+    case = {"text": TEXT, "normalized": norm, "ids": ids, "max_new_tokens": MAX_GEN_LEN,
+            "speech_tokens": drawn, "samples": int(wav.numel()),
+            "note": "ChatterboxTurboTTS.generate with recorded draws; no watermark"}
+    (out / "case.json").write_text(json.dumps(case) + "\n")
+    print(f"{out}: {len(ids)} text tokens, {len(drawn)} speech tokens, {wav.numel()} samples")
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())
