@@ -182,12 +182,12 @@ fn bad_inputs_are_one_line_errors_and_leave_no_file() {
     check("Hello.", &[&format!("voice={}", voice.display())], "style_ttl has dims [1, 2, 2], this model needs [1, 50, 256]");
 
     // A GGUF of another family.
-    let other = dir.path().join("chatterbox.gguf");
+    let other = dir.path().join("kokoro.gguf");
     let mut w = ggml_sys::gguf::GgufWriter::new();
-    w.set_str("general.architecture", "chatterbox");
+    w.set_str("general.architecture", "kokoro");
     w.write_metadata(&other).unwrap();
     let p = profile_for(dir.path(), "cpu", &other);
-    assert_one_line_error(&synth(&p, plugins.path(), "Hello.", &wav, &[]), "no model plugin loads architecture 'chatterbox'");
+    assert_one_line_error(&synth(&p, plugins.path(), "Hello.", &wav, &[]), "no model plugin loads architecture 'kokoro'");
     // A Supertonic GGUF without its hyper-parameters.
     let bare = dir.path().join("bare.gguf");
     let mut w = ggml_sys::gguf::GgufWriter::new();

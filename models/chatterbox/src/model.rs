@@ -3,7 +3,7 @@
 //! silence → S3Gen flow encoder → meanflow CFM → HiFT → trim fade; chunks are
 //! joined with a short crossfade.
 
-use crate::hparams::{S3GEN_ARCH, T3_ARCH};
+use crate::hparams::{S3GenHparams, T3Hparams, S3GEN_ARCH, T3_ARCH};
 use crate::s3gen::source::{apply_trim_fade, SourceNoise};
 use crate::s3gen::{S3Gen, S3GenConditioning};
 use crate::sampler::{SamplingParams, UniformSource, Xoshiro256};
@@ -128,18 +128,22 @@ impl Chatterbox {
             (S3GEN_ARCH, T3_ARCH) => (b, a),
             (x, y) => return Err(format!("chatterbox needs one '{T3_ARCH}' and one '{S3GEN_ARCH}' file, got '{x}' ({}) and '{y}' ({})", a.display(), b.display())),
         };
+        // The pairing is checked on metadata, before any weights load.
+        let meta = |p: &Path| GgufFile::open(p).map_err(|e| e.to_string());
+        let t3_hp = T3Hparams::load(&meta(t3_path)?)?;
+        let s3_hp = S3GenHparams::load(&meta(s3_path)?)?;
+        if !s3_hp.meanflow {
+            return Err(format!(
+                "T3 '{}' ({}) pairs with the meanflow S3Gen (s3gen-meanflow.gguf); {} holds the '{}' one",
+                t3_hp.variant,
+                t3_path.display(),
+                s3_path.display(),
+                s3_hp.variant
+            ));
+        }
         let borrow = || unsafe { Backend::from_raw(backend.as_ptr()) }.expect("backend is not null");
         let t3 = T3::load(t3_path, borrow(), attention)?;
         let s3gen = S3Gen::load(s3_path, borrow())?;
-        if !s3gen.hp.meanflow {
-            return Err(format!(
-                "{}: T3 '{}' pairs with the meanflow S3Gen (s3gen-meanflow.gguf), {} is the '{}' one",
-                t3_path.display(),
-                t3.hp.variant,
-                s3_path.display(),
-                s3gen.hp.variant
-            ));
-        }
         if (t3.hp.start_speech_token as usize) < s3gen.hp.speech_vocab {
             return Err(format!("T3's start token {} lies inside S3Gen's speech vocabulary ({})", t3.hp.start_speech_token, s3gen.hp.speech_vocab));
         }
@@ -179,7 +183,7 @@ impl Chatterbox {
         let encoded: Vec<Vec<i32>> = chunks.iter().map(|c| self.tokenizer.encode(&text::normalize_punctuation(c))).collect::<Result<_, _>>()?;
         let prompt = 2 + self.t3_voice.prompt_speech_tokens.len();
         for ids in &encoded {
-            self.t3.check_context(prompt + ids.len(), params.max_new_tokens + 1)?;
+            self.t3.new_token_budget(prompt + ids.len(), params.max_new_tokens)?;
         }
         let mut timings = Timings::default();
         let mut samples: Vec<f32> = Vec::new();

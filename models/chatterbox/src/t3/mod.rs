@@ -102,6 +102,11 @@ impl T3 {
                 path: AttentionPath::Explicit,
                 kv_type: TYPE_F32,
             },
+            // A block-quantized cache row must split into whole blocks per head.
+            AttentionPath::Flash if !hp.head_dim().is_multiple_of(unsafe { ggml_sys::sys::ggml_blck_size(attention.kv_type) } as usize) => {
+                tracing::warn!(head_dim = hp.head_dim(), "heads do not split into K/V cache blocks; using an F16 cache");
+                AttentionConfig { path: AttentionPath::Flash, kv_type: ggml_sys::TYPE_F16 }
+            }
             AttentionPath::Flash => attention,
         };
         Ok(T3 {
@@ -149,6 +154,20 @@ impl T3 {
             ));
         }
         Ok(())
+    }
+
+    /// How many speech tokens fit after a prompt of `prompt_positions`: at most
+    /// `wanted`, fewer when the context is shorter. An error when the prompt
+    /// leaves no room at all.
+    pub fn new_token_budget(&self, prompt_positions: usize, wanted: usize) -> Result<usize, String> {
+        let room = self.hp.n_ctx.saturating_sub(prompt_positions);
+        if room < 2 {
+            return Err(format!(
+                "the text is too long for T3: its prompt takes {prompt_positions} of the {} context positions, leaving no room for speech",
+                self.hp.n_ctx
+            ));
+        }
+        Ok(wanted.min(room - 1))
     }
 
     /// Makes the cache hold at least `positions`, growing it (and dropping the
@@ -347,6 +366,7 @@ pub fn generate(
     choice: &mut TokenChoice,
     max_new_tokens: usize,
 ) -> Result<(Vec<u32>, GenerationStats), String> {
+    let max_new_tokens = t3.new_token_budget(2 + cond.prompt_speech_tokens.len() + text.len(), max_new_tokens)?;
     let mut stats = GenerationStats::default();
     let started = std::time::Instant::now();
     let mut logits = t3.prefill(cond, text, max_new_tokens + 1)?;

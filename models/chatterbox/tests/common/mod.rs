@@ -94,3 +94,5 @@ pub fn check(stage: &str, ours: &[f32], reference: &[f32], tol: f32) -> f32 {
     );
     e
 }
+
+pub mod suites;

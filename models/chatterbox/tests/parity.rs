@@ -1,0 +1,68 @@
+//! Parity on CPU against the reference run of `chatterbox-tts==0.1.7` on the
+//! tiny random-weight Turbo fixture, stage by stage and end to end (see
+//! `common/suites.rs`), plus the sampler's stages on recorded logits rows.
+
+mod common;
+
+use common::suites::{self, CPU};
+use common::{check, npy, npy_i64, open};
+use ggml_sys::{TYPE_F16, TYPE_F32};
+use tts_model_chatterbox::sampler::{self, SamplingParams};
+use tts_model_chatterbox::t3::{AttentionConfig, AttentionPath, T3};
+
+#[test]
+fn t3_on_both_attention_paths() {
+    suites::t3("cpu", AttentionConfig::REFERENCE, &CPU);
+    suites::t3("cpu", AttentionConfig { path: AttentionPath::Flash, kv_type: TYPE_F32 }, &CPU);
+}
+
+#[test]
+fn t3_with_an_f16_cache_drifts_little() {
+    let handle = open("cpu");
+    let attention = AttentionConfig { path: AttentionPath::Flash, kv_type: TYPE_F16 };
+    let mut t3 = T3::load(&common::fixture_dir().join("t3-turbo.gguf"), handle.ggml_backend(), attention).unwrap();
+    let e = suites::teacher_forced(&mut t3);
+    println!("  T3 teacher-forced logits (flash, F16 K/V): rel err {e:.3e} (tolerance 1e-2)");
+    assert!(e <= 1e-2, "F16 cache drift {e:.3e}");
+}
+
+#[test]
+fn sampler_stages_match_the_reference_rows() {
+    let params = SamplingParams::default();
+    for row in [5, 17] {
+        let raw = npy(&format!("t3_sampler_r{row}_in")).1;
+        let history: Vec<u32> = npy_i64(&format!("t3_sampler_r{row}_input_ids")).into_iter().map(|v| v as u32).collect();
+        let stage = |s: &str| npy(&format!("t3_sampler_r{row}_{s}")).1;
+        let mut l = raw.clone();
+        sampler::apply_temperature(&mut l, params.temperature);
+        check(&format!("row {row} temperature"), &l, &stage("temperature"), 1e-6);
+        sampler::apply_top_k(&mut l, params.top_k);
+        check(&format!("row {row} top-k"), &l, &stage("top_k"), 1e-6);
+        sampler::apply_top_p(&mut l, params.top_p);
+        check(&format!("row {row} top-p"), &l, &stage("top_p"), 1e-6);
+        sampler::apply_repetition_penalty(&mut l, &history, params.repetition_penalty);
+        check(&format!("row {row} repetition penalty"), &l, &stage("rep_penalty"), 1e-6);
+        assert_eq!(l, sampler::process(&raw, &history, &params));
+        check(&format!("row {row} probabilities"), &sampler::softmax(&l), &stage("probs"), 1e-5);
+    }
+}
+
+#[test]
+fn flow_encoder() {
+    suites::encoder("cpu", &CPU);
+}
+
+#[test]
+fn cfm_steps_and_integration() {
+    suites::cfm("cpu", &CPU);
+}
+
+#[test]
+fn hift_with_injected_source_noise() {
+    suites::hift("cpu", &CPU);
+}
+
+#[test]
+fn text_to_waveform_with_recorded_draws() {
+    suites::pipeline("cpu", AttentionConfig::REFERENCE, &CPU);
+}
