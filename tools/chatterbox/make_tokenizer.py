@@ -39,13 +39,22 @@ def main():
     tok.decoder = decoders.ByteLevel()
     trainer = trainers.BpeTrainer(vocab_size=base - 1, initial_alphabet=pre_tokenizers.ByteLevel.alphabet(), show_progress=False)
     tok.train_from_iterator(CORPUS, trainer)
-    if tok.get_vocab_size() != base - 1:
-        raise SystemExit(f"trained {tok.get_vocab_size()} tokens, wanted {base - 1}")
     a.out.mkdir(parents=True, exist_ok=True)
     tok.model.save(str(a.out))  # vocab.json, merges.txt
     vocab = json.loads((a.out / "vocab.json").read_text())
+    merges = (a.out / "merges.txt").read_text().splitlines()
+    # The corpus cannot fill GPT-2's 50257 tokens: extend with two-character merges,
+    # at lower priority than the trained ones (a valid BPE, of no linguistic value).
+    alphabet = sorted(pre_tokenizers.ByteLevel.alphabet())
+    pairs = ((x, y) for x in alphabet for y in alphabet)
+    while len(vocab) < base - 1:
+        x, y = next(pairs)
+        if x + y not in vocab:
+            merges.append(f"{x} {y}")
+            vocab[x + y] = len(vocab)
     vocab[EOT] = base - 1
     (a.out / "vocab.json").write_text(json.dumps(vocab, ensure_ascii=False))
+    (a.out / "merges.txt").write_text("\n".join(merges) + "\n")
     (a.out / "added_tokens.json").write_text(json.dumps({t: base + i for i, t in enumerate(TAGS)}, indent=1) + "\n")
     # What AutoTokenizer.from_pretrained reads to pick the class (as in the official directory).
     (a.out / "tokenizer_config.json").write_text(json.dumps({"tokenizer_class": "GPT2Tokenizer", "model_max_length": 1024}, indent=1) + "\n")
