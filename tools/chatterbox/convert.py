@@ -298,6 +298,9 @@ def write(path: Path, arch: str, meta: list[tuple[str, object]], tensors: dict[s
             continue
         v = np.ascontiguousarray(v, dtype=np.float32)
         qt = QUANT.get(weights)
+        # As llama.cpp does for its output layer: the head that scores the tokens keeps 8 bits.
+        if weights == "q4_0" and name.startswith("t3.speech_head"):
+            qt = QUANT["q8_0"]
         big = v.ndim == 2 and v.size >= 1024 and v.shape[-1] % 32 == 0
         if qt is not None and big and not KEEP_F32.search(name):
             w.add_tensor(name, gguf.quants.quantize(v, qt), raw_dtype=qt)

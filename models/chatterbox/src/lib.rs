@@ -57,6 +57,7 @@ extern "C" fn option_specs() -> RVec<OptionSpec> {
         spec("top_p", OptionKind::Float, OptionValue::Float(0.95), "nucleus sampling mass, in (0, 1] (1 = off)"),
         spec("repetition_penalty", OptionKind::Float, OptionValue::Float(1.2), "penalty on already generated tokens, 1..=10 (1 = off)"),
         spec("max_new_tokens", OptionKind::Int, OptionValue::Int(1000), "speech tokens per chunk at most (25 per second of audio), 1..=8000"),
+        spec("min_new_tokens", OptionKind::Int, OptionValue::Int(0), "no stop before this many speech tokens (fixed-length benchmarks; 0 = off)"),
         spec("max_chars", OptionKind::Int, OptionValue::Int(300), "split text longer than this at sentence ends (0 = never split)"),
         spec("crossfade_ms", OptionKind::Float, OptionValue::Float(20.0), "crossfade between chunks, 0..=500 ms"),
         spec("cfm_steps", OptionKind::Int, OptionValue::Int(-1), "Euler steps of the mel decoder, 1..=10 (-1 = the model's default: 2)"),
@@ -93,6 +94,8 @@ pub fn params_from_options(options: &OptionList) -> Result<SynthesisParams, Stri
     }
     let repetition_penalty = in_range("repetition_penalty", float(options, "repetition_penalty", 1.2), 1.0, 10.0)? as f32;
     let max_new_tokens = in_range("max_new_tokens", int(options, "max_new_tokens", 1000) as f64, 1.0, 8000.0)? as usize;
+    let min_new_tokens = int(options, "min_new_tokens", 0);
+    let min_new_tokens = usize::try_from(min_new_tokens).map_err(|_| format!("min_new_tokens must be non-negative, got {min_new_tokens}"))?;
     let max_chars = int(options, "max_chars", 300);
     let max_chars = usize::try_from(max_chars).map_err(|_| format!("max_chars must be non-negative, got {max_chars}"))?;
     let crossfade_ms = in_range("crossfade_ms", float(options, "crossfade_ms", 20.0), 0.0, 500.0)? as f32;
@@ -108,6 +111,7 @@ pub fn params_from_options(options: &OptionList) -> Result<SynthesisParams, Stri
     Ok(SynthesisParams {
         sampling: SamplingParams { temperature, top_k, top_p, repetition_penalty },
         max_new_tokens,
+        min_new_tokens,
         seed,
         max_chars,
         crossfade_ms,

@@ -59,6 +59,9 @@ pub struct SynthesisParams {
     /// Temperature 0 means greedy decoding (the argmax of the raw logits).
     pub sampling: SamplingParams,
     pub max_new_tokens: usize,
+    /// The stop token is suppressed until this many tokens exist (benchmarks
+    /// with a fixed token count; 0 = off).
+    pub min_new_tokens: usize,
     pub seed: u64,
     /// Longest chunk of text synthesised at once (0 = no splitting).
     pub max_chars: usize,
@@ -70,7 +73,7 @@ pub struct SynthesisParams {
 
 impl Default for SynthesisParams {
     fn default() -> Self {
-        SynthesisParams { sampling: SamplingParams::default(), max_new_tokens: 1000, seed: 0, max_chars: 300, crossfade_ms: 20.0, cfm_steps: None, draws: None }
+        SynthesisParams { sampling: SamplingParams::default(), max_new_tokens: 1000, min_new_tokens: 0, seed: 0, max_chars: 300, crossfade_ms: 20.0, cfm_steps: None, draws: None }
     }
 }
 
@@ -212,7 +215,7 @@ impl Chatterbox {
             };
             TokenChoice::Sample(params.sampling, uniforms)
         };
-        let (tokens, stats) = t3::generate(&mut self.t3, &self.t3_voice, ids, &mut choice, params.max_new_tokens)?;
+        let (tokens, stats) = t3::generate(&mut self.t3, &self.t3_voice, ids, &mut choice, params.max_new_tokens, params.min_new_tokens)?;
         timings.add("t3.prefill", stats.prefill_ms);
         timings.add("t3.decode", stats.steps_ms);
 

@@ -66,3 +66,21 @@ fn hift_with_injected_source_noise() {
 fn text_to_waveform_with_recorded_draws() {
     suites::pipeline("cpu", AttentionConfig::REFERENCE, &CPU);
 }
+
+/// The suite, report only, on a conversion made on demand: full size, or
+/// quantized weights, whose drift is measured, not bounded. For example
+/// (tools/chatterbox/README.md makes the directories):
+///
+///     TTS_CHATTERBOX_FIXTURE=target/chatterbox-full/gguf-q8_0 TTS_CHATTERBOX_REFERENCE=target/chatterbox-full \
+///         cargo test --release -p tts-model-chatterbox --test parity -- --ignored --nocapture
+#[test]
+#[ignore]
+fn report_on_another_conversion() {
+    let backend = std::env::var("TTS_BACKEND").unwrap_or_else(|_| "cpu".into());
+    let fused = AttentionConfig { path: AttentionPath::Flash, kv_type: TYPE_F32 };
+    suites::t3(&backend, AttentionConfig::REFERENCE, &suites::REPORT);
+    suites::t3(&backend, fused, &suites::REPORT);
+    suites::encoder(&backend, &suites::REPORT);
+    suites::cfm(&backend, &suites::REPORT);
+    suites::hift(&backend, &suites::REPORT);
+}

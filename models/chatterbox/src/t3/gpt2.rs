@@ -192,7 +192,8 @@ fn attention<'c>(
             )?;
             let pos = f * kv.n_ctx;
             let v = ctx.view(v_all, &[kv_len, hd, nh], &[pos, hd as usize * pos], 0)?;
-            let kq = ctx.soft_max_ext(ctx.mul_mat(k, q)?, Some(mask), scale)?; // [kv_len, n, nh]
+            // A contiguous right operand lets the CPU use its blocked GEMM (tinyBLAS).
+            let kq = ctx.soft_max_ext(ctx.mul_mat(k, ctx.cont(q)?)?, Some(mask), scale)?; // [kv_len, n, nh]
             let kqv = ctx.mul_mat(v, kq)?; // [hd, n, nh]
             ctx.cont(ctx.permute(kqv, [0, 2, 1, 3])?)? // [hd, nh, n]
         }

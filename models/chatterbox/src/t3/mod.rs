@@ -356,8 +356,9 @@ pub struct GenerationStats {
 }
 
 /// The reference's `inference_turbo` loop: prefill, then up to
-/// `max_new_tokens` steps; stops after the stop token (which is dropped) or
-/// when every logit is filtered out. The repetition history starts as the
+/// `max_new_tokens` steps; stops after the stop token (which is dropped, and
+/// is suppressed until `min_new_tokens` tokens exist) or when every logit is
+/// filtered out. The repetition history starts as the
 /// start token and then holds the generated tokens only.
 pub fn generate(
     t3: &mut T3,
@@ -365,6 +366,7 @@ pub fn generate(
     text: &[i32],
     choice: &mut TokenChoice,
     max_new_tokens: usize,
+    min_new_tokens: usize,
 ) -> Result<(Vec<u32>, GenerationStats), String> {
     let max_new_tokens = t3.new_token_budget(2 + cond.prompt_speech_tokens.len() + text.len(), max_new_tokens)?;
     let mut stats = GenerationStats::default();
@@ -380,6 +382,12 @@ pub fn generate(
         } else {
             &tokens
         };
+        // As transformers' MinNewTokensLength: no stop before the minimum.
+        if tokens.len() < min_new_tokens {
+            if let Some(l) = logits.get_mut(stop as usize) {
+                *l = f32::NEG_INFINITY;
+            }
+        }
         let token = match choice {
             TokenChoice::Greedy => sampler::argmax(&logits) as u32,
             TokenChoice::Sample(params, uniforms) => {

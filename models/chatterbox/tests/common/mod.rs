@@ -10,12 +10,21 @@ use engine_core::abi::{BackendHandle, OptionValue};
 use engine_core::loader;
 use std::path::{Path, PathBuf};
 
+/// The converted GGUF pair: the committed tiny fixture, or the directory in
+/// `TTS_CHATTERBOX_FIXTURE` (a full-size or quantized conversion made on demand).
 pub fn fixture_dir() -> PathBuf {
-    Path::new(env!("CARGO_MANIFEST_DIR")).join("../../tests/fixtures/chatterbox/turbo-tiny")
+    match std::env::var_os("TTS_CHATTERBOX_FIXTURE") {
+        Some(dir) => PathBuf::from(dir),
+        None => Path::new(env!("CARGO_MANIFEST_DIR")).join("../../tests/fixtures/chatterbox/turbo-tiny"),
+    }
 }
 
+/// The reference dumps: `<fixture>/reference`, or `TTS_CHATTERBOX_REFERENCE`.
 pub fn reference_dir() -> PathBuf {
-    fixture_dir().join("reference")
+    match std::env::var_os("TTS_CHATTERBOX_REFERENCE") {
+        Some(dir) => PathBuf::from(dir),
+        None => fixture_dir().join("reference"),
+    }
 }
 
 fn artifact_dir() -> PathBuf {

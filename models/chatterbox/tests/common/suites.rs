@@ -25,6 +25,17 @@ pub struct Tolerances {
     pub exact_tokens: bool,
 }
 
+/// No bounds: every stage's error is printed (other conversions, quantized weights).
+pub const REPORT: Tolerances = Tolerances {
+    logits: f32::INFINITY,
+    encoder: f32::INFINITY,
+    cfm: f32::INFINITY,
+    hift_body: f32::INFINITY,
+    waveform: f32::INFINITY,
+    waveform_from_mel: None,
+    exact_tokens: false,
+};
+
 /// CPU: f32 throughout; the differences are summation order and libm.
 pub const CPU: Tolerances = Tolerances { logits: 1e-4, encoder: 1e-5, cfm: 1e-5, hift_body: 1e-5, waveform: 1e-4, waveform_from_mel: Some(1e-3), exact_tokens: true };
 
@@ -66,10 +77,10 @@ pub fn t3(backend: &str, attention: AttentionConfig, tol: &Tolerances) {
 
     let cond = t3.builtin_voice().unwrap();
     let greedy: Vec<u32> = npy_i64("t3_greedy_tokens").into_iter().map(|v| v as u32).collect();
-    let (tokens, _) = t3::generate(&mut t3, &cond, &text_ids(), &mut TokenChoice::Greedy, greedy.len() - 1).unwrap();
+    let (tokens, _) = t3::generate(&mut t3, &cond, &text_ids(), &mut TokenChoice::Greedy, greedy.len() - 1, 0).unwrap();
     let sampled: Vec<u32> = npy_i64("t3_sampled_tokens").into_iter().map(|v| v as u32).collect();
     let mut choice = TokenChoice::Sample(SamplingParams::default(), UniformSource::recorded(npy("t3_sampled_uniforms").1));
-    let (drawn, _) = t3::generate(&mut t3, &cond, &text_ids(), &mut choice, sampled.len() - 1).unwrap();
+    let (drawn, _) = t3::generate(&mut t3, &cond, &text_ids(), &mut choice, sampled.len() - 1, 0).unwrap();
     let agree = |a: &[u32], b: &[u32]| a.iter().zip(b).take_while(|(x, y)| x == y).count();
     println!("  {backend}: greedy tokens agree for {}/{}, sampled for {}/{}", agree(&tokens, &greedy), greedy.len(), agree(&drawn, &sampled), sampled.len());
     if tol.exact_tokens {

@@ -1,0 +1,241 @@
+#!/usr/bin/env python3
+"""Chatterbox Turbo: `tts` against the PyTorch reference on the same full-size random weights.
+
+One run of this script times, in alternating rounds, the reference package
+(`chatterbox-tts==0.1.7`, `ChatterboxTurboTTS.from_local` on the official-format
+checkpoint directory, F32, CPU) and `tts bench` on the GGUF files converted from the
+same directory (F32, and each `--weights` storage), with the same text, the same
+thread count and the same fixed speech-token count: both sides suppress the stop
+token (the reference through a speech-head hook, `tts` with `min_new_tokens`) and cap
+the count, so both run one prefill and N-1 decode steps, then S3Gen and HiFT on N+3
+tokens. The ratio is reference time / tts time (above 1: tts is faster). Each side
+runs in its own process, so peak RSS is its own.
+
+T3 decode is bound by memory bandwidth: each step reads every T3 matrix once. The
+script measures this machine's copy bandwidth and reports the bound (bytes of the
+T3 matrices / bandwidth) next to the measured ms per token.
+
+    target/chatterbox-venv/bin/python bench/chatterbox_vs_torch.py [--tokens 100] [--threads 2]
+        [--weights f32 q8_0 q4_0] [--runs 2] [--rounds 2] [--markdown out.md]
+
+The checkpoint directory is target/chatterbox-full (tools/chatterbox/make_fixtures.py
+--size full, plus make_tokenizer.py --vocab 50276); conversions go to
+target/chatterbox-full/gguf-<weights>/. `tts` and the plugins come from target/release
+(`cargo build --release --workspace`).
+"""
+import argparse
+import json
+import os
+import platform
+import resource
+import statistics
+import subprocess
+import sys
+import tempfile
+import time
+
+ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
+TOOLS = os.path.join(ROOT, "tools", "chatterbox")
+CKPT = os.path.join(ROOT, "target", "chatterbox-full")
+DEFAULT_TEXT = "The quick brown fox jumps over the lazy dog near the quiet river bank."
+STOP = 6562
+
+
+def torch_worker(a):
+    """Runs in a child process: times ChatterboxTurboTTS.generate stage by stage, prints JSON."""
+    import torch
+    from chatterbox.tts_turbo import ChatterboxTurboTTS
+
+    torch.set_num_threads(a.threads)
+    t0 = time.perf_counter()
+    tts = ChatterboxTurboTTS.from_local(a.ckpt, "cpu")
+    load_ms = (time.perf_counter() - t0) * 1e3
+    tts.watermarker.apply_watermark = lambda wav, sample_rate: wav  # tts does not watermark
+    t3 = tts.t3
+    # A fixed token count: no stop token, N tokens (one from the prefill, N-1 steps).
+    t3.speech_head.register_forward_hook(lambda m, i, o: o.index_fill_(-1, torch.tensor([STOP]), float("-inf")))
+    real_inference = type(t3).inference_turbo
+    t3.inference_turbo = lambda *args, **kw: real_inference(t3, *args, **{**kw, "max_gen_len": a.tokens - 1})
+    calls = []
+    real_forward = t3.tfmr.forward
+
+    def timed_forward(*args, **kw):
+        s = time.perf_counter()
+        out = real_forward(*args, **kw)
+        calls.append((time.perf_counter() - s) * 1e3)
+        return out
+    t3.tfmr.forward = timed_forward
+    stage = {}
+
+    def timed(obj, name, key):
+        real = getattr(obj, name)
+
+        def wrap(*args, **kw):
+            s = time.perf_counter()
+            out = real(*args, **kw)
+            stage[key] = (time.perf_counter() - s) * 1e3
+            return out
+        setattr(obj, name, wrap)
+    timed(tts.s3gen, "flow_inference", "s3gen")
+    timed(tts.s3gen, "hift_inference", "hift")
+
+    totals, per_stage, samples = [], {}, 0
+    for i in range(a.warmup + a.runs):
+        calls.clear()
+        stage.clear()
+        torch.manual_seed(i)
+        t0 = time.perf_counter()
+        with torch.inference_mode():
+            wav = tts.generate(a.text)
+        total = (time.perf_counter() - t0) * 1e3
+        if i < a.warmup:
+            continue
+        samples = int(wav.numel())
+        totals.append(total)
+        row = {"t3.prefill": calls[0], "t3.decode": sum(calls[1:]), "t3.ms_per_token": sum(calls[1:]) / max(len(calls) - 1, 1),
+               "s3gen": stage["s3gen"], "hift": stage["hift"], "tokens": len(calls)}
+        for k, v in row.items():
+            per_stage.setdefault(k, []).append(v)
+    print(json.dumps({
+        "total_ms": statistics.median(totals),
+        "stages_ms": {k: statistics.median(v) for k, v in per_stage.items()},
+        "audio_seconds": samples / 24000,
+        "load_ms": load_ms,
+        "peak_rss_mib": resource.getrusage(resource.RUSAGE_SELF).ru_maxrss / 1024,
+    }))
+
+
+def run(cmd, **kw):
+    r = subprocess.run(cmd, capture_output=True, text=True, **kw)
+    if r.returncode != 0:
+        sys.exit(f"{' '.join(cmd)} failed:\n{r.stderr}")
+    return r.stdout
+
+
+def ensure_gguf(weights):
+    out = os.path.join(CKPT, f"gguf-{weights}")
+    t3, s3 = os.path.join(out, "t3-turbo.gguf"), os.path.join(out, "s3gen-meanflow.gguf")
+    src = os.path.join(CKPT, "t3_turbo_v1.safetensors")
+    if not os.path.isfile(src):
+        sys.exit(f"{src} is missing: generate the full-size checkpoint first (see this script's docstring)")
+    if not os.path.isfile(t3) or os.path.getmtime(t3) < os.path.getmtime(src):
+        run([sys.executable, os.path.join(TOOLS, "convert.py"), CKPT, out, "--weights", weights])
+    return t3, s3
+
+
+def t3_matrix_bytes(t3_path):
+    """Bytes every decode step reads: the T3 transformer's and head's matrices."""
+    import gguf
+    r = gguf.GGUFReader(t3_path)
+    return sum(int(t.n_bytes) for t in r.tensors if t.name.startswith("t3.blk.") or t.name.startswith("t3.speech_head"))
+
+
+def copy_bandwidth_gbs(threads):
+    """Read+write bandwidth of large array copies (STREAM-like), in GB/s."""
+    import numpy as np
+    n = 256 * 1024 * 1024 // 4
+    a, b = np.ones(n, dtype=np.float32), np.empty(n, dtype=np.float32)
+    best = float("inf")
+    for _ in range(5):
+        t0 = time.perf_counter()
+        np.copyto(b, a)
+        best = min(best, time.perf_counter() - t0)
+    return 2 * a.nbytes / best / 1e9
+
+
+def tts_bench(t3, s3, threads, text, tokens, runs, warmup):
+    release = os.path.join(ROOT, "target", "release")
+    with tempfile.TemporaryDirectory() as d:
+        profile = os.path.join(d, "cpu.toml")
+        with open(profile, "w") as f:
+            f.write(f'[backend]\nprefer = ["cpu"]\nfallback = false\n[backends.cpu]\nthreads = {threads}\n')
+        out = run([os.path.join(release, "tts"), "bench", "--profile", profile, "--plugin-dir", release, "--model", t3, "--model", s3,
+                   "--text", text, "--runs", str(runs), "--warmup", str(warmup), "--json",
+                   "--set", f"max_new_tokens={tokens - 1}", "--set", f"min_new_tokens={tokens}", "--set", "seed=0"])
+    return json.loads(out)
+
+
+def torch_bench(threads, text, tokens, runs, warmup):
+    out = run([sys.executable, os.path.abspath(__file__), "--torch-worker", "--ckpt", CKPT, "--threads", str(threads),
+               "--text", text, "--tokens", str(tokens), "--runs", str(runs), "--warmup", str(warmup)])
+    return json.loads(out)
+
+
+def cpu_name():
+    try:
+        with open("/proc/cpuinfo") as f:
+            for line in f:
+                if line.startswith("model name"):
+                    return line.split(":", 1)[1].strip()
+    except OSError:
+        pass
+    return platform.processor()
+
+
+def main():
+    ap = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    ap.add_argument("--threads", nargs="+", type=int, default=[2])
+    ap.add_argument("--weights", nargs="+", default=["f32", "q8_0", "q4_0"], help="GGUF storage for tts (the reference runs F32)")
+    ap.add_argument("--tokens", type=int, default=100, help="speech tokens generated by each side")
+    ap.add_argument("--runs", type=int, default=2, help="timed runs per round and side")
+    ap.add_argument("--rounds", type=int, default=2, help="alternating reference / tts rounds (median of round medians)")
+    ap.add_argument("--warmup", type=int, default=1)
+    ap.add_argument("--text", default=DEFAULT_TEXT)
+    ap.add_argument("--markdown", help="also write the table here")
+    ap.add_argument("--torch-worker", action="store_true", help=argparse.SUPPRESS)
+    ap.add_argument("--ckpt", help=argparse.SUPPRESS)
+    a = ap.parse_args()
+    if a.torch_worker:
+        a.threads = a.threads[0]
+        return torch_worker(a)
+
+    files = {w: ensure_gguf(w) for w in a.weights}
+    bandwidth = copy_bandwidth_gbs(max(a.threads))
+    rows = []
+    for threads in a.threads:
+        ref_rounds, tts_rounds = [], {w: [] for w in a.weights}
+        for _ in range(a.rounds):
+            # Alternate the sides so that drift in the machine's speed hits both alike.
+            ref_rounds.append(torch_bench(threads, a.text, a.tokens, a.runs, a.warmup))
+            for w in a.weights:
+                tts_rounds[w].append(tts_bench(*files[w], threads, a.text, a.tokens, a.runs, a.warmup))
+        med = lambda rounds, f: statistics.median(f(r) for r in rounds)
+        ref_ms = med(ref_rounds, lambda r: r["total_ms"])
+        ref_tok = med(ref_rounds, lambda r: r["stages_ms"]["t3.ms_per_token"])
+        ref_s3 = med(ref_rounds, lambda r: r["stages_ms"]["s3gen"] + r["stages_ms"]["hift"])
+        for w in a.weights:
+            rs = tts_rounds[w]
+            tts_ms = med(rs, lambda r: r["total_ms"])
+            bound = t3_matrix_bytes(files[w][0]) / (bandwidth * 1e9) * 1e3
+            row = {"threads": threads, "weights": w, "tokens": a.tokens, "audio_s": rs[0]["audio_seconds"],
+                   "ref_ms": ref_ms, "tts_ms": tts_ms, "ratio": ref_ms / tts_ms,
+                   "ref_ms_per_token": ref_tok, "tts_ms_per_token": med(rs, lambda r: r["stages_ms"]["t3.ms_per_token"]),
+                   "bound_ms_per_token": bound,
+                   "tts_prefill_ms": med(rs, lambda r: r["stages_ms"]["t3.prefill"]),
+                   "ref_s3gen_hift_ms": ref_s3,
+                   "tts_s3gen_ms": med(rs, lambda r: r["stages_ms"]["s3gen.encoder"] + r["stages_ms"]["s3gen.cfm"]),
+                   "tts_hift_ms": med(rs, lambda r: r["stages_ms"]["hift"]),
+                   "tts_rtf": med(rs, lambda r: r["rtf"]),
+                   "ref_rss_mib": max(r["peak_rss_mib"] for r in ref_rounds), "tts_rss_mib": max(r["peak_rss_mib"] for r in rs)}
+            rows.append(row)
+            print(json.dumps(row), file=sys.stderr)
+
+    lines = [f"Machine: {cpu_name()}, {os.cpu_count()} cores, copy bandwidth {bandwidth:.1f} GB/s; text: \"{a.text}\"; "
+             f"{a.tokens} speech tokens on both sides; median over {a.rounds} alternating rounds of the median of {a.runs} runs "
+             f"(after {a.warmup} warm-up) per side. The reference is F32 in every row.", "",
+             "| threads | tts weights | audio s | reference ms | tts ms | ratio | T3 ms/token ref / tts (bound) | S3Gen+HiFT ms ref / tts | tts RTF | peak RSS MiB ref / tts |",
+             "|---|---|---|---|---|---|---|---|---|---|"]
+    for r in rows:
+        lines.append(f"| {r['threads']} | {r['weights']} | {r['audio_s']:.2f} | {r['ref_ms']:.0f} | {r['tts_ms']:.0f} | **{r['ratio']:.2f}×** | "
+                     f"{r['ref_ms_per_token']:.1f} / {r['tts_ms_per_token']:.1f} ({r['bound_ms_per_token']:.1f}) | "
+                     f"{r['ref_s3gen_hift_ms']:.0f} / {r['tts_s3gen_ms'] + r['tts_hift_ms']:.0f} | {r['tts_rtf']:.2f} | "
+                     f"{r['ref_rss_mib']:.0f} / {r['tts_rss_mib']:.0f} |")
+    table = "\n".join(lines) + "\n"
+    print(table)
+    if a.markdown:
+        with open(a.markdown, "w") as f:
+            f.write(table)
+
+
+if __name__ == "__main__":
+    main()
