@@ -84,3 +84,25 @@ fn report_on_another_conversion() {
     suites::cfm(&backend, &suites::REPORT);
     suites::hift(&backend, &suites::REPORT);
 }
+
+/// The voice prefix stays in the cache between texts; another voice replaces
+/// it, and coming back recomputes it (the reference's logits again).
+#[test]
+fn t3_voice_prefix_is_reused_and_replaced() {
+    let handle = open("cpu");
+    let mut t3 = T3::load(&common::fixture_dir().join("t3-turbo.gguf"), handle.ggml_backend(), AttentionConfig::REFERENCE).unwrap();
+    let e = suites::teacher_forced(&mut t3);
+    assert!(e <= CPU.logits, "first voice: {e:.3e}");
+    let mut other = t3.builtin_voice().unwrap();
+    other.speaker_emb.iter_mut().for_each(|v| *v *= -1.0);
+    other.prompt_speech_tokens.reverse();
+    let text: Vec<i32> = npy_i64("t3_text_ids").into_iter().map(|v| v as i32).collect();
+    let reference = npy("t3_tf_logits").1;
+    let logits = t3.prefill(&other, &text, 4).unwrap();
+    let e_other = common::rel_err(&logits, &reference[..logits.len()]);
+    // The tiny model's last position depends little on the voice, but far more
+    // than the 1.7e-7 parity error: a stale prefix would leave it at that level.
+    assert!(e_other > 1e-5, "another voice should change the logits ({e_other:.3e})");
+    let e = suites::teacher_forced(&mut t3);
+    assert!(e <= CPU.logits, "back to the first voice: {e:.3e}");
+}

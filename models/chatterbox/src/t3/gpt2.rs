@@ -1,6 +1,6 @@
-//! T3 on a GPT-2 backbone (Turbo, Nano): one graph builder for both the
-//! prompt (conditioning + text + speech start) and a decode step (one speech
-//! token). New K/V rows go into the static cache with `set_rows`; attention
+//! T3 on a GPT-2 backbone (Turbo, Nano): one graph builder for the prompt's
+//! two parts (the voice prefix; the text and speech start) and for a decode
+//! step (one speech token). New K/V rows go into the static cache with `set_rows`; attention
 //! reads the first `kv_len` cache positions under an input mask, so a graph
 //! depends only on its shape, never on the position it writes.
 //!
@@ -11,14 +11,16 @@ use crate::graph::Builder;
 use crate::hparams::T3Hparams;
 use ggml_sys::{Context, GraphIo, Result, Tensor, TYPE_F16, TYPE_F32, TYPE_I32};
 
-/// What a graph feeds the transformer.
+/// What a graph feeds the transformer. The prompt
+/// `[spkr(speaker) | speech_emb(voice prompt) | text_emb(text) | speech_emb(start)]`
+/// runs as two graphs, so that the voice's part, the same for every text, is
+/// computed once and stays in the cache.
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Hash)]
 pub enum Feed {
-    /// `[spkr(speaker) | speech_emb(prompt) | text_emb(text) | speech_emb(start)]`.
-    Prompt {
-        prompt_tokens: usize,
-        text_tokens: usize,
-    },
+    /// `[spkr(speaker) | speech_emb(voice prompt)]` from position 0.
+    VoicePrefix { prompt_tokens: usize },
+    /// `[text_emb(text) | speech_emb(start)]` after the voice prefix.
+    TextSuffix { text_tokens: usize },
     /// `speech_emb(token)`, one position.
     Step,
 }
@@ -26,10 +28,8 @@ pub enum Feed {
 impl Feed {
     pub fn n_tokens(&self) -> usize {
         match *self {
-            Feed::Prompt {
-                prompt_tokens,
-                text_tokens,
-            } => 1 + prompt_tokens + text_tokens + 1,
+            Feed::VoicePrefix { prompt_tokens } => 1 + prompt_tokens,
+            Feed::TextSuffix { text_tokens } => text_tokens + 1,
             Feed::Step => 1,
         }
     }
@@ -78,22 +78,24 @@ pub fn build<'c>(
     };
 
     let x = match shape.feed {
-        Feed::Prompt {
-            prompt_tokens,
-            text_tokens,
-        } => {
+        Feed::VoicePrefix { prompt_tokens } => {
             let speaker = new_input(input::SPEAKER, TYPE_F32, &[hp.speaker_dim as i64, 1])?;
-            let mut x = b.linear(speaker, "t3.cond.spkr")?;
+            let x = b.linear(speaker, "t3.cond.spkr")?;
             if prompt_tokens > 0 {
                 let ids = new_input(input::PROMPT_TOKENS, TYPE_I32, &[prompt_tokens as i64])?;
-                x = ctx.concat(x, ctx.get_rows(b.w("t3.speech_emb")?, ids)?, 1)?;
+                ctx.concat(x, ctx.get_rows(b.w("t3.speech_emb")?, ids)?, 1)?
+            } else {
+                x
             }
+        }
+        Feed::TextSuffix { text_tokens } => {
+            let start = ctx.get_rows(b.w("t3.speech_emb")?, new_input(input::START_TOKEN, TYPE_I32, &[1])?)?;
             if text_tokens > 0 {
                 let ids = new_input(input::TEXT_TOKENS, TYPE_I32, &[text_tokens as i64])?;
-                x = ctx.concat(x, ctx.get_rows(b.w("t3.text_emb")?, ids)?, 1)?;
+                ctx.concat(ctx.get_rows(b.w("t3.text_emb")?, ids)?, start, 1)?
+            } else {
+                start
             }
-            let start = new_input(input::START_TOKEN, TYPE_I32, &[1])?;
-            ctx.concat(x, ctx.get_rows(b.w("t3.speech_emb")?, start)?, 1)?
         }
         Feed::Step => {
             let token = new_input(input::TOKEN, TYPE_I32, &[1])?;

@@ -63,7 +63,8 @@ fn is_matmul_weight(name: &str) -> bool {
 
 pub struct T3 {
     // Graphs reference the weights and the cache: declared (dropped) first.
-    prompt_graph: Option<(Shape, ComputeGraph)>,
+    prefix_graph: Option<(Shape, ComputeGraph)>,
+    suffix_graph: Option<(Shape, ComputeGraph)>,
     step_graphs: HashMap<usize, ComputeGraph>,
     kv: Option<KvCache>,
     weights: Weights,
@@ -72,6 +73,9 @@ pub struct T3 {
     attention: AttentionConfig,
     /// Positions written in the cache by the current sequence.
     n_past: usize,
+    /// The voice whose prefix (positions `[0, 1 + prompt tokens)`) the cache
+    /// holds: the same voice's next prompt starts after it.
+    cached_voice: Option<T3Conditioning>,
 }
 
 impl T3 {
@@ -110,7 +114,8 @@ impl T3 {
             AttentionPath::Flash => attention,
         };
         Ok(T3 {
-            prompt_graph: None,
+            prefix_graph: None,
+            suffix_graph: None,
             step_graphs: HashMap::new(),
             kv: None,
             weights,
@@ -118,6 +123,7 @@ impl T3 {
             hp,
             attention,
             n_past: 0,
+            cached_voice: None,
         })
     }
 
@@ -178,8 +184,10 @@ impl T3 {
         }
         let n_ctx = positions.div_ceil(KV_BLOCK) * KV_BLOCK;
         let n_ctx = n_ctx.min(self.hp.n_ctx).max(positions);
-        self.prompt_graph = None;
+        self.prefix_graph = None;
+        self.suffix_graph = None;
         self.step_graphs.clear();
+        self.cached_voice = None;
         self.kv = None;
         let kv = ggml(KvCache::new(
             &self.backend,
@@ -243,9 +251,11 @@ impl T3 {
         set_f32(graph, input::MASK, &mask)
     }
 
-    /// Runs the prompt `[speaker | prompt speech tokens | text | start]` from an
-    /// empty cache, reserving room for `max_new_tokens` more positions.
-    /// Returns the logits for the first speech token.
+    /// Runs the prompt `[speaker | voice prompt tokens | text | start]`,
+    /// reserving room for `max_new_tokens` more positions, and returns the
+    /// logits of the first speech token. The voice's part is computed only
+    /// when the cache does not hold it already (another voice, or a grown
+    /// cache): consecutive texts in one voice pay for their text alone.
     pub fn prefill(
         &mut self,
         cond: &T3Conditioning,
@@ -271,35 +281,38 @@ impl T3 {
         };
         check_ids(&cond.prompt_speech_tokens, hp.speech_vocab, "prompt speech")?;
         check_ids(text, hp.text_vocab, "text")?;
-        let feed = Feed::Prompt {
-            prompt_tokens: cond.prompt_speech_tokens.len(),
-            text_tokens: text.len(),
-        };
-        let n = feed.n_tokens();
+        let prefix = Feed::VoicePrefix { prompt_tokens: cond.prompt_speech_tokens.len() }.n_tokens();
+        let suffix = Feed::TextSuffix { text_tokens: text.len() };
+        let n = prefix + suffix.n_tokens();
         self.check_context(n, max_new_tokens)?;
         self.reserve(n + max_new_tokens)?;
-        let shape = Shape {
-            feed,
-            kv_len: self.span(n),
-        };
-        if self.prompt_graph.as_ref().is_none_or(|(s, _)| *s != shape) {
-            self.prompt_graph = None;
-            self.prompt_graph = Some((shape, self.build(shape)?));
+        if self.cached_voice.as_ref() != Some(cond) {
+            self.cached_voice = None;
+            let shape = Shape { feed: Feed::VoicePrefix { prompt_tokens: cond.prompt_speech_tokens.len() }, kv_len: self.span(prefix) };
+            if self.prefix_graph.as_ref().is_none_or(|(s, _)| *s != shape) {
+                self.prefix_graph = None;
+                self.prefix_graph = Some((shape, self.build(shape)?));
+            }
+            let graph = &self.prefix_graph.as_ref().expect("built above").1;
+            set_f32(graph, input::SPEAKER, &cond.speaker_emb)?;
+            if !cond.prompt_speech_tokens.is_empty() {
+                set_i32(graph, input::PROMPT_TOKENS, &cond.prompt_speech_tokens)?;
+            }
+            self.set_positions(graph, 0, prefix, shape.kv_len)?;
+            ggml(graph.compute(&self.backend))?;
+            self.cached_voice = Some(cond.clone());
         }
-        let (_, graph) = self.prompt_graph.as_ref().expect("built above");
-        set_f32(graph, input::SPEAKER, &cond.speaker_emb)?;
-        if !cond.prompt_speech_tokens.is_empty() {
-            set_i32(graph, input::PROMPT_TOKENS, &cond.prompt_speech_tokens)?;
+        let shape = Shape { feed: suffix, kv_len: self.span(n) };
+        if self.suffix_graph.as_ref().is_none_or(|(s, _)| *s != shape) {
+            self.suffix_graph = None;
+            self.suffix_graph = Some((shape, self.build(shape)?));
         }
+        let graph = &self.suffix_graph.as_ref().expect("built above").1;
         if !text.is_empty() {
             set_i32(graph, input::TEXT_TOKENS, text)?;
         }
-        set_i32(
-            graph,
-            input::START_TOKEN,
-            &[self.hp.start_speech_token as i32],
-        )?;
-        self.set_positions(graph, 0, n, shape.kv_len)?;
+        set_i32(graph, input::START_TOKEN, &[self.hp.start_speech_token as i32])?;
+        self.set_positions(graph, prefix, suffix.n_tokens(), shape.kv_len)?;
         ggml(graph.compute(&self.backend))?;
         self.n_past = n;
         ggml(graph.output(gpt2::LOGITS).and_then(|t| t.get_f32()))
