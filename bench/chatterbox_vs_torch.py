@@ -158,7 +158,8 @@ def tts_bench(t3, s3, threads, text, tokens, runs, warmup):
 def torch_bench(threads, text, tokens, runs, warmup):
     out = run([sys.executable, os.path.abspath(__file__), "--torch-worker", "--ckpt", CKPT, "--threads", str(threads),
                "--text", text, "--tokens", str(tokens), "--runs", str(runs), "--warmup", str(warmup)])
-    return json.loads(out)
+    # The reference prints progress to stdout; the report is the last line.
+    return json.loads(out.strip().splitlines()[-1])
 
 
 def cpu_name():
