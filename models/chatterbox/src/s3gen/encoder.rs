@@ -18,8 +18,8 @@ pub const ENCODER_OUT: &str = "encoder_out";
 pub const MU: &str = "mu";
 
 const P: &str = "enc";
-/// Keys are padded to a multiple of this for the attention-weighted sum.
-const KEY_ALIGN: i64 = 16;
+/// Row count multiple the CPU's blocked GEMM needs (see `rel_pos_attention`).
+const ROW_ALIGN: i64 = 4;
 
 /// Inputs: `tokens` I32 `[n]`, `pos_emb` `[d, 2n-1]`, `up_pos_emb` `[d, 2·stride·n-1]`
 /// (see [`relative_positions`]). Outputs: `encoder_out` `[d, stride·n]`, `mu` `[mel, stride·n]`.
@@ -103,22 +103,20 @@ fn rel_pos_attention<'c>(b: &Builder<'c, '_>, e: &EncoderHparams, x: Tensor<'c>,
     let p = heads(ctx.mul_mat(b.w(&format!("{prefix}.linear_pos.weight"))?, pos_emb)?, 2 * t - 1)?;
     let q_u = ctx.add(q, b.w(&format!("{prefix}.pos_bias_u"))?)?;
     let q_v = ctx.add(q, b.w(&format!("{prefix}.pos_bias_v"))?)?;
-    // Contiguous right operands let the CPU use its blocked GEMM (tinyBLAS).
-    let ac = ctx.mul_mat(by_head(k)?, ctx.cont(by_head(q_u)?)?)?; // [t, t, h]
-    let bd = ctx.mul_mat(by_head(p)?, ctx.cont(by_head(q_v)?)?)?; // [2t-1, t, h]
+    // The CPU's blocked F32 GEMM (tinyBLAS) takes a product only with a
+    // contiguous right operand and output rows in fours: keys and relative
+    // positions are padded with zero rows, and the scores read back cropped.
+    let rows4 = |n: i64| n + (ROW_ALIGN - n % ROW_ALIGN) % ROW_ALIGN;
+    let (tk, tp) = (rows4(t), rows4(2 * t - 1));
+    let pad_rows = |y: Tensor<'c>, to: i64| ctx.pad_ext(y, [[0, 0], [0, (to - y.ne()[1]) as i32], [0, 0], [0, 0]]);
+    let ac = ctx.mul_mat(pad_rows(by_head(k)?, tk)?, ctx.cont(by_head(q_u)?)?)?; // [tk, t, h]
+    let bd = ctx.mul_mat(pad_rows(by_head(p)?, tp)?, ctx.cont(by_head(q_v)?)?)?; // [tp, t, h]
     let f = std::mem::size_of::<f32>();
-    let row = (2 * t - 1) as usize * f;
+    let ac = ctx.view(ac, &[t, t, h], &[tk as usize * f, (tk * t) as usize * f], 0)?;
+    let row = tp as usize * f;
     let bd = ctx.view(bd, &[t, t, h], &[row - f, row * t as usize], (t as usize - 1) * f)?;
     let attn = ctx.soft_max_ext(ctx.add(ac, bd)?, None, 1.0 / (dk as f32).sqrt())?;
     let v_t = ctx.cont(ctx.permute(v, [1, 2, 0, 3])?)?; // [t, dk, h]
-    // The CPU's blocked GEMM needs the contracted length (keys) in whole SIMD
-    // vectors: zero keys past the end add nothing.
-    let pad = ((KEY_ALIGN - t % KEY_ALIGN) % KEY_ALIGN) as i32;
-    let (v_t, attn) = if pad > 0 {
-        (ctx.pad_ext(v_t, [[0, pad], [0, 0], [0, 0], [0, 0]])?, ctx.pad_ext(attn, [[0, pad], [0, 0], [0, 0], [0, 0]])?)
-    } else {
-        (v_t, attn)
-    };
     let out = ctx.mul_mat(v_t, attn)?; // [dk, t, h]
     let out = ctx.reshape(ctx.cont(ctx.permute(out, [0, 2, 1, 3])?)?, &[d, t])?;
     b.linear(out, &format!("{prefix}.linear_out"))

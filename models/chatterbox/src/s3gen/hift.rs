@@ -83,9 +83,40 @@ fn channel_vec<'c>(b: &Builder<'c, '_>, name: &str) -> Result<Tensor<'c>> {
     b.ctx.reshape(w, &[1, w.ne()[0]])
 }
 
+/// The CPU's blocked F32 GEMM (tinyBLAS) takes a product only when its output
+/// rows (here: frames) come in fours and, on non-x86 SIMD, its patch rows
+/// (kernel × input channels) in whole vectors; anything else falls back to
+/// per-row dot products, several times slower. Convolutions are padded to both
+/// with zeros (extra frames at the end, extra input channels) and cropped.
+const FRAME_ALIGN: i64 = 4;
+const PATCH_ALIGN: i64 = 16;
+
 fn conv<'c>(b: &Builder<'c, '_>, x: Tensor<'c>, prefix: &str, stride: usize, pad: usize, dilation: usize) -> Result<Tensor<'c>> {
-    let y = b.ctx.conv_1d_time_first(b.w(&format!("{prefix}.weight"))?, x, stride as i32, pad as i32, dilation as i32)?;
-    b.ctx.add(y, channel_vec(b, &format!("{prefix}.bias"))?)
+    let ctx = b.ctx;
+    let mut w = b.w(&format!("{prefix}.weight"))?;
+    let mut x = x;
+    let [k, cin, _, _] = w.ne();
+    if (k * cin) % PATCH_ALIGN != 0 {
+        let step = PATCH_ALIGN / gcd(k, PATCH_ALIGN);
+        let extra = ((step - cin % step) % step) as i32;
+        w = ctx.pad_ext(w, [[0, 0], [0, extra], [0, 0], [0, 0]])?;
+        x = ctx.pad_ext(x, [[0, 0], [0, extra], [0, 0], [0, 0]])?;
+    }
+    let (s, p, d) = (stride as i64, pad as i64, dilation as i64);
+    let frames = (x.ne()[0] + 2 * p - d * (k - 1) - 1) / s + 1;
+    let extra = (FRAME_ALIGN - frames % FRAME_ALIGN) % FRAME_ALIGN;
+    if extra > 0 {
+        x = ctx.pad_ext(x, [[0, (extra * s) as i32], [0, 0], [0, 0], [0, 0]])?;
+    }
+    let mut y = ctx.conv_1d_time_first(w, x, stride as i32, pad as i32, dilation as i32)?;
+    if extra > 0 {
+        y = ctx.view(y, &[frames, y.ne()[1]], &[y.nb()[1]], 0)?;
+    }
+    ctx.add(y, channel_vec(b, &format!("{prefix}.bias"))?)
+}
+
+fn gcd(a: i64, b: i64) -> i64 {
+    if b == 0 { a } else { gcd(b, a % b) }
 }
 
 /// ConvTranspose1d with padding (k − rate)/2: the full transposed convolution,
