@@ -20,7 +20,7 @@ fn t3_on_both_attention_paths() {
 fn t3_with_an_f16_cache_drifts_little() {
     let handle = open("cpu");
     let attention = AttentionConfig { path: AttentionPath::Flash, kv_type: TYPE_F16 };
-    let mut t3 = T3::load(&common::fixture_dir().join("t3-turbo.gguf"), handle.ggml_backend(), attention).unwrap();
+    let mut t3 = T3::load(&common::t3_file(), handle.ggml_backend(), attention).unwrap();
     let e = suites::teacher_forced(&mut t3);
     println!("  T3 teacher-forced logits (flash, F16 K/V): rel err {e:.3e} (tolerance 1e-2)");
     assert!(e <= 1e-2, "F16 cache drift {e:.3e}");
@@ -90,7 +90,7 @@ fn report_on_another_conversion() {
 #[test]
 fn t3_voice_prefix_is_reused_and_replaced() {
     let handle = open("cpu");
-    let mut t3 = T3::load(&common::fixture_dir().join("t3-turbo.gguf"), handle.ggml_backend(), AttentionConfig::REFERENCE).unwrap();
+    let mut t3 = T3::load(&common::t3_file(), handle.ggml_backend(), AttentionConfig::REFERENCE).unwrap();
     let e = suites::teacher_forced(&mut t3);
     assert!(e <= CPU.logits, "first voice: {e:.3e}");
     let mut other = t3.builtin_voice().unwrap();

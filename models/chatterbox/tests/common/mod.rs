@@ -19,6 +19,18 @@ pub fn fixture_dir() -> PathBuf {
     }
 }
 
+/// The fixture's T3 file (`t3-<variant>.gguf`: turbo for the committed one).
+pub fn t3_file() -> PathBuf {
+    let dir = fixture_dir();
+    let mut found: Vec<PathBuf> = std::fs::read_dir(&dir)
+        .unwrap_or_else(|e| panic!("{}: {e}", dir.display()))
+        .filter_map(|e| e.ok().map(|e| e.path()))
+        .filter(|p| p.file_name().and_then(|n| n.to_str()).is_some_and(|n| n.starts_with("t3-") && n.ends_with(".gguf")))
+        .collect();
+    found.sort();
+    found.into_iter().next().unwrap_or_else(|| panic!("{}: no t3-*.gguf", dir.display()))
+}
+
 /// The reference dumps: `<fixture>/reference`, or `TTS_CHATTERBOX_REFERENCE`.
 pub fn reference_dir() -> PathBuf {
     match std::env::var_os("TTS_CHATTERBOX_REFERENCE") {

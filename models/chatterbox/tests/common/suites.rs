@@ -67,7 +67,7 @@ pub fn teacher_forced(t3: &mut T3) -> f32 {
 
 pub fn t3(backend: &str, attention: AttentionConfig, tol: &Tolerances) {
     let handle = open(backend);
-    let mut t3 = T3::load(&super::fixture_dir().join("t3-turbo.gguf"), handle.ggml_backend(), attention).unwrap();
+    let mut t3 = T3::load(&super::t3_file(), handle.ggml_backend(), attention).unwrap();
     let e = teacher_forced(&mut t3);
     println!("  {backend} {:?}: T3 teacher-forced logits rel err {e:.3e} (tolerance {:.0e})", attention.path, tol.logits);
     assert!(e <= tol.logits, "teacher-forced logits differ by {e:.3e}");
@@ -179,7 +179,7 @@ pub fn pipeline(backend: &str, attention: AttentionConfig, tol: &Tolerances) {
     let handle = open(backend);
     let dir = super::fixture_dir();
     // Either order: the loader tells the files apart by architecture.
-    let files = [dir.join("s3gen-meanflow.gguf"), dir.join("t3-turbo.gguf")];
+    let files = [dir.join("s3gen-meanflow.gguf"), super::t3_file()];
     let mut model = Chatterbox::load(&files, &handle.ggml_backend(), attention).unwrap();
     let draws = reference_dir().join("pipeline");
     let case: Case = serde_json::from_str(&std::fs::read_to_string(draws.join("case.json")).unwrap()).unwrap();
