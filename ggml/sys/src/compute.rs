@@ -86,3 +86,39 @@ impl ComputeGraph {
         self.alloc.size()
     }
 }
+
+/// One stage's cached graph and the shape key it was built for: a model keeps
+/// one slot per stage and rebuilds only when the shape changes.
+pub struct GraphSlot<K> {
+    cached: Option<(K, ComputeGraph)>,
+}
+
+impl<K> Default for GraphSlot<K> {
+    fn default() -> Self {
+        GraphSlot { cached: None }
+    }
+}
+
+impl<K: PartialEq> GraphSlot<K> {
+    /// The graph for `key`, built by `build` when the slot holds another shape
+    /// (the old graph is dropped first, so its buffers are freed before the
+    /// new one allocates).
+    pub fn get_or_build<E>(&mut self, key: K, build: impl FnOnce() -> std::result::Result<ComputeGraph, E>) -> std::result::Result<&ComputeGraph, E> {
+        if self.cached.as_ref().is_none_or(|(k, _)| *k != key) {
+            self.cached = None;
+            self.cached = Some((key, build()?));
+        }
+        Ok(&self.cached.as_ref().expect("filled above").1)
+    }
+
+    /// The cached graph, whatever its key (after `get_or_build`, when the
+    /// caller needs the slot's borrow released between the two).
+    pub fn graph(&self) -> Option<&ComputeGraph> {
+        self.cached.as_ref().map(|(_, g)| g)
+    }
+
+    /// Drops the cached graph (its inputs or weights are about to go away).
+    pub fn clear(&mut self) {
+        self.cached = None;
+    }
+}

@@ -15,7 +15,7 @@ pub mod gguf;
 pub mod ops;
 
 pub use backend::{load_backend_module, Backend, Buffer, Device, DeviceKind, GraphAllocator, Registry};
-pub use compute::{ComputeGraph, GraphIo};
+pub use compute::{ComputeGraph, GraphIo, GraphSlot};
 pub use context::{Context, Graph, Tensor};
 
 #[allow(non_upper_case_globals, non_camel_case_types, non_snake_case, dead_code, clippy::all)]

@@ -114,9 +114,11 @@ pub struct Chatterbox {
     s3_voice: S3GenConditioning,
 }
 
-fn architecture(path: &Path) -> Result<String, String> {
+/// A GGUF file's metadata and its `general.architecture`.
+fn open_metadata(path: &Path) -> Result<(GgufFile, String), String> {
     let file = GgufFile::open(path).map_err(|e| e.to_string())?;
-    file.get_str("general.architecture").map_err(|e| e.to_string())
+    let arch = file.get_str("general.architecture").map_err(|e| e.to_string())?;
+    Ok((file, arch))
 }
 
 impl Chatterbox {
@@ -126,15 +128,15 @@ impl Chatterbox {
         let [a, b] = files else {
             return Err(format!("chatterbox takes two GGUF files (T3 and S3Gen), the profile names {}", files.len()));
         };
-        let (t3_path, s3_path) = match (architecture(a)?.as_str(), architecture(b)?.as_str()) {
-            (T3_ARCH, S3GEN_ARCH) => (a, b),
-            (S3GEN_ARCH, T3_ARCH) => (b, a),
+        let (meta_a, meta_b) = (open_metadata(a)?, open_metadata(b)?);
+        let ((t3_path, t3_meta), (s3_path, s3_meta)) = match (meta_a.1.as_str(), meta_b.1.as_str()) {
+            (T3_ARCH, S3GEN_ARCH) => ((a, meta_a.0), (b, meta_b.0)),
+            (S3GEN_ARCH, T3_ARCH) => ((b, meta_b.0), (a, meta_a.0)),
             (x, y) => return Err(format!("chatterbox needs one '{T3_ARCH}' and one '{S3GEN_ARCH}' file, got '{x}' ({}) and '{y}' ({})", a.display(), b.display())),
         };
         // The pairing is checked on metadata, before any weights load.
-        let meta = |p: &Path| GgufFile::open(p).map_err(|e| e.to_string());
-        let t3_hp = T3Hparams::load(&meta(t3_path)?)?;
-        let s3_hp = S3GenHparams::load(&meta(s3_path)?)?;
+        let t3_hp = T3Hparams::load(&t3_meta)?;
+        let s3_hp = S3GenHparams::load(&s3_meta)?;
         if !s3_hp.meanflow {
             return Err(format!(
                 "T3 '{}' ({}) pairs with the meanflow S3Gen (s3gen-meanflow.gguf); {} holds the '{}' one",
@@ -150,7 +152,7 @@ impl Chatterbox {
         if (t3.hp.start_speech_token as usize) < s3gen.hp.speech_vocab {
             return Err(format!("T3's start token {} lies inside S3Gen's speech vocabulary ({})", t3.hp.start_speech_token, s3gen.hp.speech_vocab));
         }
-        let json = GgufFile::open(t3_path).and_then(|f| f.get_str("chatterbox.tokenizer_json")).map_err(|e| e.to_string())?;
+        let json = t3_meta.get_str("chatterbox.tokenizer_json").map_err(|e| e.to_string())?;
         let tokenizer = TextTokenizer::from_json(&json, t3.hp.text_vocab)?;
         let t3_voice = t3.builtin_voice()?;
         let s3_voice = s3gen.builtin_voice()?;
@@ -240,7 +242,7 @@ impl Chatterbox {
         let z = match draws.and_then(|d| d.cfm_z.as_ref()) {
             Some(z) if z.len() == frames * mel_ch => transpose(z, mel_ch, frames),
             Some(z) => return Err(format!("recorded cfm_z has {} values, this chunk needs {}", z.len(), frames * mel_ch)),
-            None => gaussian(seed ^ 0x5EED_CF31, frames * mel_ch),
+            None => Xoshiro256::new(seed ^ 0x5EED_CF31).gaussians(frames * mel_ch),
         };
         let steps = params.cfm_steps.unwrap_or(s3.hp.n_timesteps);
         let x = timings.time("s3gen.cfm", || s3.integrate(&z, &encoded.mu, &spks, &cond, steps))?;
@@ -269,22 +271,6 @@ impl Chatterbox {
 /// `[rows][cols]` → `[cols][rows]`.
 pub fn transpose(v: &[f32], rows: usize, cols: usize) -> Vec<f32> {
     (0..cols).flat_map(|c| (0..rows).map(move |r| v[r * cols + c])).collect()
-}
-
-/// Standard normals (Box–Muller on xoshiro256**).
-fn gaussian(seed: u64, n: usize) -> Vec<f32> {
-    let mut rng = Xoshiro256::new(seed);
-    let mut out = Vec::with_capacity(n + 1);
-    while out.len() < n {
-        let u1 = (rng.next_u64() >> 11) as f64 * (1.0 / (1u64 << 53) as f64);
-        let u2 = (rng.next_u64() >> 11) as f64 * (1.0 / (1u64 << 53) as f64);
-        let r = (-2.0 * (1.0 - u1).ln()).sqrt();
-        let a = std::f64::consts::TAU * u2;
-        out.push((r * a.cos()) as f32);
-        out.push((r * a.sin()) as f32);
-    }
-    out.truncate(n);
-    out
 }
 
 /// Appends `next`, overlapping its first `fade` samples with the tail of
@@ -318,7 +304,7 @@ mod tests {
 
     #[test]
     fn gaussian_draws_have_unit_variance() {
-        let g = gaussian(3, 20000);
+        let g = Xoshiro256::new(3).gaussians(20000);
         let mean = g.iter().sum::<f32>() / g.len() as f32;
         let var = g.iter().map(|v| (v - mean) * (v - mean)).sum::<f32>() / g.len() as f32;
         assert!(mean.abs() < 0.03 && (var - 1.0).abs() < 0.05, "mean {mean}, variance {var}");

@@ -210,6 +210,21 @@ impl Xoshiro256 {
         result
     }
 
+    /// `n` standard normals (Box–Muller on 53-bit uniforms).
+    pub fn gaussians(&mut self, n: usize) -> Vec<f32> {
+        let mut out = Vec::with_capacity(n + 1);
+        while out.len() < n {
+            let u1 = (self.next_u64() >> 11) as f64 * (1.0 / (1u64 << 53) as f64);
+            let u2 = (self.next_u64() >> 11) as f64 * (1.0 / (1u64 << 53) as f64);
+            let r = (-2.0 * (1.0 - u1).ln()).sqrt();
+            let a = std::f64::consts::TAU * u2;
+            out.push((r * a.cos()) as f32);
+            out.push((r * a.sin()) as f32);
+        }
+        out.truncate(n);
+        out
+    }
+
     /// Uniform in [0, 1) with 24 random bits.
     pub fn next_f32(&mut self) -> f32 {
         (self.next_u64() >> 40) as f32 * (1.0 / (1u64 << 24) as f32)

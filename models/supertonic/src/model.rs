@@ -10,7 +10,7 @@ use crate::text::{self, Indexer};
 use crate::voice::{Voice, VoiceShape};
 use crate::weights::Weights;
 use ggml_sys::gguf::GgufTensors;
-use ggml_sys::{Backend, ComputeGraph, Context, GraphIo, Result as GgmlResult};
+use ggml_sys::{Backend, ComputeGraph, Context, GraphIo, GraphSlot, Result as GgmlResult};
 use std::collections::BTreeMap;
 use std::path::Path;
 use std::time::Instant;
@@ -70,18 +70,12 @@ pub struct Synthesis {
     pub timings: Timings,
 }
 
-/// One stage's cached graph and the shape it was built for.
-struct Cached<K> {
-    key: K,
-    graph: ComputeGraph,
-}
-
 #[derive(Default)]
 struct GraphCache {
-    duration: Option<Cached<usize>>,
-    text_encoder: Option<Cached<usize>>,
-    vector_estimator: Option<Cached<StepShape>>,
-    vocoder: Option<Cached<usize>>,
+    duration: GraphSlot<usize>,
+    text_encoder: GraphSlot<usize>,
+    vector_estimator: GraphSlot<StepShape>,
+    vocoder: GraphSlot<usize>,
 }
 
 pub struct Supertonic {
@@ -212,19 +206,6 @@ impl Supertonic {
         Builder { ctx, weights: &self.weights, ln_eps: self.hp.layer_norm_eps }
     }
 
-    /// Returns the cached graph for `key`, building it when the shape changed.
-    fn cached<'s, K: PartialEq + Copy>(
-        slot: &'s mut Option<Cached<K>>,
-        key: K,
-        build: impl FnOnce() -> Result<ComputeGraph, String>,
-    ) -> Result<&'s ComputeGraph, String> {
-        if slot.as_ref().map(|c| c.key) != Some(key) {
-            *slot = None;
-            *slot = Some(Cached { key, graph: build()? });
-        }
-        Ok(&slot.as_ref().expect("just filled").graph)
-    }
-
     fn build_graph(&self, f: impl for<'c> FnOnce(&Builder<'c, '_>) -> GgmlResult<GraphIo<'c>>) -> Result<ComputeGraph, String> {
         ggml(ComputeGraph::build(&self.backend, MAX_NODES, |ctx| f(&self.builder(ctx))))
     }
@@ -233,7 +214,7 @@ impl Supertonic {
     pub fn duration(&mut self, ids: &[i32], voice: &Voice) -> Result<f32, String> {
         let mut cache = std::mem::take(&mut self.graphs.duration);
         let result = (|| {
-            let g = Self::cached(&mut cache, ids.len(), || self.build_graph(|b| duration::build(b, &self.hp.dp, self.dp_prelu, ids.len())))?;
+            let g = cache.get_or_build(ids.len(), || self.build_graph(|b| duration::build(b, &self.hp.dp, self.dp_prelu, ids.len())))?;
             ggml(g.input("text_ids").and_then(|t| t.set_i32(ids)))?;
             ggml(g.input("style_dp").and_then(|t| t.set_f32(&voice.style_dp)))?;
             ggml(g.compute(&self.backend))?;
@@ -248,7 +229,7 @@ impl Supertonic {
         let mut cache = std::mem::take(&mut self.graphs.text_encoder);
         let result = (|| {
             let (sd, st) = (self.hp.style_dim, self.hp.style_tokens);
-            let g = Self::cached(&mut cache, ids.len(), || self.build_graph(|b| text_encoder::build(b, &self.hp.te, sd, st, ids.len())))?;
+            let g = cache.get_or_build(ids.len(), || self.build_graph(|b| text_encoder::build(b, &self.hp.te, sd, st, ids.len())))?;
             ggml(g.input("text_ids").and_then(|t| t.set_i32(ids)))?;
             ggml(g.input("style_ttl").and_then(|t| t.set_f32(&voice.style_ttl)))?;
             ggml(g.compute(&self.backend))?;
@@ -268,7 +249,7 @@ impl Supertonic {
         let dims = vector_estimator::Dims { latent_channels: c, text_dim: self.hp.te.char_dim, style_dim: self.hp.style_dim, style_tokens: self.hp.style_tokens };
         let mut cache = std::mem::take(&mut self.graphs.vector_estimator);
         let result = (|| {
-            let g = Self::cached(&mut cache, shape, || self.build_graph(|b| vector_estimator::build(b, &self.hp.ve, &dims, shape)))?;
+            let g = cache.get_or_build(shape, || self.build_graph(|b| vector_estimator::build(b, &self.hp.ve, &dims, shape)))?;
             let (cq, sq) = vector_estimator::rope_tables(&self.rope_theta, latent_len);
             let (ck, sk) = vector_estimator::rope_tables(&self.rope_theta, text_len);
             let mut x = noise.to_vec();
@@ -297,7 +278,7 @@ impl Supertonic {
         let latent_len = latent.len() / self.hp.latent_channels();
         let mut cache = std::mem::take(&mut self.graphs.vocoder);
         let result = (|| {
-            let g = Self::cached(&mut cache, latent_len, || self.build_graph(|b| vocoder::build(b, &self.hp, self.vocoder_prelu, latent_len)))?;
+            let g = cache.get_or_build(latent_len, || self.build_graph(|b| vocoder::build(b, &self.hp, self.vocoder_prelu, latent_len)))?;
             ggml(g.input("latent").and_then(|t| t.set_f32(latent)))?;
             ggml(g.compute(&self.backend))?;
             ggml(g.output("wav").and_then(|t| t.get_f32()))

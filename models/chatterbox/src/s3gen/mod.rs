@@ -11,7 +11,7 @@ use crate::graph::Builder;
 use crate::hparams::{S3GenHparams, S3GEN_ARCH};
 use crate::weights::Weights;
 use ggml_sys::gguf::GgufTensors;
-use ggml_sys::{Backend, ComputeGraph};
+use ggml_sys::{Backend, ComputeGraph, GraphSlot};
 use std::path::Path;
 
 /// Upper bound on nodes of one S3Gen graph.
@@ -59,13 +59,17 @@ fn is_matmul_weight(name: &str) -> bool {
 
 pub struct S3Gen {
     // Graphs reference the weights: declared (dropped) first.
-    encoder_graph: Option<(usize, ComputeGraph)>,
-    cfm_graph: Option<(usize, ComputeGraph)>,
-    f0_graph: Option<(usize, ComputeGraph)>,
-    hift_graph: Option<(usize, ComputeGraph)>,
+    encoder_graph: GraphSlot<usize>,
+    cfm_graph: GraphSlot<usize>,
+    f0_graph: GraphSlot<usize>,
+    hift_graph: GraphSlot<usize>,
     weights: Weights,
     backend: Backend,
     pub hp: S3GenHparams,
+    /// The source's merge layer (9 → 1), read once for the host-side excitation.
+    source_merge: (Vec<f32>, f32),
+    /// `spk_embed_affine_layer` (weight, bias), read once for the host-side projection.
+    speaker_affine: (Vec<f32>, Vec<f32>),
 }
 
 impl S3Gen {
@@ -81,7 +85,19 @@ impl S3Gen {
         if emb[0] as usize != hp.encoder.n_embd || emb[1] as usize != hp.speech_vocab {
             return Err(format!("{}: input_embedding is {}x{}, the metadata says {}x{}", path.display(), emb[0], emb[1], hp.encoder.n_embd, hp.speech_vocab));
         }
-        Ok(S3Gen { encoder_graph: None, cfm_graph: None, f0_graph: None, hift_graph: None, weights, backend, hp })
+        let source_merge = (ggml(weights.host_f32("hift.m_source.l_linear.weight"))?, ggml(weights.host_f32("hift.m_source.l_linear.bias"))?[0]);
+        let speaker_affine = (ggml(weights.host_f32("flow.spk_embed_affine_layer.weight"))?, ggml(weights.host_f32("flow.spk_embed_affine_layer.bias"))?);
+        Ok(S3Gen {
+            encoder_graph: GraphSlot::default(),
+            cfm_graph: GraphSlot::default(),
+            f0_graph: GraphSlot::default(),
+            hift_graph: GraphSlot::default(),
+            weights,
+            backend,
+            hp,
+            source_merge,
+            speaker_affine,
+        })
     }
 
     pub fn weights(&self) -> &Weights {
@@ -106,12 +122,7 @@ impl S3Gen {
         if let Some(t) = tokens.iter().find(|&&t| t < 0 || t as usize >= self.hp.speech_vocab) {
             return Err(format!("speech token {t} is outside S3Gen's vocabulary of {}", self.hp.speech_vocab));
         }
-        if self.encoder_graph.as_ref().is_none_or(|(len, _)| *len != n) {
-            self.encoder_graph = None;
-            let g = ggml(ComputeGraph::build(&self.backend, MAX_NODES, |ctx| encoder::build(&Builder { ctx, weights: &self.weights }, &self.hp, n)))?;
-            self.encoder_graph = Some((n, g));
-        }
-        let (_, graph) = self.encoder_graph.as_ref().expect("built above");
+        let graph = self.encoder_graph.get_or_build(n, || ggml(ComputeGraph::build(&self.backend, MAX_NODES, |ctx| encoder::build(&Builder { ctx, weights: &self.weights }, &self.hp, n))))?;
         let e = &self.hp.encoder;
         let frames = n * e.up_stride;
         ggml(graph.input(encoder::TOKENS).and_then(|t| t.set_i32(tokens)))?;
@@ -132,12 +143,7 @@ impl S3Gen {
             return Err(format!("CFM inputs disagree: x {}, mu {}, cond {}, spks {} values for {mel} mel channels", x.len(), mu.len(), cond.len(), spks.len()));
         }
         let meanflow = self.hp.meanflow;
-        if self.cfm_graph.as_ref().is_none_or(|(len, _)| *len != frames) {
-            self.cfm_graph = None;
-            let g = ggml(ComputeGraph::build(&self.backend, MAX_NODES, |ctx| cfm::build(&Builder { ctx, weights: &self.weights }, &self.hp, frames, meanflow)))?;
-            self.cfm_graph = Some((frames, g));
-        }
-        let (_, graph) = self.cfm_graph.as_ref().expect("built above");
+        let graph = self.cfm_graph.get_or_build(frames, || ggml(ComputeGraph::build(&self.backend, MAX_NODES, |ctx| cfm::build(&Builder { ctx, weights: &self.weights }, &self.hp, frames, meanflow))))?;
         let c = &self.hp.cfm;
         let set = |name: &str, v: &[f32]| ggml(graph.input(name).and_then(|t| t.set_f32(v)));
         set(cfm::X, x)?;
@@ -180,14 +186,11 @@ impl S3Gen {
     /// HiFT's F0 predictor: Hz per frame of a mel `[frames][mel_channels]`.
     pub fn predict_f0(&mut self, mel: &[f32]) -> Result<Vec<f32>, String> {
         let frames = self.mel_frames(mel)?;
-        if self.f0_graph.as_ref().is_none_or(|(len, _)| *len != frames) {
-            self.f0_graph = None;
-            let g = ggml(ComputeGraph::build(&self.backend, MAX_NODES, |ctx| {
+        let graph = self.f0_graph.get_or_build(frames, || {
+            ggml(ComputeGraph::build(&self.backend, MAX_NODES, |ctx| {
                 hift::build_f0(&Builder { ctx, weights: &self.weights }, &self.hp.hift, self.hp.mel_channels, frames)
-            }))?;
-            self.f0_graph = Some((frames, g));
-        }
-        let (_, graph) = self.f0_graph.as_ref().expect("built above");
+            }))
+        })?;
         ggml(graph.input(hift::MEL).and_then(|t| t.set_f32(mel)))?;
         ggml(graph.compute(&self.backend))?;
         ggml(graph.output(hift::F0).and_then(|t| t.get_f32()))
@@ -195,9 +198,8 @@ impl S3Gen {
 
     /// The excitation for `f0` with the given random draws.
     pub fn excitation(&self, f0: &[f32], draws: &source::SourceNoise) -> Result<Vec<f32>, String> {
-        let merge_weight = ggml(self.weights.host_f32("hift.m_source.l_linear.weight"))?;
-        let merge_bias = ggml(self.weights.host_f32("hift.m_source.l_linear.bias"))?[0];
-        source::excitation(&self.hp.hift, f0, &merge_weight, merge_bias, draws)
+        let (weight, bias) = &self.source_merge;
+        source::excitation(&self.hp.hift, f0, weight, *bias, draws)
     }
 
     /// HiFT's decoder body: mel + excitation → `conv_post` `[n_fft + 2][stft frames]`.
@@ -208,14 +210,11 @@ impl S3Gen {
             return Err(format!("the excitation has {} samples, {frames} mel frames need {}", excitation.len(), frames * hp.samples_per_frame()));
         }
         let stft = source::stft(excitation, hp.n_fft, hp.hop)?;
-        if self.hift_graph.as_ref().is_none_or(|(len, _)| *len != frames) {
-            self.hift_graph = None;
-            let g = ggml(ComputeGraph::build(&self.backend, MAX_NODES, |ctx| {
+        let graph = self.hift_graph.get_or_build(frames, || {
+            ggml(ComputeGraph::build(&self.backend, MAX_NODES, |ctx| {
                 hift::build_decoder(&Builder { ctx, weights: &self.weights }, &self.hp.hift, self.hp.mel_channels, frames)
-            }))?;
-            self.hift_graph = Some((frames, g));
-        }
-        let (_, graph) = self.hift_graph.as_ref().expect("built above");
+            }))
+        })?;
         ggml(graph.input(hift::MEL).and_then(|t| t.set_f32(mel)))?;
         ggml(graph.input(hift::SOURCE_STFT).and_then(|t| t.set_f32(&stft)))?;
         ggml(graph.compute(&self.backend))?;
@@ -238,8 +237,7 @@ impl S3Gen {
         if embedding.len() != din {
             return Err(format!("the speaker embedding has {} values, S3Gen takes {din}", embedding.len()));
         }
-        let w = ggml(self.weights.host_f32("flow.spk_embed_affine_layer.weight"))?;
-        let bias = ggml(self.weights.host_f32("flow.spk_embed_affine_layer.bias"))?;
+        let (w, bias) = &self.speaker_affine;
         let norm = embedding.iter().map(|v| v * v).sum::<f32>().sqrt().max(1e-12);
         Ok((0..dout).map(|o| bias[o] + (0..din).map(|i| w[o * din + i] * (embedding[i] / norm)).sum::<f32>()).collect())
     }

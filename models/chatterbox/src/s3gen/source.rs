@@ -24,17 +24,7 @@ impl SourceNoise {
         let mut rng = Xoshiro256::new(seed);
         let mut phase: Vec<f32> = (0..=harmonics).map(|_| (rng.next_f32() * 2.0 - 1.0) * std::f32::consts::PI).collect();
         phase[0] = 0.0;
-        let n = (harmonics + 1) * samples;
-        let mut noise = Vec::with_capacity(n + 1);
-        while noise.len() < n {
-            let u1 = (rng.next_u64() >> 11) as f64 * (1.0 / (1u64 << 53) as f64);
-            let u2 = (rng.next_u64() >> 11) as f64 * (1.0 / (1u64 << 53) as f64);
-            let r = (-2.0 * (1.0 - u1).ln()).sqrt();
-            let a = 2.0 * std::f64::consts::PI * u2;
-            noise.push((r * a.cos()) as f32);
-            noise.push((r * a.sin()) as f32);
-        }
-        noise.truncate(n);
+        let noise = rng.gaussians((harmonics + 1) * samples);
         SourceNoise { phase, noise }
     }
 }

@@ -10,7 +10,7 @@ use crate::hparams::{T3Hparams, T3_ARCH};
 use crate::sampler::{self, SamplingParams, UniformSource};
 use crate::weights::Weights;
 use ggml_sys::gguf::GgufTensors;
-use ggml_sys::{Backend, ComputeGraph, Type, TYPE_F32};
+use ggml_sys::{Backend, ComputeGraph, GraphSlot, Type, TYPE_F32};
 use gpt2::{input, Feed, Shape};
 pub use kv_cache::{AttentionPath, KvCache};
 use std::collections::HashMap;
@@ -63,8 +63,8 @@ fn is_matmul_weight(name: &str) -> bool {
 
 pub struct T3 {
     // Graphs reference the weights and the cache: declared (dropped) first.
-    prefix_graph: Option<(Shape, ComputeGraph)>,
-    suffix_graph: Option<(Shape, ComputeGraph)>,
+    prefix_graph: GraphSlot<Shape>,
+    suffix_graph: GraphSlot<Shape>,
     step_graphs: HashMap<usize, ComputeGraph>,
     kv: Option<KvCache>,
     weights: Weights,
@@ -114,8 +114,8 @@ impl T3 {
             AttentionPath::Flash => attention,
         };
         Ok(T3 {
-            prefix_graph: None,
-            suffix_graph: None,
+            prefix_graph: GraphSlot::default(),
+            suffix_graph: GraphSlot::default(),
             step_graphs: HashMap::new(),
             kv: None,
             weights,
@@ -184,8 +184,8 @@ impl T3 {
         }
         let n_ctx = positions.div_ceil(KV_BLOCK) * KV_BLOCK;
         let n_ctx = n_ctx.min(self.hp.n_ctx).max(positions);
-        self.prefix_graph = None;
-        self.suffix_graph = None;
+        self.prefix_graph.clear();
+        self.suffix_graph.clear();
         self.step_graphs.clear();
         self.cached_voice = None;
         self.kv = None;
@@ -209,21 +209,6 @@ impl T3 {
     fn span(&self, used: usize) -> usize {
         let n_ctx = self.kv.as_ref().map_or(used, |kv| kv.n_ctx);
         (used.div_ceil(KV_BLOCK) * KV_BLOCK).min(n_ctx)
-    }
-
-    fn build(&self, shape: Shape) -> Result<ComputeGraph, String> {
-        let kv = self.kv.as_ref().expect("cache reserved before building");
-        ggml(ComputeGraph::build(&self.backend, MAX_NODES, |ctx| {
-            gpt2::build(
-                &Builder {
-                    ctx,
-                    weights: &self.weights,
-                },
-                &self.hp,
-                kv,
-                shape,
-            )
-        }))
     }
 
     /// Uploads the position-dependent inputs for `n` new tokens at `start`.
@@ -289,11 +274,8 @@ impl T3 {
         if self.cached_voice.as_ref() != Some(cond) {
             self.cached_voice = None;
             let shape = Shape { feed: Feed::VoicePrefix { prompt_tokens: cond.prompt_speech_tokens.len() }, kv_len: self.span(prefix) };
-            if self.prefix_graph.as_ref().is_none_or(|(s, _)| *s != shape) {
-                self.prefix_graph = None;
-                self.prefix_graph = Some((shape, self.build(shape)?));
-            }
-            let graph = &self.prefix_graph.as_ref().expect("built above").1;
+            self.prefix_graph.get_or_build(shape, || build_graph(&self.backend, &self.weights, &self.hp, self.kv.as_ref(), shape))?;
+            let graph = self.prefix_graph.graph().expect("built above");
             set_f32(graph, input::SPEAKER, &cond.speaker_emb)?;
             if !cond.prompt_speech_tokens.is_empty() {
                 set_i32(graph, input::PROMPT_TOKENS, &cond.prompt_speech_tokens)?;
@@ -303,11 +285,8 @@ impl T3 {
             self.cached_voice = Some(cond.clone());
         }
         let shape = Shape { feed: suffix, kv_len: self.span(n) };
-        if self.suffix_graph.as_ref().is_none_or(|(s, _)| *s != shape) {
-            self.suffix_graph = None;
-            self.suffix_graph = Some((shape, self.build(shape)?));
-        }
-        let graph = &self.suffix_graph.as_ref().expect("built above").1;
+        self.suffix_graph.get_or_build(shape, || build_graph(&self.backend, &self.weights, &self.hp, self.kv.as_ref(), shape))?;
+        let graph = self.suffix_graph.graph().expect("built above");
         if !text.is_empty() {
             set_i32(graph, input::TEXT_TOKENS, text)?;
         }
@@ -336,10 +315,7 @@ impl T3 {
         }
         let kv_len = self.span(pos + 1);
         if !self.step_graphs.contains_key(&kv_len) {
-            let g = self.build(Shape {
-                feed: Feed::Step,
-                kv_len,
-            })?;
+            let g = build_graph(&self.backend, &self.weights, &self.hp, self.kv.as_ref(), Shape { feed: Feed::Step, kv_len })?;
             self.step_graphs.insert(kv_len, g);
         }
         let graph = &self.step_graphs[&kv_len];
@@ -349,6 +325,12 @@ impl T3 {
         self.n_past += 1;
         ggml(graph.output(gpt2::LOGITS).and_then(|t| t.get_f32()))
     }
+}
+
+/// One T3 graph of `shape` over the model's weights and cache.
+fn build_graph(backend: &Backend, weights: &Weights, hp: &T3Hparams, kv: Option<&KvCache>, shape: Shape) -> Result<ComputeGraph, String> {
+    let kv = kv.expect("cache reserved before building");
+    ggml(ComputeGraph::build(backend, MAX_NODES, |ctx| gpt2::build(&Builder { ctx, weights }, hp, kv, shape)))
 }
 
 /// How each speech token is chosen.

@@ -39,10 +39,7 @@ pub const REPORT: Tolerances = Tolerances {
 /// CPU: f32 throughout; the differences are summation order and libm.
 pub const CPU: Tolerances = Tolerances { logits: 1e-4, encoder: 1e-5, cfm: 1e-5, hift_body: 1e-5, waveform: 1e-4, waveform_from_mel: Some(1e-3), exact_tokens: true };
 
-/// `[rows][cols]` → `[cols][rows]`.
-pub fn transpose(v: &[f32], rows: usize, cols: usize) -> Vec<f32> {
-    (0..cols).flat_map(|c| (0..rows).map(move |r| v[r * cols + c])).collect()
-}
+pub use tts_model_chatterbox::model::transpose;
 
 fn text_ids() -> Vec<i32> {
     npy_i64("t3_text_ids").into_iter().map(|v| v as i32).collect()
