@@ -26,13 +26,13 @@ target/chatterbox-full/gguf-<weights>/. `tts` and the plugins come from target/r
 import argparse
 import json
 import os
-import platform
 import resource
 import statistics
-import subprocess
 import sys
 import tempfile
 import time
+
+from benchlib import cpu_name, run
 
 ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 TOOLS = os.path.join(ROOT, "tools", "chatterbox")
@@ -105,12 +105,6 @@ def torch_worker(a):
     }))
 
 
-def run(cmd, **kw):
-    r = subprocess.run(cmd, capture_output=True, text=True, **kw)
-    if r.returncode != 0:
-        sys.exit(f"{' '.join(cmd)} failed:\n{r.stderr}")
-    return r.stdout
-
 
 def ensure_gguf(weights):
     out = os.path.join(CKPT, f"gguf-{weights}")
@@ -161,16 +155,6 @@ def torch_bench(threads, text, tokens, runs, warmup):
     # The reference prints progress to stdout; the report is the last line.
     return json.loads(out.strip().splitlines()[-1])
 
-
-def cpu_name():
-    try:
-        with open("/proc/cpuinfo") as f:
-            for line in f:
-                if line.startswith("model name"):
-                    return line.split(":", 1)[1].strip()
-    except OSError:
-        pass
-    return platform.processor()
 
 
 def main():

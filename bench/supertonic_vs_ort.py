@@ -18,13 +18,13 @@ target/supertonic-bundles/<version>/ and converted into target/supertonic-models
 import argparse
 import json
 import os
-import platform
 import resource
 import statistics
-import subprocess
 import sys
 import tempfile
 import time
+
+from benchlib import cpu_name, run
 
 ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 TOOLS = os.path.join(ROOT, "tools", "supertonic")
@@ -67,12 +67,6 @@ def ort_worker(a):
     }))
 
 
-def run(cmd, **kw):
-    r = subprocess.run(cmd, capture_output=True, text=True, **kw)
-    if r.returncode != 0:
-        sys.exit(f"{' '.join(cmd)} failed:\n{r.stderr}")
-    return r.stdout
-
 
 def ensure_model(version, weights):
     bundle = os.path.join(ROOT, "target", "supertonic-bundles", version)
@@ -104,16 +98,6 @@ def ort_bench(bundle, threads, text, steps, runs, warmup):
                "--text", text, "--steps", str(steps), "--runs", str(runs), "--warmup", str(warmup)])
     return json.loads(out)
 
-
-def cpu_name():
-    try:
-        with open("/proc/cpuinfo") as f:
-            for line in f:
-                if line.startswith("model name"):
-                    return line.split(":", 1)[1].strip()
-    except OSError:
-        pass
-    return platform.processor()
 
 
 def main():

@@ -35,6 +35,9 @@ import numpy as np
 
 import gguf
 
+sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
+from gguf_atomic import write_atomically  # noqa: E402
+
 T3_FILES = {"turbo": "t3_turbo_v1.safetensors", "nano": "t3_nano_v1.safetensors"}
 # GPT-2 fixes the head width at 64 for every size (small 12x64, medium 16x64).
 GPT2_HEAD_DIM = 64
@@ -307,15 +310,7 @@ def write(path: Path, arch: str, meta: list[tuple[str, object]], tensors: dict[s
             converted += 1
         else:
             w.add_tensor(name, v)
-    tmp = path.with_name(path.name + ".part")
-    try:
-        w.write_header_to_file(path=tmp)
-        w.write_kv_data_to_file()
-        w.write_tensors_to_file()
-        w.close()
-        tmp.replace(path)
-    finally:
-        tmp.unlink(missing_ok=True)
+    write_atomically(w, path)
     return converted
 
 

@@ -35,6 +35,9 @@ from onnx import numpy_helper
 
 import gguf
 
+sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
+from gguf_atomic import write_atomically  # noqa: E402
+
 ARCH = "supertonic"
 LANGUAGES = {
     "v1": ["en"],
@@ -549,15 +552,7 @@ def convert(bundle: Path, out_path: Path, weights: str, keep_f32: list[str]) -> 
             quantized += 1
         else:
             w.add_tensor(name, value)
-    tmp = out_path.with_name(out_path.name + ".part")
-    try:
-        w.write_header_to_file(path=tmp)
-        w.write_kv_data_to_file()
-        w.write_tensors_to_file()
-        w.close()
-        tmp.replace(out_path)
-    finally:
-        tmp.unlink(missing_ok=True)
+    write_atomically(w, out_path)
     return {"version": version, "tensors": len(tensors), "converted": quantized, "voices": sorted(voices)}
 
 
