@@ -99,18 +99,30 @@ fn version_line() -> String {
 
 fn main() -> ExitCode {
     logging::init();
+    // A bug must still end as one line and leave no temporary behind: the hook
+    // prints the one line, unwinding drops (and so deletes) any temporary.
+    std::panic::set_hook(Box::new(|info| {
+        let message = info.payload().downcast_ref::<&str>().map(|s| s.to_string()).or_else(|| info.payload().downcast_ref::<String>().cloned()).unwrap_or_default();
+        let at = info.location().map(|l| format!(" at {}:{}", l.file(), l.line())).unwrap_or_default();
+        eprintln!("error: internal error (a bug in tts): {}{at}", message.replace('\n', " "));
+    }));
     let version: &'static str = Box::leak(version_line().into_boxed_str());
     let matches = Cli::command().version(version).get_matches();
     let cli = match Cli::from_arg_matches(&matches) {
         Ok(c) => c,
         Err(e) => e.exit(),
     };
-    match run(cli) {
-        Ok(()) => ExitCode::SUCCESS,
-        Err(e) => {
+    if let Err(e) = engine_core::output::remove_temporaries_on_signals() {
+        eprintln!("error: {e}");
+        return ExitCode::FAILURE;
+    }
+    match std::panic::catch_unwind(|| run(cli)) {
+        Ok(Ok(())) => ExitCode::SUCCESS,
+        Ok(Err(e)) => {
             eprintln!("error: {}", e.replace('\n', " "));
             ExitCode::FAILURE
         }
+        Err(_) => ExitCode::FAILURE,
     }
 }
 

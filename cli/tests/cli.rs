@@ -134,7 +134,7 @@ fn unknown_backend_option_is_a_one_line_error_with_line() {
     let plugins = plugin_dir(&["cpu"]);
     let p = write_profile(dir.path(), "[backend]\nprefer = [\"cpu\"]\n[backends.cpu]\nthreads = 2\nthread_pool = 4\n");
     let o = run(&["devices", "--profile", p.to_str().unwrap(), "--plugin-dir", plugins.path().to_str().unwrap()]);
-    assert_one_line_error(&o, ":5:15: unknown key `thread_pool` in [backends.cpu] (known: threads)");
+    assert_one_line_error(&o, ":5:15: unknown key `thread_pool` in [backends.cpu]: the cpu backend takes threads");
 }
 
 #[test]
@@ -279,7 +279,7 @@ fn model_errors_are_one_line_and_leave_no_file() {
     };
     assert_one_line_error(&with(&["--set", "fail=true"]), "tone model: synthesis failed on request");
     assert_one_line_error(&with(&["--set", "gain=loud"]), "option `gain`: `loud` is not a float");
-    assert_one_line_error(&with(&["--set", "voice=x"]), "unknown synthesis option `voice` (known: gain, fail)");
+    assert_one_line_error(&with(&["--set", "voice=x"]), "unknown synthesis option `voice` for the tone model (known: gain, fail, panic)");
     assert!(!wav.exists());
 
     // A GGUF of an architecture no plugin loads.

@@ -267,6 +267,17 @@ pub fn option_str(req: &BackendOpenRequest, key: &str) -> String {
     }
 }
 
+/// An `open` error that starts with this marks a bad option value: the host
+/// stops with it as a profile error instead of falling back to the next
+/// backend (a module that cannot load is the environment's problem; a bad
+/// value is the user's, and silently using another backend would hide it).
+pub const OPTION_ERROR_PREFIX: &str = "invalid option: ";
+
+/// An `open` error for a bad `[backends.<name>]` value (see [`OPTION_ERROR_PREFIX`]).
+pub fn option_error(message: impl std::fmt::Display) -> String {
+    format!("{OPTION_ERROR_PREFIX}{message}")
+}
+
 /// Wraps a plugin's open function so a panic becomes an error, not an abort.
 pub fn guarded_open(f: impl FnOnce() -> Result<BackendSessionBox, String> + std::panic::UnwindSafe) -> RResult<BackendSessionBox, RString> {
     crate::logging::init_from_env();

@@ -10,6 +10,8 @@ pub mod backend_kit;
 pub mod engine;
 pub mod loader;
 pub mod logging;
+pub mod model_kit;
+pub mod output;
 pub mod policy;
 pub mod probes;
 pub mod profile;

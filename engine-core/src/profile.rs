@@ -82,12 +82,9 @@ impl std::fmt::Display for DeviceChoice {
     }
 }
 
-#[derive(Debug, Deserialize, Clone)]
-#[serde(untagged)]
-enum RawDeviceChoice {
-    Index(u32),
-    Name(String),
-}
+/// `device`: "auto", a name, or a non-negative index (kept as a TOML value so
+/// the error for anything else can say what is accepted).
+type RawDeviceChoice = toml::Value;
 
 #[derive(Debug, Deserialize, Clone)]
 #[serde(deny_unknown_fields)]
@@ -191,12 +188,17 @@ impl Profile {
         let device = match &raw.backend.device {
             None => DeviceChoice::Auto,
             Some(d) => match d.get_ref() {
-                RawDeviceChoice::Name(n) if n == "auto" => DeviceChoice::Auto,
-                RawDeviceChoice::Name(n) if n.is_empty() => {
-                    return Err(at(d.span(), "key `device`: empty device name (use \"auto\", a name like \"Vulkan0\", or an index)".into()))
+                toml::Value::String(n) if n == "auto" => DeviceChoice::Auto,
+                toml::Value::String(n) if !n.is_empty() => DeviceChoice::Name(n.clone()),
+                toml::Value::Integer(i) if u32::try_from(*i).is_ok() => DeviceChoice::Index(*i as u32),
+                other => {
+                    let found = match other {
+                        toml::Value::String(_) => "an empty name".to_string(),
+                        toml::Value::Integer(i) => i.to_string(),
+                        v => format!("a {}", v.type_str()),
+                    };
+                    return Err(at(d.span(), format!("key `device`: use \"auto\", a device name like \"Vulkan0\", or a device index 0..={}; found {found}", u32::MAX)));
                 }
-                RawDeviceChoice::Name(n) => DeviceChoice::Name(n.clone()),
-                RawDeviceChoice::Index(i) => DeviceChoice::Index(*i),
             },
         };
         if raw.backend.prefer.is_empty() {
@@ -279,18 +281,20 @@ impl Profile {
     pub fn backend_options(&self, backend: &str, specs: &[OptionSpec]) -> Result<OptionList, ProfileError> {
         let empty = IndexMap::new();
         let table = self.backend_options.get(backend).unwrap_or(&empty);
-        self.validate_options(&format!("[backends.{backend}]"), table, specs)
+        self.validate_options(&format!("[backends.{backend}]"), &format!("the {backend} backend"), table, specs)
     }
 
-    /// Validates `[synthesis]` (plus command-line overrides) against a model plugin's specs.
-    pub fn synthesis_options(&self, specs: &[OptionSpec], overrides: &[(String, String)]) -> Result<OptionList, ProfileError> {
-        let mut list = self.validate_options("[synthesis]", &self.synthesis, specs)?;
+    /// Validates `[synthesis]` (plus command-line overrides) against the specs
+    /// of the model plugin of `family` that loads the model.
+    pub fn synthesis_options(&self, family: &str, specs: &[OptionSpec], overrides: &[(String, String)]) -> Result<OptionList, ProfileError> {
+        let owner = format!("the {family} model (is this profile written for another model family?)");
+        let mut list = self.validate_options("[synthesis]", &owner, &self.synthesis, specs)?;
         for (key, text) in overrides {
             let spec = specs.iter().find(|s| s.key.as_str() == key).ok_or_else(|| ProfileError {
                 origin: "command line".into(),
                 line: 0,
                 column: 0,
-                message: format!("unknown synthesis option `{key}` (known: {})", spec_keys(specs)),
+                message: format!("unknown synthesis option `{key}` for the {family} model (known: {})", spec_keys(specs)),
             })?;
             let value = parse_override(spec, text).map_err(|message| ProfileError {
                 origin: "command line".into(),
@@ -307,14 +311,16 @@ impl Profile {
         Ok(list)
     }
 
-    fn validate_options(&self, table_name: &str, table: &IndexMap<String, Spanned<toml::Value>>, specs: &[OptionSpec]) -> Result<OptionList, ProfileError> {
+    /// `owner` names who takes the options, for the unknown-key message.
+    fn validate_options(&self, table_name: &str, owner: &str, table: &IndexMap<String, Spanned<toml::Value>>, specs: &[OptionSpec]) -> Result<OptionList, ProfileError> {
         let at = |span: Range<usize>, message: String| {
             let (line, column) = line_col(&self.source, span.start);
             ProfileError { origin: self.origin.clone(), line, column, message }
         };
         for (key, value) in table {
             if !specs.iter().any(|s| s.key.as_str() == key) {
-                return Err(at(value.span(), format!("unknown key `{key}` in {table_name} (known: {})", spec_keys(specs))));
+                let (takes, rest) = owner.split_once(" (").map_or((owner, String::new()), |(a, b)| (a, format!(" ({b}")));
+                return Err(at(value.span(), format!("unknown key `{key}` in {table_name}: {takes} takes {}{rest}", spec_keys(specs))));
             }
         }
         let mut out = OptionList::new();
@@ -361,7 +367,10 @@ fn parse_override(spec: &OptionSpec, text: &str) -> Result<OptionValue, String> 
     let bad = || format!("`{text}` is not {}", spec.kind.with_article());
     Ok(match spec.kind {
         OptionKind::Bool => OptionValue::Bool(text.parse().map_err(|_| bad())?),
-        OptionKind::Int => OptionValue::Int(text.parse().map_err(|_| bad())?),
+        OptionKind::Int => OptionValue::Int(text.parse().map_err(|_| match text.trim().parse::<i128>() {
+            Ok(_) => format!("`{text}` is out of range for an integer option ({}..={})", i64::MIN, i64::MAX),
+            Err(_) => bad(),
+        })?),
         OptionKind::Float => OptionValue::Float(text.parse().map_err(|_| bad())?),
         OptionKind::Str | OptionKind::Path => OptionValue::Str(text.into()),
     })

@@ -55,7 +55,10 @@ fn deny_rule_with_unknown_feature_or_op() {
 fn device_choice_forms() {
     assert_eq!(parse("[backend]\ndevice = 1\n").unwrap().device, DeviceChoice::Index(1));
     assert_eq!(parse("[backend]\ndevice = \"Vulkan0\"\n").unwrap().device, DeviceChoice::Name("Vulkan0".into()));
-    assert!(parse("[backend]\ndevice = \"\"\n").unwrap_err().starts_with("p.toml:2:10: key `device`: empty device name"));
+    let expect = |found: &str| format!("key `device`: use \"auto\", a device name like \"Vulkan0\", or a device index 0..=4294967295; found {found}");
+    assert_eq!(parse("[backend]\ndevice = \"\"\n").unwrap_err(), format!("p.toml:2:10: {}", expect("an empty name")));
+    assert_eq!(parse("[backend]\ndevice = -1\n").unwrap_err(), format!("p.toml:2:10: {}", expect("-1")));
+    assert_eq!(parse("[backend]\ndevice = 1.5\n").unwrap_err(), format!("p.toml:2:10: {}", expect("a float")));
 }
 
 #[test]
@@ -86,17 +89,28 @@ fn backend_options_are_validated_against_plugin_specs() {
     let p = parse("[backends.cpu]\n\nthreds = 2\n").unwrap();
     assert_eq!(
         p.backend_options("cpu", &specs()).unwrap_err().to_string(),
-        "p.toml:3:10: unknown key `threds` in [backends.cpu] (known: threads, cache_dir)"
+        "p.toml:3:10: unknown key `threds` in [backends.cpu]: the cpu backend takes threads, cache_dir"
     );
 }
 
 #[test]
 fn synthesis_overrides_are_typed() {
     let p = parse("[synthesis]\nthreads = 3\n").unwrap();
-    let list = p.synthesis_options(&specs(), &[("threads".into(), "5".into())]).unwrap();
+    let list = p.synthesis_options("tone", &specs(), &[("threads".into(), "5".into())]).unwrap();
     assert_eq!(list[0].1, OptionValue::Int(5));
-    let e = p.synthesis_options(&specs(), &[("threads".into(), "five".into())]).unwrap_err();
+    let e = p.synthesis_options("tone", &specs(), &[("threads".into(), "five".into())]).unwrap_err();
     assert_eq!(e.to_string(), "command line: option `threads`: `five` is not an integer");
-    let e = p.synthesis_options(&specs(), &[("speed".into(), "1".into())]).unwrap_err();
-    assert_eq!(e.to_string(), "command line: unknown synthesis option `speed` (known: threads, cache_dir)");
+    let e = p.synthesis_options("tone", &specs(), &[("threads".into(), "18446744073709551616".into())]).unwrap_err();
+    assert_eq!(e.to_string(), "command line: option `threads`: `18446744073709551616` is out of range for an integer option (-9223372036854775808..=9223372036854775807)");
+    let e = p.synthesis_options("tone", &specs(), &[("speed".into(), "1".into())]).unwrap_err();
+    assert_eq!(e.to_string(), "command line: unknown synthesis option `speed` for the tone model (known: threads, cache_dir)");
+    // A profile written for another family names the real cause.
+    let p = parse("[synthesis]
+temperature = 0.8
+").unwrap();
+    let e = p.synthesis_options("supertonic", &specs(), &[]).unwrap_err();
+    assert_eq!(
+        e.to_string(),
+        "p.toml:2:15: unknown key `temperature` in [synthesis]: the supertonic model takes threads, cache_dir (is this profile written for another model family?)"
+    );
 }

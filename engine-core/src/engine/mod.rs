@@ -123,6 +123,9 @@ impl Engine {
                 let facts = crate::backend_kit::facts_to_pairs(&session.module_facts());
                 Ok(BackendState::Open(OpenBackend { name: name.into(), session, devices, facts }))
             }
+            RResult::RErr(e) if e.starts_with(crate::backend_kit::OPTION_ERROR_PREFIX) => {
+                fail(format!("{}: [backends.{name}] {}", self.profile.origin(), &e[crate::backend_kit::OPTION_ERROR_PREFIX.len()..]))
+            }
             RResult::RErr(e) => {
                 tracing::warn!(backend = name, "unavailable: {e}");
                 Ok(BackendState::Unavailable(format!("{} could not open its ggml module: {e}", path.display())))
@@ -248,8 +251,14 @@ impl Engine {
     pub fn open_model(&self, overrides: &[(String, String)]) -> Result<ModelSession, EngineError> {
         let (backend, device, resolution) = self.select()?;
         let Some(first) = self.profile.model_files.first() else {
-            return fail(format!("{}: [model] files is empty; name the model GGUF file(s)", self.profile.origin()));
+            return fail(format!("{}: [model] files is empty; name the model GGUF file(s) there or pass --model FILE", self.profile.origin()));
         };
+        for (i, a) in self.profile.model_files.iter().enumerate() {
+            let same = |b: &PathBuf| a == b || std::fs::canonicalize(a).ok().zip(std::fs::canonicalize(b).ok()).is_some_and(|(x, y)| x == y);
+            if self.profile.model_files[..i].iter().any(same) {
+                return fail(format!("model file {} is given twice", a.display()));
+            }
+        }
         let gguf = ggml_sys::gguf::GgufFile::open(first).map_err(|e| EngineError(e.to_string()))?;
         let arch = gguf.get_str("general.architecture").map_err(|e| EngineError(e.to_string()))?;
         drop(gguf);
@@ -260,7 +269,7 @@ impl Engine {
                 Ok((m, _)) => {
                     let family = (m.module.family())();
                     if family.architectures.iter().any(|a| a.as_str() == arch) {
-                        chosen = Some(m);
+                        chosen = Some((m, family.family.to_string()));
                         break;
                     }
                     tried.push(family.family.to_string());
@@ -268,7 +277,7 @@ impl Engine {
                 Err(e) => tried.push(format!("{} ({e})", f.name)),
             }
         }
-        let Some(model_plugin) = chosen else {
+        let Some((model_plugin, family)) = chosen else {
             return fail(format!(
                 "no model plugin loads architecture '{arch}' of {} (model plugins found: {})",
                 first.display(),
@@ -276,7 +285,7 @@ impl Engine {
             ));
         };
         let specs: Vec<_> = (model_plugin.module.option_specs())().into_iter().collect();
-        let options = self.profile.synthesis_options(&specs, overrides).map_err(|e| EngineError(e.to_string()))?;
+        let options = self.profile.synthesis_options(&family, &specs, overrides).map_err(|e| EngineError(e.to_string()))?;
         let handle = match backend.session.init_device(device.index) {
             RResult::ROk(h) => h,
             RResult::RErr(e) => return fail(format!("initialising {}: {e}", device.name)),
@@ -294,14 +303,14 @@ impl Engine {
     }
 
     /// Full synthesis path: [`open_model`](Self::open_model), synthesize `text`,
-    /// and write a WAV atomically.
+    /// and write a WAV ([`crate::output`]: no partial file, no link followed).
     pub fn synthesize_to_wav(&self, text: &str, overrides: &[(String, String)], out: &Path) -> Result<SynthesisOutput, EngineError> {
         if text.trim().is_empty() {
             return fail("text is empty");
         }
         let mut session = self.open_model(overrides)?;
         let output = session.synthesize(text)?;
-        crate::audio::write_wav_atomic(out, &output.samples, output.sample_rate).map_err(EngineError)?;
+        crate::audio::write_wav(out, &output.samples, output.sample_rate).map_err(EngineError)?;
         Ok(output)
     }
 }
@@ -329,6 +338,7 @@ impl ModelSession {
         for t in output.timings.iter() {
             tracing::debug!(stage = %t.stage, ms = t.ms, "stage timing");
         }
+        crate::audio::check_samples(&output.samples, output.sample_rate).map_err(|e| EngineError(format!("{}: {e}", self.info.family)))?;
         Ok(output)
     }
 }

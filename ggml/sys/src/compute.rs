@@ -46,8 +46,10 @@ impl ComputeGraph {
             let ptrs = |v: &[(&'static str, Tensor<'_>)]| v.iter().map(|(n, t)| (*n, NonNull::new(t.as_ptr()).unwrap())).collect::<Vec<_>>();
             (NonNull::new(graph.as_ptr()).unwrap(), ptrs(&io.inputs), ptrs(&io.outputs))
         };
+        let built = unsafe { Graph::from_raw(graph) };
+        check_supported(backend, &built)?;
         let mut alloc = GraphAllocator::new(backend)?;
-        alloc.alloc(&unsafe { Graph::from_raw(graph) })?;
+        alloc.alloc(&built)?;
         Ok(ComputeGraph { alloc, graph, inputs, outputs, ctx })
     }
 
@@ -85,6 +87,29 @@ impl ComputeGraph {
     pub fn buffer_size(&self) -> usize {
         self.alloc.size()
     }
+}
+
+/// Refuses a graph with a node the device cannot run: a backend computing an
+/// unsupported node aborts the process, a refused graph is an error.
+fn check_supported(backend: &Backend, graph: &Graph<'_>) -> Result<()> {
+    let Some(device) = backend.device() else { return Ok(()) };
+    for i in 0..graph.n_nodes() {
+        let Some(node) = graph.node(i) else { break };
+        if !device.supports_op(node) {
+            let ne = node.ne();
+            return err(format!(
+                "{} cannot run {} ({}, shape {}x{}x{}x{}) that this model needs",
+                device.name(),
+                crate::op_name(node.op()),
+                crate::type_name(node.ty()),
+                ne[0],
+                ne[1],
+                ne[2],
+                ne[3]
+            ));
+        }
+    }
+    Ok(())
 }
 
 /// One stage's cached graph and the shape key it was built for: a model keeps

@@ -135,6 +135,11 @@ impl<'ctx> Tensor<'ctx> {
         Tensor { ptr, _ctx: PhantomData }
     }
 
+    /// A tensor of the graph's context, tied to the graph's lifetime.
+    pub(crate) unsafe fn from_raw_unbound(ptr: NonNull<sys::ggml_tensor>) -> Self {
+        Tensor { ptr, _ctx: PhantomData }
+    }
+
     /// The same tensor with the lifetime of another context, so that tensors of a
     /// long-lived context (weights) can be used in graphs built in a shorter one.
     /// Safety: the tensor's own context must outlive every use through `_ctx`.
@@ -306,5 +311,14 @@ impl<'ctx> Graph<'ctx> {
 
     pub fn n_nodes(&self) -> usize {
         unsafe { sys::ggml_graph_n_nodes(self.as_ptr()) as usize }
+    }
+
+    /// The graph's `i`-th node (`i < n_nodes()`).
+    pub fn node(&self, i: usize) -> Option<Tensor<'ctx>> {
+        if i >= self.n_nodes() {
+            return None;
+        }
+        let p = NonNull::new(unsafe { sys::ggml_graph_node(self.as_ptr(), i as i32) })?;
+        Some(unsafe { Tensor::from_raw_unbound(p) })
     }
 }

@@ -6,6 +6,38 @@ use std::ffi::CString;
 use std::path::{Path, PathBuf};
 use std::ptr::NonNull;
 
+/// Refuses, with the real reason, a model path that is not a readable regular
+/// file: missing, a directory, a FIFO or device (which ggml would block on or
+/// misread), or unreadable.
+pub fn check_model_path(path: &Path) -> Result<()> {
+    use std::os::unix::fs::FileTypeExt;
+    let shown = path.display();
+    let meta = match std::fs::metadata(path) {
+        Ok(m) => m,
+        Err(e) if e.kind() == std::io::ErrorKind::NotFound => return err(format!("GGUF file {shown} does not exist")),
+        Err(e) => return err(format!("cannot read GGUF file {shown}: {e}")),
+    };
+    let kind = meta.file_type();
+    let what = if kind.is_dir() {
+        "a directory"
+    } else if kind.is_fifo() {
+        "a FIFO"
+    } else if kind.is_char_device() {
+        "a character device"
+    } else if kind.is_block_device() {
+        "a block device"
+    } else if kind.is_socket() {
+        "a socket"
+    } else {
+        ""
+    };
+    if !what.is_empty() {
+        return err(format!("GGUF file {shown} is {what}, not a regular file"));
+    }
+    std::fs::File::open(path).map_err(|e| crate::Error::Msg(format!("cannot read GGUF file {shown}: {e}")))?;
+    Ok(())
+}
+
 /// A GGUF file opened for metadata (tensor data is not read).
 pub struct GgufFile {
     ptr: NonNull<sys::gguf_context>,
@@ -25,9 +57,7 @@ pub struct TensorInfo {
 
 impl GgufFile {
     pub fn open(path: &Path) -> Result<Self> {
-        if !path.is_file() {
-            return err(format!("GGUF file {} does not exist", path.display()));
-        }
+        check_model_path(path)?;
         let c = CString::new(path.to_string_lossy().as_bytes()).map_err(|e| crate::Error::Msg(e.to_string()))?;
         let params = sys::gguf_init_params { no_alloc: true, ctx: std::ptr::null_mut() };
         match NonNull::new(unsafe { sys::gguf_init_from_file(c.as_ptr(), params) }) {
@@ -193,9 +223,7 @@ pub struct GgufTensors {
 
 impl GgufTensors {
     pub fn open(path: &Path) -> Result<Self> {
-        if !path.is_file() {
-            return err(format!("GGUF file {} does not exist", path.display()));
-        }
+        check_model_path(path)?;
         let c = CString::new(path.to_string_lossy().as_bytes()).map_err(|e| crate::Error::Msg(e.to_string()))?;
         let mut meta: *mut sys::ggml_context = std::ptr::null_mut();
         let params = sys::gguf_init_params { no_alloc: true, ctx: &mut meta };

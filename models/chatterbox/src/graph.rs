@@ -1,7 +1,7 @@
 //! Graph-construction helpers shared by the stage builders: the op context
 //! and the weights, linear layers and LayerNorm.
 
-use crate::weights::Weights;
+use engine_core::model_kit::Weights;
 use ggml_sys::{Context, Result, Tensor};
 
 pub struct Builder<'c, 'w> {

@@ -1,8 +1,10 @@
 //! Hyper-parameters of a converted Chatterbox model, read from GGUF metadata
 //! (written by `tools/chatterbox/convert.py`; see docs/gguf.md). Nothing has a
-//! default: a key the converter did not write is an error naming the key.
+//! default: a key the converter did not write is an error naming the key, and
+//! every value is checked against its documented range.
 
-use ggml_sys::gguf::{GgufFile, Metadata};
+use engine_core::model_kit::HparamReader;
+use ggml_sys::gguf::GgufFile;
 
 /// `general.architecture` of the T3 file.
 pub const T3_ARCH: &str = "chatterbox";
@@ -40,56 +42,55 @@ pub struct T3Hparams {
     pub cond_prompt_len: usize,
 }
 
+/// Ranges of the Chatterbox-specific keys (docs/gguf.md); the shared ones are
+/// in [`engine_core::model_kit::hparams`].
+pub mod ranges {
+    use std::ops::RangeInclusive;
+    pub const VOCAB: RangeInclusive<usize> = 1..=262_144;
+    pub const CONTEXT: RangeInclusive<usize> = 2..=65_536;
+    pub const PROMPT: RangeInclusive<usize> = 0..=4096;
+    pub const LOOKAHEAD: RangeInclusive<usize> = 0..=254;
+    pub const SLOPE: RangeInclusive<f32> = 0.0..=1.0;
+    pub const TIMESTEPS: RangeInclusive<usize> = 1..=100;
+    pub const CFG_RATE: RangeInclusive<f32> = 0.0..=10.0;
+    pub const TIME_SCALE: RangeInclusive<f32> = 1e-6..=1e9;
+    pub const STAGES: RangeInclusive<usize> = 1..=8;
+    pub const RATE: RangeInclusive<usize> = 1..=64;
+    pub const N_FFT: RangeInclusive<usize> = 2..=4096;
+    pub const HARMONICS: RangeInclusive<usize> = 0..=64;
+    pub const NSF: RangeInclusive<f32> = 0.0..=10.0;
+    pub const VOICED_HZ: RangeInclusive<f32> = 0.0..=10_000.0;
+    pub const AUDIO_LIMIT: RangeInclusive<f32> = 1e-6..=1.0;
+}
+
 impl T3Hparams {
     pub fn load(file: &GgufFile) -> Result<Self, String> {
-        let m = Metadata::new(file, T3_ARCH);
-        let backbone = match m.str("backbone")?.as_str() {
+        use engine_core::model_kit::hparams::{DIM, EPS, HEADS, LAYERS};
+        let m = HparamReader::new(file, T3_ARCH);
+        let backbone = match m.string("backbone")?.as_str() {
             "gpt2" => Backbone::Gpt2,
-            other => {
-                return Err(format!(
-                    "{}: T3 backbone '{other}' is not supported by this plugin version",
-                    file.path().display()
-                ))
-            }
+            other => return Err(m.error(format!("T3 backbone '{other}' is not supported by this plugin version"))),
         };
+        let speech_vocab = m.count("speech_vocab", ranges::VOCAB)?;
         let hp = T3Hparams {
-            variant: m.str("variant")?,
+            variant: m.choice("variant", &["turbo", "nano"])?,
             backbone,
-            n_layer: m.usize("n_layer")?,
-            n_embd: m.usize("n_embd")?,
-            n_head: m.usize("n_head")?,
-            n_ctx: m.usize("n_ctx")?,
-            n_ff: m.usize("n_ff")?,
-            text_vocab: m.usize("text_vocab")?,
-            speech_vocab: m.usize("speech_vocab")?,
-            speaker_dim: m.usize("speaker_dim")?,
-            layer_norm_eps: m.f32("layer_norm_eps")?,
-            start_speech_token: m.u32("start_speech_token")?,
-            stop_speech_token: m.u32("stop_speech_token")?,
-            silence_token: m.u32("silence_token")?,
-            cond_prompt_len: m.usize("cond_prompt_len")?,
+            n_layer: m.count("n_layer", LAYERS)?,
+            n_embd: m.count("n_embd", DIM)?,
+            n_head: m.count("n_head", HEADS)?,
+            n_ctx: m.count("n_ctx", ranges::CONTEXT)?,
+            n_ff: m.count("n_ff", DIM)?,
+            text_vocab: m.count("text_vocab", ranges::VOCAB)?,
+            speech_vocab,
+            speaker_dim: m.count("speaker_dim", DIM)?,
+            layer_norm_eps: m.real("layer_norm_eps", EPS)?,
+            start_speech_token: m.token("start_speech_token", speech_vocab)?,
+            stop_speech_token: m.token("stop_speech_token", speech_vocab)?,
+            silence_token: m.token("silence_token", speech_vocab)?,
+            cond_prompt_len: m.count("cond_prompt_len", ranges::PROMPT)?,
         };
-        if hp.n_head == 0 || !hp.n_embd.is_multiple_of(hp.n_head) {
-            return Err(format!(
-                "{}: n_embd {} does not split into {} heads",
-                file.path().display(),
-                hp.n_embd,
-                hp.n_head
-            ));
-        }
-        for (name, token) in [
-            ("start", hp.start_speech_token),
-            ("stop", hp.stop_speech_token),
-            ("silence", hp.silence_token),
-        ] {
-            if token as usize >= hp.speech_vocab {
-                return Err(format!(
-                    "{}: {name} speech token {token} is outside the speech vocabulary ({})",
-                    file.path().display(),
-                    hp.speech_vocab
-                ));
-            }
-        }
+        m.require(hp.n_embd.is_multiple_of(hp.n_head), || format!("n_embd {} does not split into {} heads", hp.n_embd, hp.n_head))?;
+        m.require(hp.cond_prompt_len + 2 < hp.n_ctx, || format!("the voice prompt ({} tokens) leaves no room in the context of {}", hp.cond_prompt_len, hp.n_ctx))?;
         Ok(hp)
     }
 
@@ -194,86 +195,111 @@ pub struct S3GenHparams {
 
 impl S3GenHparams {
     pub fn load(file: &GgufFile) -> Result<Self, String> {
-        let m = Metadata::new(file, S3GEN_ARCH);
+        use engine_core::model_kit::hparams::{DILATION, DIM, EPS, HEADS, KERNEL, LAYERS, SAMPLE_RATE};
+        let m = HparamReader::new(file, S3GEN_ARCH);
         let encoder = EncoderHparams {
-            n_embd: m.usize("encoder.n_embd")?,
-            n_head: m.usize("encoder.n_head")?,
-            n_ff: m.usize("encoder.n_ff")?,
-            n_layer: m.usize("encoder.n_layer")?,
-            n_up_layer: m.usize("encoder.n_up_layer")?,
-            pre_lookahead: m.usize("encoder.pre_lookahead")?,
-            lookahead_conv2_kernel: m.usize("encoder.lookahead_conv2_kernel")?,
-            leaky_relu_slope: m.f32("encoder.leaky_relu_slope")?,
-            up_stride: m.usize("encoder.up_stride")?,
-            layer_norm_eps: m.f32("encoder.layer_norm_eps")?,
-            embed_norm_eps: m.f32("encoder.embed_norm_eps")?,
-            after_norm_eps: m.f32("encoder.after_norm_eps")?,
+            n_embd: m.count("encoder.n_embd", DIM)?,
+            n_head: m.count("encoder.n_head", HEADS)?,
+            n_ff: m.count("encoder.n_ff", DIM)?,
+            n_layer: m.count("encoder.n_layer", LAYERS)?,
+            n_up_layer: m.count("encoder.n_up_layer", LAYERS)?,
+            pre_lookahead: m.count("encoder.pre_lookahead", ranges::LOOKAHEAD)?,
+            lookahead_conv2_kernel: m.count("encoder.lookahead_conv2_kernel", KERNEL)?,
+            leaky_relu_slope: m.real("encoder.leaky_relu_slope", ranges::SLOPE)?,
+            up_stride: m.count("encoder.up_stride", DILATION)?,
+            layer_norm_eps: m.real("encoder.layer_norm_eps", EPS)?,
+            embed_norm_eps: m.real("encoder.embed_norm_eps", EPS)?,
+            after_norm_eps: m.real("encoder.after_norm_eps", EPS)?,
         };
-        if encoder.n_head == 0 || !encoder.n_embd.is_multiple_of(encoder.n_head) {
-            return Err(format!("{}: encoder width {} does not split into {} heads", file.path().display(), encoder.n_embd, encoder.n_head));
-        }
-        if encoder.up_stride == 0 || encoder.lookahead_conv2_kernel == 0 {
-            return Err(format!("{}: encoder up_stride and lookahead_conv2_kernel must be positive", file.path().display()));
-        }
+        m.require(encoder.n_embd.is_multiple_of(encoder.n_head), || format!("encoder width {} does not split into {} heads", encoder.n_embd, encoder.n_head))?;
+        m.require(encoder.n_embd.is_multiple_of(2), || format!("encoder width {} is odd (sine and cosine position pairs)", encoder.n_embd))?;
         let cfm = CfmHparams {
-            in_channels: m.usize("cfm.in_channels")?,
-            channels: m.usize("cfm.channels")?,
-            time_dim: m.usize("cfm.time_dim")?,
-            n_transformer: m.usize("cfm.n_transformer")?,
-            n_mid: m.usize("cfm.n_mid")?,
-            n_head: m.usize("cfm.n_head")?,
-            head_dim: m.usize("cfm.head_dim")?,
-            ff_dim: m.usize("cfm.ff_dim")?,
-            conv_kernel: m.usize("cfm.conv_kernel")?,
-            time_scale: m.f32("cfm.time_scale")?,
-            layer_norm_eps: m.f32("cfm.layer_norm_eps")?,
+            in_channels: m.count("cfm.in_channels", DIM)?,
+            channels: m.count("cfm.channels", DIM)?,
+            time_dim: m.count("cfm.time_dim", DIM)?,
+            n_transformer: m.count("cfm.n_transformer", LAYERS)?,
+            n_mid: m.count("cfm.n_mid", 0..=*LAYERS.end())?,
+            n_head: m.count("cfm.n_head", HEADS)?,
+            head_dim: m.count("cfm.head_dim", DIM)?,
+            ff_dim: m.count("cfm.ff_dim", DIM)?,
+            conv_kernel: m.count("cfm.conv_kernel", KERNEL)?,
+            time_scale: m.real("cfm.time_scale", ranges::TIME_SCALE)?,
+            layer_norm_eps: m.real("cfm.layer_norm_eps", EPS)?,
         };
-        if cfm.conv_kernel == 0 || !cfm.in_channels.is_multiple_of(2) {
-            return Err(format!("{}: CFM conv_kernel must be positive and in_channels even", file.path().display()));
-        }
+        let stages = ranges::STAGES;
         let hift = HiftHparams {
-            sample_rate: m.u32("hift.sample_rate")?,
-            base_channels: m.usize("hift.base_channels")?,
-            conv_pre_kernel: m.usize("hift.conv_pre_kernel")?,
-            conv_post_kernel: m.usize("hift.conv_post_kernel")?,
-            upsample_rates: m.usizes("hift.upsample_rates")?,
-            upsample_kernels: m.usizes("hift.upsample_kernels")?,
-            resblock_kernels: m.usizes("hift.resblock_kernels")?,
-            source_resblock_kernels: m.usizes("hift.source_resblock_kernels")?,
-            resblock_dilations: m.usizes("hift.resblock_dilations")?,
-            n_fft: m.usize("hift.n_fft")?,
-            hop: m.usize("hift.hop")?,
-            harmonics: m.usize("hift.harmonics")?,
-            nsf_alpha: m.f32("hift.nsf_alpha")?,
-            nsf_sigma: m.f32("hift.nsf_sigma")?,
-            voiced_threshold: m.f32("hift.voiced_threshold")?,
-            lrelu_slope: m.f32("hift.lrelu_slope")?,
-            audio_limit: m.f32("hift.audio_limit")?,
-            f0_layers: m.usize("hift.f0_layers")?,
-            f0_kernel: m.usize("hift.f0_kernel")?,
-            trim_fade_samples: m.usize("hift.trim_fade_samples")?,
+            sample_rate: m.count("hift.sample_rate", SAMPLE_RATE)? as u32,
+            base_channels: m.count("hift.base_channels", DIM)?,
+            conv_pre_kernel: m.count("hift.conv_pre_kernel", KERNEL)?,
+            conv_post_kernel: m.count("hift.conv_post_kernel", KERNEL)?,
+            upsample_rates: m.counts("hift.upsample_rates", stages.clone(), ranges::RATE)?,
+            upsample_kernels: m.counts("hift.upsample_kernels", stages.clone(), KERNEL)?,
+            resblock_kernels: m.counts("hift.resblock_kernels", stages.clone(), KERNEL)?,
+            source_resblock_kernels: m.counts("hift.source_resblock_kernels", stages.clone(), KERNEL)?,
+            resblock_dilations: m.counts("hift.resblock_dilations", stages, DILATION)?,
+            n_fft: m.count("hift.n_fft", ranges::N_FFT)?,
+            hop: m.count("hift.hop", 1..=4096)?,
+            harmonics: m.count("hift.harmonics", ranges::HARMONICS)?,
+            nsf_alpha: m.real("hift.nsf_alpha", ranges::NSF)?,
+            nsf_sigma: m.real("hift.nsf_sigma", ranges::NSF)?,
+            voiced_threshold: m.real("hift.voiced_threshold", ranges::VOICED_HZ)?,
+            lrelu_slope: m.real("hift.lrelu_slope", ranges::SLOPE)?,
+            audio_limit: m.real("hift.audio_limit", ranges::AUDIO_LIMIT)?,
+            f0_layers: m.count("hift.f0_layers", LAYERS)?,
+            f0_kernel: m.count("hift.f0_kernel", KERNEL)?,
+            trim_fade_samples: m.count("hift.trim_fade_samples", 0..=192_000)?,
         };
-        let stages = hift.upsample_rates.len();
-        if stages == 0 || hift.upsample_kernels.len() != stages || hift.source_resblock_kernels.len() != stages {
-            return Err(format!("{}: HiFT upsample rates, kernels and source resblocks disagree in count", file.path().display()));
-        }
-        if hift.upsample_rates.iter().zip(&hift.upsample_kernels).any(|(u, k)| k < u || (k - u) % 2 != 0) {
-            return Err(format!("{}: a HiFT upsampling kernel is not rate + an even number", file.path().display()));
-        }
-        if hift.n_fft == 0 || hift.hop == 0 || hift.f0_kernel.is_multiple_of(2) || hift.resblock_kernels.is_empty() {
-            return Err(format!("{}: HiFT n_fft, hop, f0_kernel or resblock kernels are invalid", file.path().display()));
-        }
-        Ok(S3GenHparams {
-            variant: m.str("variant")?,
-            meanflow: m.bool("meanflow")?,
-            n_timesteps: m.usize("n_timesteps")?,
-            cfg_rate: m.f32("cfg_rate")?,
-            speech_vocab: m.usize("speech_vocab")?,
-            mel_channels: m.usize("mel_channels")?,
-            speaker_dim: m.usize("speaker_dim")?,
+        let mel_channels = m.count("mel_channels", 1..=1024)?;
+        let hp = S3GenHparams {
+            variant: m.choice("variant", &["meanflow", "standard"])?,
+            meanflow: m.flag("meanflow")?,
+            n_timesteps: m.count("n_timesteps", ranges::TIMESTEPS)?,
+            cfg_rate: m.real("cfg_rate", ranges::CFG_RATE)?,
+            speech_vocab: m.count("speech_vocab", ranges::VOCAB)?,
+            mel_channels,
+            speaker_dim: m.count("speaker_dim", DIM)?,
             encoder,
             cfm,
             hift,
-        })
+        };
+        hp.check_relations(&m)?;
+        Ok(hp)
+    }
+
+    fn check_relations(&self, m: &HparamReader) -> Result<(), String> {
+        m.require(self.meanflow == (self.variant == "meanflow"), || format!("variant '{}' disagrees with meanflow = {}", self.variant, self.meanflow))?;
+        m.require(self.cfm.in_channels == 4 * self.mel_channels, || {
+            format!("cfm.in_channels {} is not 4 x mel_channels {} (x, mu, speaker, cond)", self.cfm.in_channels, self.mel_channels)
+        })?;
+        let h = &self.hift;
+        let stages = h.upsample_rates.len();
+        m.require(h.upsample_kernels.len() == stages && h.source_resblock_kernels.len() == stages, || {
+            "HiFT upsample rates, kernels and source resblocks disagree in count".into()
+        })?;
+        m.require(h.upsample_rates.iter().zip(&h.upsample_kernels).all(|(u, k)| k >= u && (k - u) % 2 == 0), || {
+            "a HiFT upsampling kernel is not its rate plus an even number".into()
+        })?;
+        m.require(h.base_channels.is_multiple_of(1 << stages), || format!("hift.base_channels {} does not halve {stages} times", h.base_channels))?;
+        m.require(h.hop <= h.n_fft && h.n_fft.is_multiple_of(2), || format!("hift.n_fft {} must be even and at least hift.hop {}", h.n_fft, h.hop))?;
+        // "Same" convolutions pad (k - 1) / 2 on each side: their kernels must be odd.
+        let odd = [("conv_pre_kernel", h.conv_pre_kernel), ("conv_post_kernel", h.conv_post_kernel), ("f0_kernel", h.f0_kernel)]
+            .into_iter()
+            .chain(h.resblock_kernels.iter().chain(&h.source_resblock_kernels).map(|&k| ("resblock kernels", k)));
+        for (key, k) in odd {
+            m.require(k % 2 == 1, || format!("hift.{key} has an even kernel {k}; these convolutions need odd kernels"))?;
+        }
+        // The source branch of each stage must land on the upsampled frames.
+        for mel_frames in 1..=4 {
+            let stft = mel_frames * h.upsample_rates.iter().product::<usize>() + 1;
+            let mut frames = mel_frames;
+            let mut remaining: usize = h.upsample_rates.iter().product();
+            for (i, rate) in h.upsample_rates.iter().enumerate() {
+                frames = frames * rate + usize::from(i == stages - 1);
+                remaining /= rate;
+                let source = if remaining == 1 { stft } else { (stft + 2 * (remaining / 2) - 2 * remaining) / remaining + 1 };
+                m.require(source == frames, || format!("HiFT stage {i}: the source branch gives {source} frames, the upsampled mel {frames}"))?;
+            }
+        }
+        Ok(())
     }
 }

@@ -1,7 +1,8 @@
 //! Chatterbox model-family plugin (`libtts_model_chatterbox.so`): Turbo and
 //! Nano (GPT-2 T3), with Multilingual (Llama T3) planned on the same layout.
 //!
-//! Layout: [`hparams`] (GGUF metadata), [`weights`], [`text`] (normalisation,
+//! Layout: [`hparams`] (GGUF metadata, range-checked), [`tensors`] (the tensor
+//! tables checked at load), [`text`] (normalisation,
 //! sentence split, tokenizer), [`t3`] (speech-token generator: graph builder,
 //! static K/V cache, generation loop), [`sampler`], [`s3gen`] (flow encoder,
 //! CFM estimator, HiFT graphs and host DSP), [`model`] (the synthesis loop),
@@ -14,8 +15,8 @@ pub mod model;
 pub mod s3gen;
 pub mod sampler;
 pub mod t3;
+pub mod tensors;
 pub mod text;
-pub mod weights;
 
 use abi_stable::{
     export_root_module,
@@ -28,6 +29,7 @@ use engine_core::abi::{
     OptionKind, OptionList, OptionSpec, OptionValue, PluginInfo, ResolvedPolicies, StageTiming, SynthesisOutput, SynthesisRequest,
 };
 use engine_core::backend_kit::spec;
+use engine_core::model_kit::guarded;
 use model::{Chatterbox, SynthesisParams};
 use sampler::SamplingParams;
 use t3::{AttentionConfig, AttentionPath};
@@ -140,14 +142,13 @@ struct Plugin {
 
 extern "C" fn load(request: &ModelLoadRequest, handle: &BackendHandle) -> RResult<ModelBox, RString> {
     engine_core::logging::init_from_env();
-    let result = (|| -> Result<ModelBox, String> {
+    guarded("chatterbox", || {
         let files: Vec<std::path::PathBuf> = request.files.iter().map(|f| f.as_str().into()).collect();
         let attention = attention_from_policies(&request.policies);
         let model = Chatterbox::load(&files, &handle.ggml_backend(), attention)?;
         tracing::info!(variant = model.variant(), attention = ?model.t3.attention(), "chatterbox model loaded");
         Ok(Model_TO::from_value(Plugin { model }, TD_Opaque))
-    })();
-    result.map_err(RString::from).into()
+    })
 }
 
 impl Model for Plugin {
@@ -156,14 +157,14 @@ impl Model for Plugin {
     }
 
     fn synthesize(&mut self, request: &SynthesisRequest) -> RResult<SynthesisOutput, RString> {
-        let result = params_from_options(&request.options).and_then(|p| self.model.synthesize(request.text.as_str(), &p));
-        match result {
-            Ok(s) => RResult::ROk(SynthesisOutput {
+        guarded("chatterbox", || {
+            let params = params_from_options(&request.options).map_err(|e| format!("chatterbox: {e}"))?;
+            let s = self.model.synthesize(request.text.as_str(), &params).map_err(|e| format!("chatterbox: {e}"))?;
+            Ok(SynthesisOutput {
                 samples: s.samples.into(),
                 sample_rate: self.model.sample_rate(),
                 timings: s.timings.entries.into_iter().map(|(stage, ms)| StageTiming { stage: stage.into(), ms }).collect(),
-            }),
-            Err(e) => RResult::RErr(format!("chatterbox: {e}").into()),
-        }
+            })
+        })
     }
 }

@@ -30,7 +30,8 @@ pub struct RecordedDraws {
 impl RecordedDraws {
     pub fn from_dir(dir: &Path) -> Result<Self, String> {
         if !dir.is_dir() {
-            return Err(format!("draws directory {} does not exist", dir.display()));
+            let what = if dir.exists() { "is not a directory" } else { "does not exist" };
+            return Err(format!("draws: {} {what} (name a directory of recorded .npy draws)", dir.display()));
         }
         let load = |name: &str| -> Result<Option<Vec<f32>>, String> {
             let path = dir.join(format!("{name}.npy"));
@@ -126,7 +127,8 @@ impl Chatterbox {
     /// `backend` (borrowed: the caller keeps it alive longer than the model).
     pub fn load(files: &[PathBuf], backend: &Backend, attention: AttentionConfig) -> Result<Self, String> {
         let [a, b] = files else {
-            return Err(format!("chatterbox takes two GGUF files (T3 and S3Gen), the profile names {}", files.len()));
+            let names: Vec<String> = files.iter().map(|f| f.display().to_string()).collect();
+            return Err(format!("chatterbox takes two GGUF files (T3 and S3Gen); {} given{}", files.len(), if names.is_empty() { String::new() } else { format!(": {}", names.join(", ")) }));
         };
         let (meta_a, meta_b) = (open_metadata(a)?, open_metadata(b)?);
         let ((t3_path, t3_meta), (s3_path, s3_meta)) = match (meta_a.1.as_str(), meta_b.1.as_str()) {
@@ -153,7 +155,7 @@ impl Chatterbox {
             return Err(format!("T3's start token {} lies inside S3Gen's speech vocabulary ({})", t3.hp.start_speech_token, s3gen.hp.speech_vocab));
         }
         let json = t3_meta.get_str("chatterbox.tokenizer_json").map_err(|e| e.to_string())?;
-        let tokenizer = TextTokenizer::from_json(&json, t3.hp.text_vocab)?;
+        let tokenizer = TextTokenizer::from_json(&json, t3.hp.text_vocab).map_err(|e| format!("{}: chatterbox.tokenizer_json: {e}", t3_path.display()))?;
         let t3_voice = t3.builtin_voice()?;
         let s3_voice = s3gen.builtin_voice()?;
         if s3_voice.prompt_feat.len() % s3gen.hp.mel_channels != 0 {

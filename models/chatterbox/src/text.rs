@@ -91,10 +91,12 @@ fn split_after(text: &str, ends: &[char]) -> Vec<String> {
     out
 }
 
+/// Words packed into pieces of at most `max_chars` characters; a word longer
+/// than that is cut between grapheme clusters (never inside one).
 fn split_words(text: &str, max_chars: usize) -> Vec<String> {
     let mut out: Vec<String> = Vec::new();
     let mut current = String::new();
-    for word in text.split_whitespace() {
+    for word in text.split_whitespace().flat_map(|w| cut_word(w, max_chars)) {
         if !current.is_empty() && current.chars().count() + 1 + word.chars().count() > max_chars {
             out.push(std::mem::take(&mut current));
         }
@@ -107,6 +109,23 @@ fn split_words(text: &str, max_chars: usize) -> Vec<String> {
         out.push(current);
     }
     out
+}
+
+/// `word` in pieces of at most `max_chars` characters (one piece when it fits).
+fn cut_word(word: &str, max_chars: usize) -> Vec<&str> {
+    use unicode_segmentation::UnicodeSegmentation;
+    let mut pieces = Vec::new();
+    let (mut start, mut chars) = (0, 0);
+    for (at, g) in word.grapheme_indices(true) {
+        let n = g.chars().count();
+        if chars > 0 && chars + n > max_chars {
+            pieces.push(&word[start..at]);
+            (start, chars) = (at, 0);
+        }
+        chars += n;
+    }
+    pieces.push(&word[start..]);
+    pieces
 }
 
 /// Joins neighbouring pieces while they fit, so short sentences share a chunk.
@@ -189,5 +208,13 @@ mod tests {
             vec!["3.5 is a number.", "Yes."]
         );
         assert!(split_sentences("   ", 10).is_empty());
+        // A word longer than the limit is cut, not passed whole.
+        let long = "a".repeat(200);
+        let pieces = split_sentences(&format!("Say {long} now."), 50);
+        assert_eq!(pieces, vec!["Say".to_string(), "a".repeat(50), "a".repeat(50), "a".repeat(50), "a".repeat(50), "now.".to_string()]);
+        assert!(pieces.iter().all(|p| p.chars().count() <= 50));
+        // Never inside a grapheme cluster: e + combining acute stays together.
+        let accented = "e\u{301}".repeat(3);
+        assert_eq!(split_sentences(&accented, 3), vec!["e\u{301}", "e\u{301}", "e\u{301}"]);
     }
 }

@@ -49,6 +49,6 @@ fn bad_inputs_fail_with_one_line_errors() {
     let t3 = dir.join("t3-turbo.gguf");
     let e = Chatterbox::load(&[t3.clone(), t3.clone()], &handle.ggml_backend(), AttentionConfig::REFERENCE).err().unwrap();
     assert!(e.starts_with("chatterbox needs one 'chatterbox' and one 'chatterbox-s3gen' file, got 'chatterbox'"), "{e}");
-    let e = Chatterbox::load(&[t3], &handle.ggml_backend(), AttentionConfig::REFERENCE).err().unwrap();
-    assert_eq!(e, "chatterbox takes two GGUF files (T3 and S3Gen), the profile names 1");
+    let e = Chatterbox::load(&[t3.clone()], &handle.ggml_backend(), AttentionConfig::REFERENCE).err().unwrap();
+    assert_eq!(e, format!("chatterbox takes two GGUF files (T3 and S3Gen); 1 given: {}", t3.display()));
 }

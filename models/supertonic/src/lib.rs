@@ -1,7 +1,7 @@
 //! Supertonic model-family plugin (`libtts_model_supertonic.so`).
 //!
-//! Layout: [`hparams`] (GGUF metadata), [`weights`] (tensors in a backend
-//! buffer), [`text`] (frontend), [`voice`], [`noise`], [`graph`] (one builder
+//! Layout: [`hparams`] (GGUF metadata, range-checked), [`tensors`] (the tensor
+//! table checked at load), [`text`] (frontend), [`voice`], [`noise`], [`graph`] (one builder
 //! per ONNX stage), [`model`] (the synthesis loop). This file is the plugin
 //! surface: option specs and the ABI glue.
 
@@ -9,9 +9,9 @@ pub mod graph;
 pub mod hparams;
 pub mod model;
 pub mod noise;
+pub mod tensors;
 pub mod text;
 pub mod voice;
-pub mod weights;
 
 use abi_stable::{
     export_root_module,
@@ -24,6 +24,7 @@ use engine_core::abi::{
     OptionKind, OptionList, OptionSpec, OptionValue, PluginInfo, StageTiming, SynthesisOutput, SynthesisRequest,
 };
 use engine_core::backend_kit::spec;
+use engine_core::model_kit::guarded;
 use model::{NoiseSource, Supertonic, SynthesisParams, VoiceChoice};
 
 #[export_root_module]
@@ -91,15 +92,15 @@ struct Plugin {
 
 extern "C" fn load(request: &ModelLoadRequest, handle: &BackendHandle) -> RResult<ModelBox, RString> {
     engine_core::logging::init_from_env();
-    let result = (|| -> Result<ModelBox, String> {
+    guarded("supertonic", || {
         let [path] = request.files.as_slice() else {
-            return Err(format!("supertonic takes one GGUF file, the profile names {}", request.files.len()));
+            let names: Vec<&str> = request.files.iter().map(|f| f.as_str()).collect();
+            return Err(format!("supertonic takes one GGUF file; {} given{}", names.len(), if names.is_empty() { String::new() } else { format!(": {}", names.join(", ")) }));
         };
         let model = Supertonic::load(std::path::Path::new(path.as_str()), handle.ggml_backend())?;
         tracing::info!(version = model.version().as_str(), voices = ?model.voice_names(), extra_buffer_weights = model.weights_in_extra_buffers(), "supertonic model loaded");
         Ok(Model_TO::from_value(Plugin { model }, TD_Opaque))
-    })();
-    result.map_err(RString::from).into()
+    })
 }
 
 impl Model for Plugin {
@@ -108,14 +109,14 @@ impl Model for Plugin {
     }
 
     fn synthesize(&mut self, request: &SynthesisRequest) -> RResult<SynthesisOutput, RString> {
-        let result = params_from_options(&request.options).and_then(|p| self.model.synthesize(request.text.as_str(), &p));
-        match result {
-            Ok(s) => RResult::ROk(SynthesisOutput {
+        guarded("supertonic", || {
+            let params = params_from_options(&request.options).map_err(|e| format!("supertonic: {e}"))?;
+            let s = self.model.synthesize(request.text.as_str(), &params).map_err(|e| format!("supertonic: {e}"))?;
+            Ok(SynthesisOutput {
                 samples: s.samples.into(),
                 sample_rate: self.model.hp.sample_rate,
                 timings: s.timings.entries.into_iter().map(|(stage, ms)| StageTiming { stage: stage.into(), ms }).collect(),
-            }),
-            Err(e) => RResult::RErr(format!("supertonic: {e}").into()),
-        }
+            })
+        })
     }
 }

@@ -8,7 +8,8 @@ use crate::hparams::{Hparams, Version};
 use crate::noise::NumpyLegacyRng;
 use crate::text::{self, Indexer};
 use crate::voice::{Voice, VoiceShape};
-use crate::weights::Weights;
+use crate::tensors;
+use engine_core::model_kit::Weights;
 use ggml_sys::gguf::GgufTensors;
 use ggml_sys::{Backend, ComputeGraph, Context, GraphIo, GraphSlot, Result as GgmlResult};
 use std::collections::BTreeMap;
@@ -92,6 +93,13 @@ pub struct Supertonic {
     time_freqs: Vec<f32>,
 }
 
+/// Weights only ever used as the first operand of a matrix product (the
+/// `linear` layers), which may live in the device's extra buffers; the rest
+/// (embeddings read by row, depthwise taps read as views, norms) stay in plain memory.
+fn is_matmul_weight(name: &str) -> bool {
+    name.ends_with(".weight") && ![".dw.", ".ln", ".bn.", "char_emb"].iter().any(|p| name.contains(p))
+}
+
 /// Upper bound on nodes in one stage graph.
 const MAX_NODES: usize = 16384;
 
@@ -110,32 +118,26 @@ impl Supertonic {
         if arch != crate::hparams::ARCH {
             return err(format!("{}: architecture '{arch}' is not supertonic", path.display()));
         }
+        // Everything from the file is checked before any weight is read:
+        // hparams against their ranges, tensors against the table they imply.
         let hp = Hparams::load(&gguf.file)?;
-        let indexer = Indexer::new(read_indexer(&gguf)?)?;
-        let weights = ggml(Weights::load(gguf, &backend))?;
-        let mut voices = BTreeMap::new();
-        for t in weights.gguf().file.tensors() {
-            if let Some(name) = t.name.strip_prefix("voice.").and_then(|n| n.strip_suffix(".style_ttl")) {
-                let style_ttl = ggml(weights.host_f32(&t.name))?;
-                let style_dp = ggml(weights.host_f32(&format!("voice.{name}.style_dp")))?;
-                voices.insert(name.to_string(), Voice { style_ttl, style_dp });
-            }
-        }
-        if voices.is_empty() {
+        let voice_names: Vec<String> = gguf.file.tensors().iter().filter_map(|t| t.name.strip_prefix("voice.")?.strip_suffix(".style_ttl").map(str::to_string)).collect();
+        if voice_names.is_empty() {
             return err(format!("{}: the model embeds no voice", path.display()));
         }
-        let scalar = |name: &str| -> Result<f32, String> { ggml(weights.host_f32(name))?.first().copied().ok_or_else(|| format!("tensor '{name}' is empty")) };
+        let vocab = tensors::char_vocab(&gguf)?;
+        let indexer = Indexer::new(read_indexer(&gguf)?, vocab).map_err(|e| format!("{}: {e}", path.display()))?;
+        let weights = Weights::load(gguf, &backend, tensors::table(&hp, &voice_names, vocab), is_matmul_weight)?;
+        let mut voices = BTreeMap::new();
+        for name in voice_names {
+            let (ttl, dp) = tensors::voice_tensors(&name);
+            voices.insert(name, Voice { style_ttl: ggml(weights.host_f32(&ttl))?, style_dp: ggml(weights.host_f32(&dp))? });
+        }
+        let scalar = |name: &str| -> Result<f32, String> { Ok(ggml(weights.host_f32(name))?[0]) };
         let dp_prelu = scalar("dp.pred.prelu")?;
         let vocoder_prelu = scalar("voc.head.prelu")?;
         let rope_theta = ggml(weights.host_f32("ve.rope.theta"))?;
         let time_freqs = ggml(weights.host_f32("ve.time.freqs"))?;
-        let head_dim = hp.ve.text_attn.units / hp.ve.text_attn.heads;
-        if rope_theta.len() * 2 != head_dim {
-            return err(format!("{}: ve.rope.theta has {} values, text attention heads have {head_dim} dims", path.display(), rope_theta.len()));
-        }
-        if time_freqs.len() * 2 != hp.ve.time_dim {
-            return err(format!("{}: ve.time.freqs has {} values for time_dim {}", path.display(), time_freqs.len(), hp.ve.time_dim));
-        }
         Ok(Supertonic { graphs: GraphCache::default(), weights, backend, hp, indexer, voices, dp_prelu, vocoder_prelu, rope_theta, time_freqs })
     }
 
@@ -345,8 +347,8 @@ impl Supertonic {
 
 /// The code-point table, stored I16 (or I32 for vocabularies over 32767 rows).
 fn read_indexer(gguf: &GgufTensors) -> Result<Vec<i32>, String> {
-    let t = gguf.ctx.get_tensor("text.indexer").ok_or_else(|| format!("{}: tensor 'text.indexer' is missing", gguf.file.path().display()))?;
-    let bytes = ggml(gguf.read_bytes("text.indexer"))?;
+    let t = gguf.ctx.get_tensor(tensors::INDEXER).ok_or_else(|| format!("{}: tensor '{}' is missing", gguf.file.path().display(), tensors::INDEXER))?;
+    let bytes = ggml(gguf.read_bytes(tensors::INDEXER))?;
     match t.ty() {
         ggml_sys::sys::GGML_TYPE_I16 => Ok(bytes.chunks_exact(2).map(|c| i16::from_le_bytes([c[0], c[1]]) as i32).collect()),
         ggml_sys::sys::GGML_TYPE_I32 => Ok(bytes.chunks_exact(4).map(|c| i32::from_le_bytes([c[0], c[1], c[2], c[3]])).collect()),

@@ -68,9 +68,14 @@ pub struct Indexer {
 }
 
 impl Indexer {
-    pub fn new(table: Vec<i32>) -> Result<Self, String> {
+    /// `rows`: the character embeddings' row count; every entry must be one of
+    /// them or -1.
+    pub fn new(table: Vec<i32>, rows: usize) -> Result<Self, String> {
         if table.len() != 65536 {
             return Err(format!("the character indexer has {} entries, expected 65536", table.len()));
+        }
+        if let Some((cp, id)) = table.iter().enumerate().find(|(_, &id)| id < -1 || id >= rows as i32) {
+            return Err(format!("the character indexer maps U+{cp:04X} to row {id}, but the embeddings have {rows} rows"));
         }
         Ok(Indexer { table })
     }

@@ -31,7 +31,9 @@ fn repo_root() -> PathBuf {
 fn real_v2_indexer() -> Indexer {
     let path = repo_root().join("../shared/data/supertonic-v2/unicode_indexer.json");
     let text = std::fs::read_to_string(&path).unwrap_or_else(|e| panic!("{}: {e} (the shared data directory sits beside the repository)", path.display()));
-    Indexer::new(serde_json::from_str(&text).unwrap()).unwrap()
+    let table: Vec<i32> = serde_json::from_str(&text).unwrap();
+    let rows = *table.iter().max().unwrap() as usize + 1;
+    Indexer::new(table, rows).unwrap()
 }
 
 #[test]

@@ -9,7 +9,7 @@ pub mod source;
 
 use crate::graph::Builder;
 use crate::hparams::{S3GenHparams, S3GEN_ARCH};
-use crate::weights::Weights;
+use engine_core::model_kit::Weights;
 use ggml_sys::gguf::GgufTensors;
 use ggml_sys::{Backend, ComputeGraph, GraphSlot};
 use std::path::Path;
@@ -70,6 +70,8 @@ pub struct S3Gen {
     source_merge: (Vec<f32>, f32),
     /// `spk_embed_affine_layer` (weight, bias), read once for the host-side projection.
     speaker_affine: (Vec<f32>, Vec<f32>),
+    /// Whether the CFM's attention runs fused on this device (see [`cfm::fused_attention_supported`]).
+    cfm_fused_attention: bool,
 }
 
 impl S3Gen {
@@ -80,13 +82,12 @@ impl S3Gen {
             return Err(format!("{}: architecture '{arch}' is not a Chatterbox S3Gen model ('{S3GEN_ARCH}')", path.display()));
         }
         let hp = S3GenHparams::load(&gguf.file)?;
-        let weights = ggml(Weights::load(gguf, &backend, is_matmul_weight))?;
-        let emb = ggml(weights.shape("flow.input_embedding.weight"))?;
-        if emb[0] as usize != hp.encoder.n_embd || emb[1] as usize != hp.speech_vocab {
-            return Err(format!("{}: input_embedding is {}x{}, the metadata says {}x{}", path.display(), emb[0], emb[1], hp.encoder.n_embd, hp.speech_vocab));
-        }
+        let (prompt_frames, prompt_tokens) = crate::tensors::s3gen_prompt_sizes(&gguf)?;
+        let table = crate::tensors::s3gen_table(&hp, crate::tensors::f0_channels(&gguf)?, prompt_frames, prompt_tokens);
+        let weights = Weights::load(gguf, &backend, table, is_matmul_weight)?;
         let source_merge = (ggml(weights.host_f32("hift.m_source.l_linear.weight"))?, ggml(weights.host_f32("hift.m_source.l_linear.bias"))?[0]);
         let speaker_affine = (ggml(weights.host_f32("flow.spk_embed_affine_layer.weight"))?, ggml(weights.host_f32("flow.spk_embed_affine_layer.bias"))?);
+        let cfm_fused_attention = cfm::fused_attention_supported(&backend, &hp.cfm);
         Ok(S3Gen {
             encoder_graph: GraphSlot::default(),
             cfm_graph: GraphSlot::default(),
@@ -97,6 +98,7 @@ impl S3Gen {
             hp,
             source_merge,
             speaker_affine,
+            cfm_fused_attention,
         })
     }
 
@@ -107,9 +109,9 @@ impl S3Gen {
     /// The built-in voice (`voice.builtin.*`, from `conds.pt`).
     pub fn builtin_voice(&self) -> Result<S3GenConditioning, String> {
         Ok(S3GenConditioning {
-            prompt_token: ggml(self.weights.host_i32("voice.builtin.prompt_token"))?,
-            prompt_feat: ggml(self.weights.host_f32("voice.builtin.prompt_feat"))?,
-            embedding: ggml(self.weights.host_f32("voice.builtin.embedding"))?,
+            prompt_token: crate::t3::checked_tokens(ggml(self.weights.host_i32(crate::tensors::S3_PROMPT_TOKEN))?, self.hp.speech_vocab, crate::tensors::S3_PROMPT_TOKEN)?,
+            prompt_feat: ggml(self.weights.host_f32(crate::tensors::S3_PROMPT_FEAT))?,
+            embedding: ggml(self.weights.host_f32(crate::tensors::S3_EMBEDDING))?,
         })
     }
 
@@ -142,8 +144,8 @@ impl S3Gen {
         if x.len() != frames * mel || mu.len() != x.len() || cond.len() != x.len() || spks.len() != mel || frames == 0 {
             return Err(format!("CFM inputs disagree: x {}, mu {}, cond {}, spks {} values for {mel} mel channels", x.len(), mu.len(), cond.len(), spks.len()));
         }
-        let meanflow = self.hp.meanflow;
-        let graph = self.cfm_graph.get_or_build(frames, || ggml(ComputeGraph::build(&self.backend, MAX_NODES, |ctx| cfm::build(&Builder { ctx, weights: &self.weights }, &self.hp, frames, meanflow))))?;
+        let (meanflow, fused) = (self.hp.meanflow, self.cfm_fused_attention);
+        let graph = self.cfm_graph.get_or_build(frames, || ggml(ComputeGraph::build(&self.backend, MAX_NODES, |ctx| cfm::build(&Builder { ctx, weights: &self.weights }, &self.hp, frames, meanflow, fused))))?;
         let c = &self.hp.cfm;
         let set = |name: &str, v: &[f32]| ggml(graph.input(name).and_then(|t| t.set_f32(v)));
         set(cfm::X, x)?;

@@ -8,7 +8,7 @@ pub mod kv_cache;
 use crate::graph::Builder;
 use crate::hparams::{T3Hparams, T3_ARCH};
 use crate::sampler::{self, SamplingParams, UniformSource};
-use crate::weights::Weights;
+use engine_core::model_kit::Weights;
 use ggml_sys::gguf::GgufTensors;
 use ggml_sys::{Backend, ComputeGraph, GraphSlot, Type, TYPE_F32};
 use gpt2::{input, Feed, Shape};
@@ -56,6 +56,14 @@ fn set_f32(graph: &ComputeGraph, name: &str, values: &[f32]) -> Result<(), Strin
     ggml(graph.input(name).and_then(|t| t.set_f32(values)))
 }
 
+/// `tokens` when every one is below `vocab` (they index an embedding table).
+pub fn checked_tokens(tokens: Vec<i32>, vocab: usize, what: &str) -> Result<Vec<i32>, String> {
+    match tokens.iter().find(|&&t| t < 0 || t as usize >= vocab) {
+        Some(bad) => Err(format!("{what} holds token {bad}, outside the vocabulary of {vocab}")),
+        None => Ok(tokens),
+    }
+}
+
 /// Weights in matrix products only (may live in repacked extra buffers).
 fn is_matmul_weight(name: &str) -> bool {
     name.starts_with("t3.") && name.ends_with(".weight") && !name.contains(".ln")
@@ -89,18 +97,7 @@ impl T3 {
             ));
         }
         let hp = T3Hparams::load(&gguf.file)?;
-        let weights = ggml(Weights::load(gguf, &backend, is_matmul_weight))?;
-        let wpe = ggml(weights.shape("t3.wpe"))?;
-        if wpe[0] as usize != hp.n_embd || wpe[1] as usize != hp.n_ctx {
-            return Err(format!(
-                "{}: t3.wpe is {}x{}, the metadata says {}x{}",
-                path.display(),
-                wpe[0],
-                wpe[1],
-                hp.n_embd,
-                hp.n_ctx
-            ));
-        }
+        let weights = Weights::load(gguf, &backend, crate::tensors::t3_table(&hp), is_matmul_weight)?;
         let attention = match attention.path {
             AttentionPath::Explicit => AttentionConfig {
                 path: AttentionPath::Explicit,
@@ -130,10 +127,8 @@ impl T3 {
     /// The built-in voice's conditioning (`voice.builtin.*`, from `conds.pt`).
     pub fn builtin_voice(&self) -> Result<T3Conditioning, String> {
         Ok(T3Conditioning {
-            speaker_emb: ggml(self.weights.host_f32("voice.builtin.speaker_emb"))?,
-            prompt_speech_tokens: ggml(
-                self.weights.host_i32("voice.builtin.prompt_speech_tokens"),
-            )?,
+            speaker_emb: ggml(self.weights.host_f32(crate::tensors::T3_SPEAKER_EMB))?,
+            prompt_speech_tokens: checked_tokens(ggml(self.weights.host_i32(crate::tensors::T3_PROMPT_TOKENS))?, self.hp.speech_vocab, crate::tensors::T3_PROMPT_TOKENS)?,
         })
     }
 

@@ -3,7 +3,7 @@
 //! and multi-head cross-attention.
 
 use crate::hparams::{AttnEncoderHp, ConvNextHp, CrossAttnHp};
-use crate::weights::Weights;
+use engine_core::model_kit::Weights;
 use ggml_sys::{Context, Result, Tensor};
 
 /// Graph construction state: the op context, the weights, shared constants.

@@ -39,6 +39,7 @@ extern "C" fn option_specs() -> RVec<OptionSpec> {
     RVec::from(vec![
         spec("gain", OptionKind::Float, OptionValue::Float(0.5), "amplitude"),
         spec("fail", OptionKind::Bool, OptionValue::Bool(false), "return an error from synthesize (tests)"),
+        spec("panic", OptionKind::Bool, OptionValue::Bool(false), "panic inside synthesize (tests: the guard turns it into an error)"),
     ])
 }
 
@@ -73,8 +74,18 @@ impl Model for Tone {
     }
 
     fn synthesize(&mut self, request: &SynthesisRequest) -> RResult<SynthesisOutput, RString> {
+        engine_core::model_kit::guarded("tone model", || self.synthesize_guarded(request))
+    }
+}
+
+impl Tone {
+    fn synthesize_guarded(&self, request: &SynthesisRequest) -> Result<SynthesisOutput, String> {
         if matches!(find_option(&request.options, "fail"), Some(OptionValue::Bool(true))) {
-            return RResult::RErr("tone model: synthesis failed on request".into());
+            return Err("tone model: synthesis failed on request".into());
+        }
+        if matches!(find_option(&request.options, "panic"), Some(OptionValue::Bool(true))) {
+            let empty: Vec<f32> = Vec::new();
+            let _ = empty[request.text.len()];
         }
         let gain = match find_option(&request.options, "gain") {
             Some(OptionValue::Float(g)) => *g as f32,
@@ -94,13 +105,11 @@ impl Model for Tone {
             self.backend.compute(&graph)?;
             wave.get_f32()
         })();
-        match result {
-            Ok(samples) => RResult::ROk(SynthesisOutput {
-                samples: samples.into(),
-                sample_rate: self.hparams.sample_rate,
-                timings: RVec::from(vec![StageTiming { stage: "tone".into(), ms: start.elapsed().as_secs_f64() * 1e3 }]),
-            }),
-            Err(e) => RResult::RErr(format!("tone model: {e}").into()),
-        }
+        let samples = result.map_err(|e| format!("tone model: {e}"))?;
+        Ok(SynthesisOutput {
+            samples: samples.into(),
+            sample_rate: self.hparams.sample_rate,
+            timings: RVec::from(vec![StageTiming { stage: "tone".into(), ms: start.elapsed().as_secs_f64() * 1e3 }]),
+        })
     }
 }

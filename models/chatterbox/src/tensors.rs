@@ -1,0 +1,178 @@
+//! The Chatterbox tensor tables, one per file: every tensor the graphs and the
+//! host-side stages use, with the shape the hparams imply (docs/gguf.md). They
+//! mirror the graph builders (`t3/gpt2.rs`, `s3gen/{encoder,cfm,hift}.rs`) block
+//! by block; the loaders check a file against them before reading any weight.
+//! The voice encoder, CAMPPlus and the S3Tokenizer are carried for voice
+//! cloning, which does not run yet: their tensors are not checked.
+
+use crate::hparams::{CfmHparams, EncoderHparams, HiftHparams, S3GenHparams, T3Hparams};
+use engine_core::model_kit::TensorTable;
+
+pub const T3_SPEAKER_EMB: &str = "voice.builtin.speaker_emb";
+pub const T3_PROMPT_TOKENS: &str = "voice.builtin.prompt_speech_tokens";
+pub const S3_PROMPT_TOKEN: &str = "voice.builtin.prompt_token";
+pub const S3_PROMPT_FEAT: &str = "voice.builtin.prompt_feat";
+pub const S3_EMBEDDING: &str = "voice.builtin.embedding";
+/// The F0 predictor's width, which the metadata does not carry (read from its classifier).
+const F0_CLASSIFIER: &str = "hift.f0_predictor.classifier.weight";
+
+/// `t3-<variant>.gguf` (GPT-2 backbone).
+pub fn t3_table(hp: &T3Hparams) -> TensorTable {
+    let d = hp.n_embd;
+    let mut t = TensorTable::new();
+    t.f32("t3.wpe", &[d, hp.n_ctx]).f32("t3.text_emb", &[d, hp.text_vocab]).f32("t3.speech_emb", &[d, hp.speech_vocab]);
+    for l in 0..hp.n_layer {
+        let p = format!("t3.blk.{l}");
+        t.norm(&format!("{p}.ln1"), d).norm(&format!("{p}.ln2"), d);
+        t.linear(&format!("{p}.attn.qkv"), d, 3 * d);
+        t.linear(&format!("{p}.attn.out"), d, d);
+        t.linear(&format!("{p}.ffn.up"), d, hp.n_ff);
+        t.linear(&format!("{p}.ffn.down"), hp.n_ff, d);
+    }
+    t.norm("t3.ln_f", d);
+    t.linear("t3.speech_head", d, hp.speech_vocab);
+    t.linear("t3.cond.spkr", hp.speaker_dim, d);
+    t.f32(T3_SPEAKER_EMB, &[hp.speaker_dim]).i32(T3_PROMPT_TOKENS, &[hp.cond_prompt_len]);
+    t.carry("ve.");
+    t
+}
+
+/// The width of HiFT's F0 predictor, read from the file (1..=65536).
+pub fn f0_channels(gguf: &ggml_sys::gguf::GgufTensors) -> Result<usize, String> {
+    let t = gguf.ctx.get_tensor(F0_CLASSIFIER).ok_or_else(|| format!("{}: tensor '{F0_CLASSIFIER}' is missing", gguf.file.path().display()))?;
+    let c = t.ne()[0];
+    if (1..=65536).contains(&c) {
+        Ok(c as usize)
+    } else {
+        Err(format!("{}: {F0_CLASSIFIER} has {c} inputs (1..=65536)", gguf.file.path().display()))
+    }
+}
+
+/// `s3gen-meanflow.gguf`: flow encoder, CFM estimator, HiFT and the built-in
+/// voice (`prompt_frames` mel frames, `prompt_tokens` tokens).
+pub fn s3gen_table(hp: &S3GenHparams, f0_channels: usize, prompt_frames: usize, prompt_tokens: usize) -> TensorTable {
+    let mut t = TensorTable::new();
+    encoder(&mut t, hp);
+    cfm(&mut t, &hp.cfm, hp.mel_channels, hp.meanflow);
+    hift(&mut t, &hp.hift, hp.mel_channels, f0_channels);
+    t.f32(S3_PROMPT_FEAT, &[hp.mel_channels, prompt_frames]).i32(S3_PROMPT_TOKEN, &[prompt_tokens]).f32(S3_EMBEDDING, &[hp.speaker_dim]);
+    t.carry("campplus.").carry("s3tok.");
+    t
+}
+
+/// The built-in voice's prompt sizes, which the metadata does not carry.
+pub fn s3gen_prompt_sizes(gguf: &ggml_sys::gguf::GgufTensors) -> Result<(usize, usize), String> {
+    let dim = |name: &str, i: usize| -> Result<usize, String> {
+        let t = gguf.ctx.get_tensor(name).ok_or_else(|| format!("{}: tensor '{name}' is missing", gguf.file.path().display()))?;
+        Ok(t.ne()[i] as usize)
+    };
+    Ok((dim(S3_PROMPT_FEAT, 1)?, dim(S3_PROMPT_TOKEN, 0)?))
+}
+
+fn encoder(t: &mut TensorTable, hp: &S3GenHparams) {
+    let e: &EncoderHparams = &hp.encoder;
+    let d = e.n_embd;
+    t.f32("flow.input_embedding.weight", &[d, hp.speech_vocab]);
+    for embed in ["enc.embed", "enc.up_embed"] {
+        t.linear(&format!("{embed}.out.0"), d, d).norm(&format!("{embed}.out.1"), d);
+    }
+    t.f32("enc.pre_lookahead_layer.conv1.weight", &[e.pre_lookahead + 1, d, d]).f32("enc.pre_lookahead_layer.conv1.bias", &[d]);
+    t.f32("enc.pre_lookahead_layer.conv2.weight", &[e.lookahead_conv2_kernel, d, d]).f32("enc.pre_lookahead_layer.conv2.bias", &[d]);
+    t.f32("enc.up_layer.conv.weight", &[2 * e.up_stride + 1, d, d]).f32("enc.up_layer.conv.bias", &[d]);
+    for (stack, layers) in [("enc.encoders", e.n_layer), ("enc.up_encoders", e.n_up_layer)] {
+        for l in 0..layers {
+            let p = format!("{stack}.{l}");
+            t.norm(&format!("{p}.norm_mha"), d).norm(&format!("{p}.norm_ff"), d);
+            for m in ["linear_q", "linear_k", "linear_v", "linear_out"] {
+                t.linear(&format!("{p}.self_attn.{m}"), d, d);
+            }
+            t.matrix(format!("{p}.self_attn.linear_pos.weight"), d, d);
+            t.f32(format!("{p}.self_attn.pos_bias_u"), &[d / e.n_head, e.n_head]).f32(format!("{p}.self_attn.pos_bias_v"), &[d / e.n_head, e.n_head]);
+            t.linear(&format!("{p}.feed_forward.w_1"), d, e.n_ff).linear(&format!("{p}.feed_forward.w_2"), e.n_ff, d);
+        }
+    }
+    t.norm("enc.after_norm", d);
+    t.linear("flow.encoder_proj", d, hp.mel_channels);
+    // Read on the host (speaker projection).
+    t.f32("flow.spk_embed_affine_layer.weight", &[hp.speaker_dim, hp.mel_channels]).f32("flow.spk_embed_affine_layer.bias", &[hp.mel_channels]);
+}
+
+/// A 1-D convolution `[kernel, inputs, outputs]` with its bias.
+fn conv(t: &mut TensorTable, prefix: &str, kernel: usize, inputs: usize, outputs: usize) {
+    t.f32(format!("{prefix}.weight"), &[kernel, inputs, outputs]).f32(format!("{prefix}.bias"), &[outputs]);
+}
+
+fn cfm(t: &mut TensorTable, c: &CfmHparams, mel: usize, meanflow: bool) {
+    let (ch, k) = (c.channels, c.conv_kernel);
+    t.linear("cfm.time_mlp.linear_1", c.in_channels, c.time_dim).linear("cfm.time_mlp.linear_2", c.time_dim, c.time_dim);
+    if meanflow {
+        t.matrix("cfm.time_embed_mixer.weight", 2 * c.time_dim, c.time_dim);
+    }
+    let causal_block = |t: &mut TensorTable, p: &str, inputs: usize| {
+        conv(t, &format!("{p}.block.0"), k, inputs, ch);
+        t.norm(&format!("{p}.block.2"), ch);
+    };
+    let resnet = |t: &mut TensorTable, p: &str, inputs: usize| {
+        causal_block(t, &format!("{p}.block1"), inputs);
+        t.linear(&format!("{p}.mlp.1"), c.time_dim, ch);
+        causal_block(t, &format!("{p}.block2"), ch);
+        conv(t, &format!("{p}.res_conv"), 1, inputs, ch);
+    };
+    let transformers = |t: &mut TensorTable, p: &str| {
+        let inner = c.n_head * c.head_dim;
+        for i in 0..c.n_transformer {
+            let q = format!("{p}.{i}");
+            t.norm(&format!("{q}.norm1"), ch).norm(&format!("{q}.norm3"), ch);
+            for m in ["to_q", "to_k", "to_v"] {
+                t.matrix(format!("{q}.attn1.{m}.weight"), ch, inner);
+            }
+            t.linear(&format!("{q}.attn1.to_out.0"), inner, ch);
+            t.linear(&format!("{q}.ff.net.0.proj"), ch, c.ff_dim).linear(&format!("{q}.ff.net.2"), c.ff_dim, ch);
+        }
+    };
+    resnet(t, "cfm.down_blocks.0.0", c.in_channels);
+    transformers(t, "cfm.down_blocks.0.1");
+    conv(t, "cfm.down_blocks.0.2", k, ch, ch);
+    for m in 0..c.n_mid {
+        resnet(t, &format!("cfm.mid_blocks.{m}.0"), ch);
+        transformers(t, &format!("cfm.mid_blocks.{m}.1"));
+    }
+    resnet(t, "cfm.up_blocks.0.0", 2 * ch);
+    transformers(t, "cfm.up_blocks.0.1");
+    conv(t, "cfm.up_blocks.0.2", k, ch, ch);
+    causal_block(t, "cfm.final_block", ch);
+    conv(t, "cfm.final_proj", 1, ch, mel);
+}
+
+fn hift(t: &mut TensorTable, h: &HiftHparams, mel: usize, f0: usize) {
+    for l in 0..h.f0_layers {
+        conv(t, &format!("hift.f0_predictor.condnet.{}", 2 * l), h.f0_kernel, if l == 0 { mel } else { f0 }, f0);
+    }
+    t.linear("hift.f0_predictor.classifier", f0, 1);
+    // Read on the host (the sine source's merge of the harmonics).
+    t.f32("hift.m_source.l_linear.weight", &[h.harmonics + 1, 1]).f32("hift.m_source.l_linear.bias", &[1]);
+    conv(t, "hift.conv_pre", h.conv_pre_kernel, mel, h.base_channels);
+    let spectrum = h.n_fft + 2;
+    let n_res = h.resblock_kernels.len();
+    let mut remaining: usize = h.upsample_rates.iter().product();
+    for (i, (&rate, &kernel)) in h.upsample_rates.iter().zip(&h.upsample_kernels).enumerate() {
+        let (cin, cout) = (h.base_channels >> i, h.base_channels >> (i + 1));
+        // ggml's transposed convolution takes `[kernel, outputs, inputs]`.
+        t.f32(format!("hift.ups.{i}.weight"), &[kernel, cout, cin]).f32(format!("hift.ups.{i}.bias"), &[cout]);
+        remaining /= rate;
+        conv(t, &format!("hift.source_downs.{i}"), if remaining == 1 { 1 } else { 2 * remaining }, spectrum, cout);
+        resblock(t, h, &format!("hift.source_resblocks.{i}"), h.source_resblock_kernels[i], cout);
+        for (j, &k) in h.resblock_kernels.iter().enumerate() {
+            resblock(t, h, &format!("hift.resblocks.{}", i * n_res + j), k, cout);
+        }
+    }
+    conv(t, "hift.conv_post", h.conv_post_kernel, h.base_channels >> h.upsample_rates.len(), spectrum);
+}
+
+fn resblock(t: &mut TensorTable, h: &HiftHparams, prefix: &str, kernel: usize, c: usize) {
+    for i in 0..h.resblock_dilations.len() {
+        t.f32(format!("{prefix}.activations1.{i}.alpha"), &[c]).f32(format!("{prefix}.activations2.{i}.alpha"), &[c]);
+        conv(t, &format!("{prefix}.convs1.{i}"), kernel, c, c);
+        conv(t, &format!("{prefix}.convs2.{i}"), kernel, c, c);
+    }
+}
