@@ -6,7 +6,7 @@ mod common;
 
 use common::*;
 use serde_json::Value;
-use std::path::{Path, PathBuf};
+use std::path::Path;
 
 fn devices_json(profile: &Path, plugin_dir: &Path) -> Value {
     let o = run(&["devices", "--json", "--profile", profile.to_str().unwrap(), "--plugin-dir", plugin_dir.to_str().unwrap()]);
@@ -217,18 +217,6 @@ fn missing_profile_and_missing_arguments() {
     assert_one_line_error(&run(&["--text", "hi"]), "give --text and --out");
     let o = run(&["--bogus-flag"]);
     assert_eq!(o.status.code(), Some(2), "clap usage errors exit 2");
-}
-
-/// A model directory holding the tone fixture model plugin as `libtts_model_tone.so`
-/// beside the named backends, and a GGUF for it.
-fn tone_setup(backends: &[&str]) -> (tempfile::TempDir, PathBuf) {
-    let plugins = plugin_dir(backends);
-    std::fs::copy(artifacts().join("libtts_test_tone.so"), plugins.path().join("libtts_model_tone.so")).unwrap();
-    let gguf = plugins.path().join("tone.gguf");
-    let mut w = ggml_sys::gguf::GgufWriter::new();
-    w.set_str("general.architecture", "tts-test-tone").set_u32("tts-test-tone.sample_rate", 16000).set_f32("tts-test-tone.frequency", 440.0);
-    w.write_metadata(&gguf).unwrap();
-    (plugins, gguf)
 }
 
 /// The model ABI end to end on each backend: the host picks the model plugin by

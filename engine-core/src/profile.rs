@@ -350,6 +350,7 @@ fn convert(spec: &OptionSpec, value: &toml::Value, base: &Path) -> Result<Option
     Ok(match (spec.kind, value) {
         (OptionKind::Bool, toml::Value::Boolean(b)) => OptionValue::Bool(*b),
         (OptionKind::Int, toml::Value::Integer(i)) => OptionValue::Int(*i),
+        (OptionKind::Float, toml::Value::Float(f)) if !f.is_finite() => return Err(format!("expected a finite float, found {f}")),
         (OptionKind::Float, toml::Value::Float(f)) => OptionValue::Float(*f),
         (OptionKind::Float, toml::Value::Integer(i)) => OptionValue::Float(*i as f64),
         (OptionKind::Str, toml::Value::String(s)) => OptionValue::Str(s.as_str().into()),
@@ -371,7 +372,11 @@ fn parse_override(spec: &OptionSpec, text: &str) -> Result<OptionValue, String> 
             Ok(_) => format!("`{text}` is out of range for an integer option ({}..={})", i64::MIN, i64::MAX),
             Err(_) => bad(),
         })?),
-        OptionKind::Float => OptionValue::Float(text.parse().map_err(|_| bad())?),
+        OptionKind::Float => match text.parse::<f64>() {
+            Ok(f) if f.is_finite() => OptionValue::Float(f),
+            Ok(_) => return Err(format!("`{text}` is not a finite float")),
+            Err(_) => return Err(bad()),
+        },
         OptionKind::Str | OptionKind::Path => OptionValue::Str(text.into()),
     })
 }

@@ -175,8 +175,90 @@ fn check_bundle() -> Result<(), String> {
     devices(&[&base, &kit_module, "\"kind\": \"cpu\"", "\"kind\": \"software-gpu\""], &["\"policy_error\""])?;
     std::fs::remove_file(bundle.join("plugins/libtts_backend_vulkan.so")).map_err(|e| e.to_string())?;
     devices(&[&base, "no plugin file libtts_backend_vulkan.so", "\"backend\": \"cpu\""], &["software-gpu"])?;
+    check_run_paths(&bundle)?;
+    check_bundle_profiles(&bundle)?;
     eprintln!("bundle check: ok ({})", bundle.display());
     Ok(())
+}
+
+/// Every ELF file of the bundle may search only `$ORIGIN`-relative run paths:
+/// no build paths, no empty entries (the dynamic loader reads an empty entry
+/// as the working directory, where anyone may plant a library).
+fn check_run_paths(bundle: &Path) -> Result<(), String> {
+    let mut files = Vec::new();
+    let mut dirs = vec![bundle.to_path_buf()];
+    while let Some(dir) = dirs.pop() {
+        for entry in std::fs::read_dir(&dir).map_err(|e| format!("{}: {e}", dir.display()))? {
+            let path = entry.map_err(|e| e.to_string())?.path();
+            if path.is_dir() {
+                dirs.push(path);
+            } else {
+                files.push(path);
+            }
+        }
+    }
+    let (mut elf_files, mut bad) = (0, Vec::new());
+    for path in files {
+        let bytes = std::fs::read(&path).map_err(|e| format!("{}: {e}", path.display()))?;
+        if !bytes.starts_with(b"\x7fELF") {
+            continue;
+        }
+        elf_files += 1;
+        let elf = goblin::elf::Elf::parse(&bytes).map_err(|e| format!("{}: {e}", path.display()))?;
+        for (kind, list) in [("RUNPATH", &elf.runpaths), ("RPATH", &elf.rpaths)] {
+            for value in list.iter() {
+                for entry in value.split(':') {
+                    if !(entry.starts_with("$ORIGIN") || entry.starts_with("${ORIGIN}")) {
+                        bad.push(format!("{} {kind} entry {entry:?} (in {value:?})", path.display()));
+                    }
+                }
+            }
+        }
+    }
+    if !bad.is_empty() {
+        return Err(format!("bundle: run paths must be $ORIGIN-relative:\n{}", bad.join("\n")));
+    }
+    eprintln!("bundle check: {elf_files} ELF files, every run path $ORIGIN-relative");
+    Ok(())
+}
+
+/// The bundle's profiles name no model the bundle lacks: run from the bundle,
+/// each says to pass `--model` instead of failing on a missing file.
+fn check_bundle_profiles(bundle: &Path) -> Result<(), String> {
+    let out = bundle.join("profile-check.wav");
+    for entry in std::fs::read_dir(bundle.join("profiles")).map_err(|e| e.to_string())? {
+        let profile = entry.map_err(|e| e.to_string())?.path();
+        let text = std::fs::read_to_string(&profile).map_err(|e| e.to_string())?;
+        if text.contains("tests/fixtures") {
+            return Err(format!("bundle: {} names a file of the source tree", profile.display()));
+        }
+        if !text.contains("[model]") {
+            continue;
+        }
+        let o = bundled(&bundle.join("tts")).arg("--profile").arg(&profile).args(["--text", "Hello.", "--out"]).arg(&out).output().map_err(|e| e.to_string())?;
+        let err = String::from_utf8_lossy(&o.stderr);
+        if o.status.success() || !err.contains("[model] files is empty") || !err.contains("pass --model FILE") || out.exists() {
+            return Err(format!("bundle: {} should ask for --model, got: {err}", profile.display()));
+        }
+    }
+    Ok(())
+}
+
+/// A profile as the bundle ships it: model files of the source tree (the test
+/// fixtures) are not in a bundle, so `files` is emptied and the user passes
+/// `--model` (or fills it in).
+fn bundle_profile(text: &str) -> String {
+    text.lines()
+        .map(|line| {
+            if line.trim_start().starts_with("files") && line.contains("tests/fixtures") {
+                "files = []   # name your converted model file(s) here, or pass --model FILE".to_string()
+            } else {
+                line.to_string()
+            }
+        })
+        .collect::<Vec<_>>()
+        .join("\n")
+        + "\n"
 }
 
 fn dist(args: &[String]) -> Result<PathBuf, String> {
@@ -233,7 +315,9 @@ fn dist(args: &[String]) -> Result<PathBuf, String> {
         copy(target.join(format!("libtts_model_{m}.so")), &plugins)?;
     }
     for entry in std::fs::read_dir(root().join("profiles")).map_err(|e| e.to_string())? {
-        copy(entry.map_err(|e| e.to_string())?.path(), &profiles)?;
+        let path = entry.map_err(|e| e.to_string())?.path();
+        let text = std::fs::read_to_string(&path).map_err(|e| format!("{}: {e}", path.display()))?;
+        std::fs::write(profiles.join(path.file_name().unwrap()), bundle_profile(&text)).map_err(|e| e.to_string())?;
     }
     eprintln!("bundle: {}", out.display());
     Ok(out)

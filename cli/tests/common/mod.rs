@@ -29,7 +29,35 @@ pub fn plugin_dir(backends: &[&str]) -> tempfile::TempDir {
 }
 
 pub fn run(args: &[&str]) -> Output {
-    Command::new(tts()).args(args).env_remove("TTS_LOG").output().unwrap()
+    run_with(args, None, &[])
+}
+
+/// Runs `tts` in `cwd` with extra environment variables; a run that has not
+/// ended after two minutes is killed and fails the test (a hang guard, not a
+/// timing check).
+pub fn run_with(args: &[&str], cwd: Option<&Path>, envs: &[(&str, &str)]) -> Output {
+    let mut cmd = Command::new(tts());
+    cmd.args(args).env_remove("TTS_LOG").env_remove(engine_core::output::TEST_FAULT_ENV);
+    cmd.envs(envs.iter().copied()).stdout(std::process::Stdio::piped()).stderr(std::process::Stdio::piped());
+    if let Some(dir) = cwd {
+        cmd.current_dir(dir);
+    }
+    let child = cmd.spawn().unwrap();
+    wait_or_kill(child, std::time::Duration::from_secs(120), &format!("tts {}", args.join(" ")))
+}
+
+/// Waits for `child`, killing it (and failing) after `limit`.
+pub fn wait_or_kill(mut child: std::process::Child, limit: std::time::Duration, what: &str) -> Output {
+    let start = std::time::Instant::now();
+    while child.try_wait().unwrap().is_none() {
+        if start.elapsed() > limit {
+            let _ = child.kill();
+            let _ = child.wait();
+            panic!("{what}: still running after {limit:?} (hang)");
+        }
+        std::thread::sleep(std::time::Duration::from_millis(20));
+    }
+    child.wait_with_output().unwrap()
 }
 
 pub fn stderr(o: &Output) -> String {
@@ -59,3 +87,54 @@ pub fn read_wav(path: &Path) -> (u32, Vec<f32>) {
     (rate, r.samples::<i16>().map(|s| s.unwrap() as f32 / i16::MAX as f32).collect())
 }
 
+
+/// A plugin directory holding the tone fixture model plugin as
+/// `libtts_model_tone.so` beside the named backends, and a GGUF for it.
+pub fn tone_setup(backends: &[&str]) -> (tempfile::TempDir, PathBuf) {
+    let plugins = plugin_dir(backends);
+    std::fs::copy(artifacts().join("libtts_test_tone.so"), plugins.path().join("libtts_model_tone.so")).unwrap();
+    let gguf = plugins.path().join("tone.gguf");
+    let mut w = ggml_sys::gguf::GgufWriter::new();
+    w.set_str("general.architecture", "tts-test-tone").set_u32("tts-test-tone.sample_rate", 16000).set_f32("tts-test-tone.frequency", 440.0);
+    w.write_metadata(&gguf).unwrap();
+    (plugins, gguf)
+}
+
+/// A plugin directory with the named backend plugins and model-family plugins.
+pub fn plugins_with(backends: &[&str], families: &[&str]) -> tempfile::TempDir {
+    let plugins = plugin_dir(backends);
+    for f in families {
+        let name = format!("libtts_model_{f}.so");
+        std::fs::copy(artifacts().join(&name), plugins.path().join(&name)).unwrap();
+    }
+    plugins
+}
+
+/// A profile in `dir` running the model `files` on one backend (CPU: one thread).
+pub fn profile_on(dir: &Path, backend: &str, files: &[PathBuf]) -> PathBuf {
+    let files: Vec<String> = files.iter().map(|f| format!("\"{}\"", f.display())).collect();
+    write_profile(
+        dir,
+        &format!(
+            "[backend]\nprefer = [\"{backend}\"]\nfallback = false\n[backends.cpu]\nthreads = 1\n[backends.vulkan]\nallow_software = true\npipeline_cache = false\n[model]\nfiles = [{}]\n",
+            files.join(", ")
+        ),
+    )
+}
+
+/// The committed tiny fixtures.
+pub fn supertonic_fixture() -> PathBuf {
+    repo().join("tests/fixtures/supertonic/tiny-v2/model.gguf")
+}
+
+pub fn chatterbox_fixture() -> Vec<PathBuf> {
+    let dir = repo().join("tests/fixtures/chatterbox/turbo-tiny");
+    vec![dir.join("t3-turbo.gguf"), dir.join("s3gen-meanflow.gguf")]
+}
+
+/// Names in `dir`, sorted.
+pub fn dir_names(dir: &Path) -> Vec<String> {
+    let mut v: Vec<String> = std::fs::read_dir(dir).unwrap().map(|e| e.unwrap().file_name().to_string_lossy().into()).collect();
+    v.sort();
+    v
+}

@@ -16,5 +16,5 @@ pub mod weights;
 
 pub use guard::guarded;
 pub use hparams::HparamReader;
-pub use tensors::{Storage, TensorTable};
+pub use tensors::{Dim, Storage, TensorTable};
 pub use weights::Weights;

@@ -42,10 +42,27 @@ impl Storage {
     }
 }
 
+/// One dimension of an expected shape.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum Dim {
+    /// Implied by the hparams.
+    Is(usize),
+    /// A size the metadata does not carry (a vocabulary, a prompt length): the
+    /// first tensor that has it binds it, every other must agree, and it must
+    /// lie in the range declared with [`TensorTable::free_dim`].
+    Free(&'static str),
+}
+
+impl From<usize> for Dim {
+    fn from(n: usize) -> Self {
+        Dim::Is(n)
+    }
+}
+
 #[derive(Debug, Clone)]
 struct Spec {
     /// ggml order (fastest first); trailing dimensions are 1.
-    shape: Vec<usize>,
+    shape: Vec<Dim>,
     storage: Storage,
 }
 
@@ -53,9 +70,12 @@ struct Spec {
 #[derive(Debug, Clone, Default)]
 pub struct TensorTable {
     specs: IndexMap<String, Spec>,
+    free: IndexMap<&'static str, std::ops::RangeInclusive<usize>>,
     /// Prefixes of tensors the file carries for stages this plugin does not run
     /// yet (their shapes are not checked, and no graph may use them).
     carried: Vec<String>,
+    /// Values of the free dimensions, once [`check`](Self::check) bound them.
+    bound: IndexMap<&'static str, usize>,
 }
 
 impl TensorTable {
@@ -63,9 +83,25 @@ impl TensorTable {
         Self::default()
     }
 
-    pub fn add(&mut self, name: impl Into<String>, shape: &[usize], storage: Storage) -> &mut Self {
+    /// Declares a free dimension and its valid range.
+    pub fn free_dim(&mut self, name: &'static str, range: std::ops::RangeInclusive<usize>) -> &mut Self {
+        self.free.insert(name, range);
+        self
+    }
+
+    /// The value a free dimension took in the checked file.
+    pub fn dim(&self, name: &str) -> Option<usize> {
+        self.bound.get(name).copied()
+    }
+
+    pub fn add_dims(&mut self, name: impl Into<String>, shape: &[Dim], storage: Storage) -> &mut Self {
         self.specs.insert(name.into(), Spec { shape: shape.to_vec(), storage });
         self
+    }
+
+    pub fn add(&mut self, name: impl Into<String>, shape: &[usize], storage: Storage) -> &mut Self {
+        let dims: Vec<Dim> = shape.iter().map(|&d| Dim::Is(d)).collect();
+        self.add_dims(name, &dims, storage)
     }
 
     pub fn f32(&mut self, name: impl Into<String>, shape: &[usize]) -> &mut Self {
@@ -110,18 +146,37 @@ impl TensorTable {
     }
 
     /// Checks a file: every table entry present with its shape and an allowed
-    /// type, and no tensor the table does not know.
-    pub fn check(&self, gguf: &GgufTensors) -> Result<(), String> {
-        let path = gguf.file.path().display();
+    /// type, no tensor the table does not know, free dimensions bound
+    /// consistently and within range (read them with [`dim`](Self::dim)).
+    pub fn check(&mut self, gguf: &GgufTensors) -> Result<(), String> {
+        let path = gguf.file.path().display().to_string();
+        let mut bound: IndexMap<&'static str, usize> = IndexMap::new();
         for (name, spec) in &self.specs {
             let t = gguf.ctx.get_tensor(name).ok_or_else(|| format!("{path}: tensor '{name}' is missing"))?;
             if !spec.storage.allows(t.ty()) {
                 return Err(format!("{path}: tensor '{name}' is {}, expected {}", ggml_sys::type_name(t.ty()), spec.storage.describe()));
             }
             let ne = t.ne();
-            let want: Vec<i64> = (0..4).map(|i| spec.shape.get(i).map_or(1, |&d| d as i64)).collect();
-            if spec.shape.len() > 4 || ne[..] != want[..] {
-                return Err(format!("{path}: tensor '{name}' has shape {}, the metadata implies {}", show_shape(&ne), show_shape(&want)));
+            let mismatch = |bound: &IndexMap<&'static str, usize>| format!("{path}: tensor '{name}' has shape {}, the metadata implies {}", show_shape(&ne), show_dims(&spec.shape, bound));
+            if spec.shape.len() > 4 || ne[spec.shape.len()..].iter().any(|&d| d != 1) {
+                return Err(mismatch(&bound));
+            }
+            for (i, dim) in spec.shape.iter().enumerate() {
+                match *dim {
+                    Dim::Is(n) if ne[i] != n as i64 => return Err(mismatch(&bound)),
+                    Dim::Is(_) => {}
+                    Dim::Free(free) => match bound.get(free) {
+                        Some(&n) if ne[i] != n as i64 => return Err(mismatch(&bound)),
+                        Some(_) => {}
+                        None => {
+                            let range = self.free.get(free).cloned().unwrap_or(1..=65536);
+                            if !range.contains(&(ne[i] as usize)) || ne[i] < 0 {
+                                return Err(format!("{path}: tensor '{name}' gives {free} = {} (allowed: {}..={})", ne[i], range.start(), range.end()));
+                            }
+                            bound.insert(free, ne[i] as usize);
+                        }
+                    },
+                }
             }
         }
         for t in gguf.ctx.tensors() {
@@ -130,6 +185,7 @@ impl TensorTable {
                 return Err(format!("{path}: unexpected tensor '{name}' (not part of this model's layout; docs/gguf.md)"));
             }
         }
+        self.bound = bound;
         Ok(())
     }
 }
@@ -138,4 +194,16 @@ impl TensorTable {
 fn show_shape(ne: &[i64]) -> String {
     let n = ne.iter().rposition(|&d| d != 1).map_or(1, |i| i + 1);
     format!("[{}]", ne[..n].iter().map(|d| d.to_string()).collect::<Vec<_>>().join(", "))
+}
+
+/// An expected shape, free dimensions by value where bound, else by name.
+fn show_dims(dims: &[Dim], bound: &IndexMap<&'static str, usize>) -> String {
+    let shown: Vec<String> = dims
+        .iter()
+        .map(|d| match d {
+            Dim::Is(n) => n.to_string(),
+            Dim::Free(f) => bound.get(f).map_or(f.to_string(), |n| n.to_string()),
+        })
+        .collect();
+    format!("[{}]", shown.join(", "))
 }

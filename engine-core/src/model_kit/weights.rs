@@ -19,7 +19,7 @@ impl Weights {
     /// Checks `gguf` against `table`, then loads every tensor; those
     /// `is_matmul_weight` accepts (only ever the first operand of a matrix
     /// product) may go to the device's extra buffers.
-    pub fn load(gguf: GgufTensors, backend: &Backend, table: TensorTable, is_matmul_weight: impl Fn(&str) -> bool) -> std::result::Result<Self, String> {
+    pub fn load(gguf: GgufTensors, backend: &Backend, mut table: TensorTable, is_matmul_weight: impl Fn(&str) -> bool) -> std::result::Result<Self, String> {
         table.check(&gguf)?;
         let (buffers, in_extra) = gguf.load_into_with_extra(backend, is_matmul_weight).map_err(|e| e.to_string())?;
         Ok(Weights { _buffers: buffers, gguf, table, in_extra_buffers: in_extra })
@@ -27,6 +27,11 @@ impl Weights {
 
     pub fn gguf(&self) -> &GgufTensors {
         &self.gguf
+    }
+
+    /// The size a free dimension of the table took in this file.
+    pub fn dim(&self, name: &str) -> usize {
+        self.table.dim(name).unwrap_or_else(|| panic!("free dimension '{name}' is not declared in the tensor table"))
     }
 
     fn checked(&self, name: &str) -> Result<Tensor<'_>> {

@@ -249,6 +249,12 @@ impl Default for CmakeOptions {
             ("GGML_BUILD_TESTS", "OFF"),
             ("GGML_BUILD_EXAMPLES", "OFF"),
             ("GGML_CCACHE", "OFF"),
+            // Run paths relative to the library itself, never the build tree:
+            // beside it (a development tree) or in ../lib (a bundle's plugins/).
+            // A build path, or an empty entry (read as the working directory),
+            // would let a library planted there be loaded.
+            ("CMAKE_BUILD_WITH_INSTALL_RPATH", "ON"),
+            ("CMAKE_INSTALL_RPATH", "$ORIGIN;$ORIGIN/../lib"),
         ];
         CmakeOptions { defines: defines.iter().map(|(k, v)| (k.to_string(), v.to_string())).collect() }
     }

@@ -367,6 +367,11 @@ impl GgufWriter {
         self
     }
 
+    pub fn set_u32_array(&mut self, key: &str, values: &[u32]) -> &mut Self {
+        unsafe { sys::gguf_set_arr_data(self.ptr.as_ptr(), Self::key(key).as_ptr(), sys::GGUF_TYPE_UINT32, values.as_ptr().cast(), values.len()) };
+        self
+    }
+
     /// Writes the metadata (no tensors) to `path`.
     pub fn write_metadata(&self, path: &Path) -> Result<()> {
         let c = CString::new(path.to_string_lossy().as_bytes()).map_err(|e| crate::Error::Msg(e.to_string()))?;
@@ -381,5 +386,122 @@ impl GgufWriter {
 impl Drop for GgufWriter {
     fn drop(&mut self) {
         unsafe { sys::gguf_free(self.ptr.as_ptr()) }
+    }
+}
+
+/// Edits a GGUF file's metadata and tensor shapes and writes the result as a
+/// new file: how tests derive malformed model files from good ones by key and
+/// tensor name (never by byte offset).
+pub struct GgufEditor {
+    source: NonNull<sys::gguf_context>,
+    /// The source's tensors with their data (read fully).
+    data: crate::Context,
+    /// The source's key-value pairs with the edits applied.
+    kv: GgufWriter,
+    /// Tensor name → replacement shape.
+    shapes: Vec<(String, Vec<i64>)>,
+}
+
+impl GgufEditor {
+    pub fn open(path: &Path) -> Result<Self> {
+        check_model_path(path)?;
+        let c = CString::new(path.to_string_lossy().as_bytes()).map_err(|e| crate::Error::Msg(e.to_string()))?;
+        let mut data: *mut sys::ggml_context = std::ptr::null_mut();
+        let params = sys::gguf_init_params { no_alloc: false, ctx: &mut data };
+        let source = NonNull::new(unsafe { sys::gguf_init_from_file(c.as_ptr(), params) })
+            .ok_or_else(|| crate::Error::Msg(format!("{} is not a valid GGUF file", path.display())))?;
+        let data = unsafe { crate::Context::from_raw(data) }.ok_or_else(|| crate::Error::Msg("gguf: no tensor context".into()))?;
+        let kv = GgufWriter::new();
+        unsafe { sys::gguf_set_kv(kv.ptr.as_ptr(), source.as_ptr()) };
+        Ok(GgufEditor { source, data, kv, shapes: Vec::new() })
+    }
+
+    pub fn set_u32(&mut self, key: &str, value: u32) -> &mut Self {
+        self.kv.set_u32(key, value);
+        self
+    }
+
+    pub fn set_f32(&mut self, key: &str, value: f32) -> &mut Self {
+        self.kv.set_f32(key, value);
+        self
+    }
+
+    pub fn set_str(&mut self, key: &str, value: &str) -> &mut Self {
+        self.kv.set_str(key, value);
+        self
+    }
+
+    pub fn set_bool(&mut self, key: &str, value: bool) -> &mut Self {
+        self.kv.set_bool(key, value);
+        self
+    }
+
+    pub fn set_u32_array(&mut self, key: &str, values: &[u32]) -> &mut Self {
+        self.kv.set_u32_array(key, values);
+        self
+    }
+
+    pub fn remove(&mut self, key: &str) -> &mut Self {
+        unsafe { sys::gguf_remove_key(self.kv.ptr.as_ptr(), GgufWriter::key(key).as_ptr()) };
+        self
+    }
+
+    /// Gives tensor `name` another shape with the same element count (its bytes
+    /// are kept).
+    pub fn reshape(&mut self, name: &str, ne: &[i64]) -> Result<&mut Self> {
+        let t = self.data.get_tensor(name).ok_or_else(|| crate::Error::Msg(format!("no tensor '{name}'")))?;
+        if ne.iter().product::<i64>() != t.ne().iter().product::<i64>() {
+            return err(format!("reshaping '{name}' to {ne:?} changes its element count"));
+        }
+        self.shapes.push((name.to_string(), ne.to_vec()));
+        Ok(self)
+    }
+
+    /// Sets every value of the F32 tensor `name` to `value`.
+    pub fn fill_f32(&mut self, name: &str, value: f32) -> Result<&mut Self> {
+        let t = self.data.get_tensor(name).ok_or_else(|| crate::Error::Msg(format!("no tensor '{name}'")))?;
+        if t.ty() != sys::GGML_TYPE_F32 {
+            return err(format!("tensor '{name}' is not F32"));
+        }
+        let n = t.n_elements();
+        let data = unsafe { std::slice::from_raw_parts_mut((*t.as_ptr()).data as *mut f32, n) };
+        data.fill(value);
+        Ok(self)
+    }
+
+    /// Writes the edited file to `path`.
+    pub fn write(&self, path: &Path) -> Result<()> {
+        let out = GgufWriter::new();
+        unsafe { sys::gguf_set_kv(out.ptr.as_ptr(), self.kv.ptr.as_ptr()) };
+        let scratch = crate::Context::new_no_alloc(self.shapes.len() + 1, 0)?;
+        let n = unsafe { sys::gguf_get_n_tensors(self.source.as_ptr()) };
+        for i in 0..n {
+            let name = unsafe { cstr_to_string(sys::gguf_get_tensor_name(self.source.as_ptr(), i)) };
+            let t = self.data.get_tensor(&name).ok_or_else(|| crate::Error::Msg(format!("tensor '{name}' missing from context")))?;
+            let written = match self.shapes.iter().rev().find(|(n, _)| *n == name) {
+                Some((_, ne)) => {
+                    let r = scratch.new_tensor(t.ty(), ne)?;
+                    unsafe {
+                        (*r.as_ptr()).data = (*t.as_ptr()).data;
+                        sys::ggml_set_name(r.as_ptr(), (*t.as_ptr()).name.as_ptr());
+                    }
+                    r
+                }
+                None => t,
+            };
+            unsafe { sys::gguf_add_tensor(out.ptr.as_ptr(), written.as_ptr()) };
+        }
+        let c = CString::new(path.to_string_lossy().as_bytes()).map_err(|e| crate::Error::Msg(e.to_string()))?;
+        if unsafe { sys::gguf_write_to_file(out.ptr.as_ptr(), c.as_ptr(), false) } {
+            Ok(())
+        } else {
+            err(format!("could not write {}", path.display()))
+        }
+    }
+}
+
+impl Drop for GgufEditor {
+    fn drop(&mut self) {
+        unsafe { sys::gguf_free(self.source.as_ptr()) }
     }
 }

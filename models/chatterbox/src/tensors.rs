@@ -6,15 +6,18 @@
 //! cloning, which does not run yet: their tensors are not checked.
 
 use crate::hparams::{CfmHparams, EncoderHparams, HiftHparams, S3GenHparams, T3Hparams};
-use engine_core::model_kit::TensorTable;
+use engine_core::model_kit::{Dim, Storage, TensorTable};
 
 pub const T3_SPEAKER_EMB: &str = "voice.builtin.speaker_emb";
 pub const T3_PROMPT_TOKENS: &str = "voice.builtin.prompt_speech_tokens";
 pub const S3_PROMPT_TOKEN: &str = "voice.builtin.prompt_token";
 pub const S3_PROMPT_FEAT: &str = "voice.builtin.prompt_feat";
 pub const S3_EMBEDDING: &str = "voice.builtin.embedding";
-/// The F0 predictor's width, which the metadata does not carry (read from its classifier).
-const F0_CLASSIFIER: &str = "hift.f0_predictor.classifier.weight";
+/// Sizes the metadata does not carry (free dimensions of the S3Gen table): the
+/// F0 predictor's width and the built-in voice's prompt lengths.
+pub const F0_CHANNELS: &str = "f0_channels";
+pub const PROMPT_FRAMES: &str = "prompt_frames";
+pub const PROMPT_TOKENS: &str = "prompt_tokens";
 
 /// `t3-<variant>.gguf` (GPT-2 backbone).
 pub fn t3_table(hp: &T3Hparams) -> TensorTable {
@@ -37,36 +40,18 @@ pub fn t3_table(hp: &T3Hparams) -> TensorTable {
     t
 }
 
-/// The width of HiFT's F0 predictor, read from the file (1..=65536).
-pub fn f0_channels(gguf: &ggml_sys::gguf::GgufTensors) -> Result<usize, String> {
-    let t = gguf.ctx.get_tensor(F0_CLASSIFIER).ok_or_else(|| format!("{}: tensor '{F0_CLASSIFIER}' is missing", gguf.file.path().display()))?;
-    let c = t.ne()[0];
-    if (1..=65536).contains(&c) {
-        Ok(c as usize)
-    } else {
-        Err(format!("{}: {F0_CLASSIFIER} has {c} inputs (1..=65536)", gguf.file.path().display()))
-    }
-}
-
-/// `s3gen-meanflow.gguf`: flow encoder, CFM estimator, HiFT and the built-in
-/// voice (`prompt_frames` mel frames, `prompt_tokens` tokens).
-pub fn s3gen_table(hp: &S3GenHparams, f0_channels: usize, prompt_frames: usize, prompt_tokens: usize) -> TensorTable {
+/// `s3gen-meanflow.gguf`: flow encoder, CFM estimator, HiFT and the built-in voice.
+pub fn s3gen_table(hp: &S3GenHparams) -> TensorTable {
     let mut t = TensorTable::new();
+    t.free_dim(F0_CHANNELS, 1..=65536).free_dim(PROMPT_FRAMES, 1..=65536).free_dim(PROMPT_TOKENS, 1..=32768);
     encoder(&mut t, hp);
     cfm(&mut t, &hp.cfm, hp.mel_channels, hp.meanflow);
-    hift(&mut t, &hp.hift, hp.mel_channels, f0_channels);
-    t.f32(S3_PROMPT_FEAT, &[hp.mel_channels, prompt_frames]).i32(S3_PROMPT_TOKEN, &[prompt_tokens]).f32(S3_EMBEDDING, &[hp.speaker_dim]);
+    hift(&mut t, &hp.hift, hp.mel_channels);
+    t.add_dims(S3_PROMPT_FEAT, &[hp.mel_channels.into(), Dim::Free(PROMPT_FRAMES)], Storage::F32);
+    t.add_dims(S3_PROMPT_TOKEN, &[Dim::Free(PROMPT_TOKENS)], Storage::I32);
+    t.f32(S3_EMBEDDING, &[hp.speaker_dim]);
     t.carry("campplus.").carry("s3tok.");
     t
-}
-
-/// The built-in voice's prompt sizes, which the metadata does not carry.
-pub fn s3gen_prompt_sizes(gguf: &ggml_sys::gguf::GgufTensors) -> Result<(usize, usize), String> {
-    let dim = |name: &str, i: usize| -> Result<usize, String> {
-        let t = gguf.ctx.get_tensor(name).ok_or_else(|| format!("{}: tensor '{name}' is missing", gguf.file.path().display()))?;
-        Ok(t.ne()[i] as usize)
-    };
-    Ok((dim(S3_PROMPT_FEAT, 1)?, dim(S3_PROMPT_TOKEN, 0)?))
 }
 
 fn encoder(t: &mut TensorTable, hp: &S3GenHparams) {
@@ -144,11 +129,14 @@ fn cfm(t: &mut TensorTable, c: &CfmHparams, mel: usize, meanflow: bool) {
     conv(t, "cfm.final_proj", 1, ch, mel);
 }
 
-fn hift(t: &mut TensorTable, h: &HiftHparams, mel: usize, f0: usize) {
+fn hift(t: &mut TensorTable, h: &HiftHparams, mel: usize) {
+    let f0 = Dim::Free(F0_CHANNELS);
     for l in 0..h.f0_layers {
-        conv(t, &format!("hift.f0_predictor.condnet.{}", 2 * l), h.f0_kernel, if l == 0 { mel } else { f0 }, f0);
+        let p = format!("hift.f0_predictor.condnet.{}", 2 * l);
+        let inputs = if l == 0 { Dim::Is(mel) } else { f0 };
+        t.add_dims(format!("{p}.weight"), &[h.f0_kernel.into(), inputs, f0], Storage::F32).add_dims(format!("{p}.bias"), &[f0], Storage::F32);
     }
-    t.linear("hift.f0_predictor.classifier", f0, 1);
+    t.add_dims("hift.f0_predictor.classifier.weight", &[f0, 1.into()], Storage::Matrix).f32("hift.f0_predictor.classifier.bias", &[1]);
     // Read on the host (the sine source's merge of the harmonics).
     t.f32("hift.m_source.l_linear.weight", &[h.harmonics + 1, 1]).f32("hift.m_source.l_linear.bias", &[1]);
     conv(t, "hift.conv_pre", h.conv_pre_kernel, mel, h.base_channels);

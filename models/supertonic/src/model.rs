@@ -125,9 +125,9 @@ impl Supertonic {
         if voice_names.is_empty() {
             return err(format!("{}: the model embeds no voice", path.display()));
         }
-        let vocab = tensors::char_vocab(&gguf)?;
-        let indexer = Indexer::new(read_indexer(&gguf)?, vocab).map_err(|e| format!("{}: {e}", path.display()))?;
-        let weights = Weights::load(gguf, &backend, tensors::table(&hp, &voice_names, vocab), is_matmul_weight)?;
+        let indexer = read_indexer(&gguf)?;
+        let weights = Weights::load(gguf, &backend, tensors::table(&hp, &voice_names), is_matmul_weight)?;
+        let indexer = Indexer::new(indexer, weights.dim(tensors::VOCAB)).map_err(|e| format!("{}: {e}", path.display()))?;
         let mut voices = BTreeMap::new();
         for name in voice_names {
             let (ttl, dp) = tensors::voice_tensors(&name);

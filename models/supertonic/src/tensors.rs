@@ -3,7 +3,7 @@
 //! block; the loader checks a file against it before reading any weight.
 
 use crate::hparams::{AttnEncoderHp, ConvNextHp, CrossAttnHp, Hparams};
-use engine_core::model_kit::{Storage, TensorTable};
+use engine_core::model_kit::{Dim, Storage, TensorTable};
 
 /// The code-point → row table (`unicode_indexer.json`).
 pub const INDEXER: &str = "text.indexer";
@@ -16,20 +16,14 @@ pub fn voice_tensors(name: &str) -> (String, String) {
 }
 
 /// Rows of the character embeddings: the indexer's vocabulary, which the
-/// metadata does not repeat (read from `dp.char_emb`, the same for `te.char_emb`).
-pub fn char_vocab(gguf: &ggml_sys::gguf::GgufTensors) -> Result<usize, String> {
-    let t = gguf.ctx.get_tensor("dp.char_emb").ok_or_else(|| format!("{}: tensor 'dp.char_emb' is missing", gguf.file.path().display()))?;
-    let rows = t.ne()[1];
-    if !(1..=i16::MAX as i64).contains(&rows) {
-        return Err(format!("{}: dp.char_emb has {rows} rows (1..=32767)", gguf.file.path().display()));
-    }
-    Ok(rows as usize)
-}
+/// metadata does not repeat (a free dimension of the table; I16 indexer ids).
+pub const VOCAB: &str = "vocab";
 
-/// Every tensor of a Supertonic file with `voices` embedded and `vocab`
-/// character rows.
-pub fn table(hp: &Hparams, voices: &[String], vocab: usize) -> TensorTable {
+/// Every tensor of a Supertonic file with `voices` embedded.
+pub fn table(hp: &Hparams, voices: &[String]) -> TensorTable {
     let mut t = TensorTable::new();
+    t.free_dim(VOCAB, 1..=i16::MAX as usize);
+    let vocab = Dim::Free(VOCAB);
     t.add(INDEXER, &[INDEXER_LEN], Storage::Index);
     for v in voices {
         let (ttl, dp) = voice_tensors(v);
@@ -38,7 +32,7 @@ pub fn table(hp: &Hparams, voices: &[String], vocab: usize) -> TensorTable {
 
     // Duration predictor.
     let dp = &hp.dp;
-    t.f32("dp.char_emb", &[dp.char_dim, vocab]).f32("dp.sentence_token", &[dp.char_dim]);
+    t.add_dims("dp.char_emb", &[dp.char_dim.into(), vocab], Storage::F32).f32("dp.sentence_token", &[dp.char_dim]);
     convnext_stack(&mut t, "dp.convnext", dp.char_dim, &dp.convnext);
     attention_encoder(&mut t, "dp.attn", dp.char_dim, &dp.attn);
     t.matrix("dp.proj_out.weight", dp.char_dim, dp.char_dim);
@@ -48,7 +42,7 @@ pub fn table(hp: &Hparams, voices: &[String], vocab: usize) -> TensorTable {
 
     // Text encoder.
     let te = &hp.te;
-    t.f32("te.char_emb", &[te.char_dim, vocab]);
+    t.add_dims("te.char_emb", &[te.char_dim.into(), vocab], Storage::F32);
     convnext_stack(&mut t, "te.convnext", te.char_dim, &te.convnext);
     attention_encoder(&mut t, "te.attn", te.char_dim, &te.attn);
     for i in [1, 2] {

@@ -82,9 +82,7 @@ impl S3Gen {
             return Err(format!("{}: architecture '{arch}' is not a Chatterbox S3Gen model ('{S3GEN_ARCH}')", path.display()));
         }
         let hp = S3GenHparams::load(&gguf.file)?;
-        let (prompt_frames, prompt_tokens) = crate::tensors::s3gen_prompt_sizes(&gguf)?;
-        let table = crate::tensors::s3gen_table(&hp, crate::tensors::f0_channels(&gguf)?, prompt_frames, prompt_tokens);
-        let weights = Weights::load(gguf, &backend, table, is_matmul_weight)?;
+        let weights = Weights::load(gguf, &backend, crate::tensors::s3gen_table(&hp), is_matmul_weight)?;
         let source_merge = (ggml(weights.host_f32("hift.m_source.l_linear.weight"))?, ggml(weights.host_f32("hift.m_source.l_linear.bias"))?[0]);
         let speaker_affine = (ggml(weights.host_f32("flow.spk_embed_affine_layer.weight"))?, ggml(weights.host_f32("flow.spk_embed_affine_layer.bias"))?);
         let cfm_fused_attention = cfm::fused_attention_supported(&backend, &hp.cfm);

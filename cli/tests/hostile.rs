@@ -1,0 +1,459 @@
+//! Hostile but fair input, each defect of the probe that found them as a test
+//! (docs/reliability.md has the matrix): output files that links cannot
+//! redirect, libraries never loaded from the working directory, model files
+//! whose every value is checked, bounded thread counts, errors that name the
+//! real cause. Every failure must be exit 1, one line on stderr naming the
+//! problem, no output or temporary file, no signal.
+
+mod common;
+
+use common::*;
+use ggml_sys::gguf::GgufEditor;
+use std::os::unix::fs::{symlink, PermissionsExt};
+use std::path::{Path, PathBuf};
+use std::process::Output;
+
+fn args<'a>(profile: &'a Path, plugins: &'a Path, text: &'a str, out: &'a Path) -> Vec<&'a str> {
+    vec!["--profile", profile.to_str().unwrap(), "--plugin-dir", plugins.to_str().unwrap(), "--text", text, "--out", out.to_str().unwrap()]
+}
+
+/// Asserts the error contract and that `dir` holds only `expected` names afterwards.
+fn assert_refused(o: &Output, want: &str, dir: &Path, expected: &[&str]) {
+    assert_one_line_error(o, want);
+    assert_eq!(dir_names(dir), expected, "after `{want}`: no output or temporary left");
+}
+
+fn is_wav(path: &Path) -> bool {
+    hound::WavReader::open(path).is_ok()
+}
+
+fn mkfifo(path: &Path) {
+    let c = std::ffi::CString::new(path.to_str().unwrap()).unwrap();
+    assert_eq!(unsafe { libc::mkfifo(c.as_ptr(), 0o600) }, 0, "mkfifo {}", path.display());
+}
+
+// 1. Output files.
+
+#[test]
+fn planted_temporary_link_redirects_nothing() {
+    // The reproduction: a link at the old fixed temporary name.
+    let plugins = plugins_with(&["cpu"], &["supertonic"]);
+    let dir = tempfile::tempdir().unwrap();
+    let profile = profile_on(dir.path(), "cpu", &[supertonic_fixture()]);
+    let work = dir.path().join("work");
+    std::fs::create_dir(&work).unwrap();
+    let victim = work.join("victim.txt");
+    std::fs::write(&victim, "precious\n").unwrap();
+    symlink("victim.txt", work.join(".o.wav.partial")).unwrap();
+    let out = work.join("o.wav");
+    let o = run(&args(&profile, plugins.path(), "Hello.", &out));
+    assert!(o.status.success(), "{}", stderr(&o));
+    assert_eq!(std::fs::read_to_string(&victim).unwrap(), "precious\n");
+    assert!(is_wav(&out));
+    assert_eq!(dir_names(&work), [".o.wav.partial", "o.wav", "victim.txt"]);
+}
+
+#[test]
+fn link_at_the_output_is_replaced_not_followed() {
+    let (plugins, gguf) = tone_setup(&["cpu"]);
+    let dir = tempfile::tempdir().unwrap();
+    let profile = profile_on(dir.path(), "cpu", &[gguf]);
+    let victim = dir.path().join("victim.txt");
+    std::fs::write(&victim, "precious\n").unwrap();
+    let link = dir.path().join("o.wav");
+    symlink(&victim, &link).unwrap();
+    let o = run(&args(&profile, plugins.path(), "hi", &link));
+    assert!(o.status.success(), "{}", stderr(&o));
+    assert_eq!(std::fs::read_to_string(&victim).unwrap(), "precious\n");
+    assert!(!std::fs::symlink_metadata(&link).unwrap().file_type().is_symlink());
+    assert!(is_wav(&link));
+}
+
+/// A FIFO (what `/dev/null` or `/dev/stdout` stand for) is written in place and
+/// stays a FIFO, directly and through a link.
+#[test]
+fn fifo_output_is_written_in_place() {
+    use std::os::unix::fs::FileTypeExt;
+    let (plugins, gguf) = tone_setup(&["cpu"]);
+    let dir = tempfile::tempdir().unwrap();
+    let profile = profile_on(dir.path(), "cpu", &[gguf]);
+    let fifo = dir.path().join("pipe.wav");
+    mkfifo(&fifo);
+    let link = dir.path().join("link.wav");
+    symlink(&fifo, &link).unwrap();
+    for target in [&fifo, &link] {
+        let reader = {
+            let fifo = fifo.clone();
+            std::thread::spawn(move || std::fs::read(fifo).unwrap())
+        };
+        let o = run(&args(&profile, plugins.path(), "hi", target));
+        assert!(o.status.success(), "{}", stderr(&o));
+        let bytes = reader.join().unwrap();
+        let wav = hound::WavReader::new(std::io::Cursor::new(bytes)).unwrap();
+        assert_eq!(wav.len(), 2 * 1600, "0.1 s per character at 16 kHz");
+        assert!(std::fs::symlink_metadata(&fifo).unwrap().file_type().is_fifo(), "the FIFO is kept");
+    }
+    assert!(std::fs::symlink_metadata(&link).unwrap().file_type().is_symlink());
+    assert_eq!(dir_names(dir.path()), ["link.wav", "pipe.wav", "profile.toml"]);
+}
+
+#[test]
+fn replaced_output_keeps_its_mode() {
+    let (plugins, gguf) = tone_setup(&["cpu"]);
+    let dir = tempfile::tempdir().unwrap();
+    let profile = profile_on(dir.path(), "cpu", &[gguf]);
+    let out = dir.path().join("o.wav");
+    std::fs::write(&out, "old").unwrap();
+    std::fs::set_permissions(&out, std::fs::Permissions::from_mode(0o600)).unwrap();
+    let o = run(&args(&profile, plugins.path(), "hi", &out));
+    assert!(o.status.success(), "{}", stderr(&o));
+    assert!(is_wav(&out));
+    assert_eq!(std::fs::metadata(&out).unwrap().permissions().mode() & 0o777, 0o600);
+}
+
+/// Four runs writing the same output at once, each holding its finished
+/// temporary for a while so that all four overlap: every run succeeds and the
+/// file is one run's whole output.
+#[test]
+fn concurrent_runs_leave_one_whole_output() {
+    let (plugins, gguf) = tone_setup(&["cpu"]);
+    let dir = tempfile::tempdir().unwrap();
+    let profile = profile_on(dir.path(), "cpu", &[gguf]);
+    let out = dir.path().join("o.wav");
+    let texts = ["a", "bb", "ccc", "dddd"];
+    let children: Vec<_> = texts
+        .iter()
+        .map(|text| {
+            std::process::Command::new(tts())
+                .args(args(&profile, plugins.path(), text, &out))
+                .env(engine_core::output::TEST_FAULT_ENV, "pause:400")
+                .stdout(std::process::Stdio::piped())
+                .stderr(std::process::Stdio::piped())
+                .spawn()
+                .unwrap()
+        })
+        .collect();
+    for child in children {
+        let o = wait_or_kill(child, std::time::Duration::from_secs(120), "concurrent tts");
+        assert!(o.status.success(), "{}", stderr(&o));
+    }
+    let samples = hound::WavReader::open(&out).unwrap().len() as usize;
+    assert!(texts.iter().any(|t| t.len() * 1600 == samples), "{samples} samples is no run's output");
+    assert_eq!(dir_names(dir.path()), ["o.wav", "profile.toml"]);
+}
+
+/// SIGINT and SIGTERM while the temporary exists: it is removed, no output
+/// appears, and the exit status says which signal ended the run.
+#[test]
+fn interrupted_runs_remove_their_temporary() {
+    let (plugins, gguf) = tone_setup(&["cpu"]);
+    for (signal, code) in [(libc::SIGINT, 130), (libc::SIGTERM, 143)] {
+        let dir = tempfile::tempdir().unwrap();
+        let profile = profile_on(dir.path(), "cpu", &[gguf.clone()]);
+        let out = dir.path().join("o.wav");
+        let child = std::process::Command::new(tts())
+            .args(args(&profile, plugins.path(), "hi", &out))
+            .env(engine_core::output::TEST_FAULT_ENV, "pause:60000")
+            .stdout(std::process::Stdio::piped())
+            .stderr(std::process::Stdio::piped())
+            .spawn()
+            .unwrap();
+        let start = std::time::Instant::now();
+        while !dir_names(dir.path()).iter().any(|n| n.starts_with(".o.wav.") && n.ends_with(".tmp")) {
+            assert!(start.elapsed().as_secs() < 60, "no temporary appeared: {:?}", dir_names(dir.path()));
+            std::thread::sleep(std::time::Duration::from_millis(20));
+        }
+        assert_eq!(unsafe { libc::kill(child.id() as i32, signal) }, 0);
+        let o = wait_or_kill(child, std::time::Duration::from_secs(60), "interrupted tts");
+        assert_eq!(o.status.code(), Some(code), "{}", stderr(&o));
+        assert_eq!(dir_names(dir.path()), ["profile.toml"], "signal {signal}");
+    }
+}
+
+/// A bug in the host while writing: one line, exit 1, the temporary removed.
+#[test]
+fn panic_while_writing_leaves_no_temporary() {
+    let (plugins, gguf) = tone_setup(&["cpu"]);
+    let dir = tempfile::tempdir().unwrap();
+    let profile = profile_on(dir.path(), "cpu", &[gguf]);
+    let out = dir.path().join("o.wav");
+    let o = run_with(&args(&profile, plugins.path(), "hi", &out), None, &[(engine_core::output::TEST_FAULT_ENV, "panic")]);
+    assert_refused(&o, "internal error (a bug in tts): TTS_TEST_OUTPUT_FAULT=panic at ", dir.path(), &["profile.toml"]);
+}
+
+/// A panic inside a model plugin becomes the plugin's one-line error instead
+/// of aborting the process at the plugin boundary.
+#[test]
+fn plugin_panic_is_an_error_not_an_abort() {
+    let (plugins, gguf) = tone_setup(&["cpu"]);
+    let dir = tempfile::tempdir().unwrap();
+    let profile = profile_on(dir.path(), "cpu", &[gguf]);
+    let out = dir.path().join("o.wav");
+    let mut a = args(&profile, plugins.path(), "hi", &out);
+    a.extend(["--set", "panic=true"]);
+    assert_refused(&run(&a), "tone model: internal error (a bug, please report it): index out of bounds", dir.path(), &["profile.toml"]);
+}
+
+#[test]
+fn directories_and_sockets_are_refused_as_output() {
+    let (plugins, gguf) = tone_setup(&["cpu"]);
+    let dir = tempfile::tempdir().unwrap();
+    let profile = profile_on(dir.path(), "cpu", &[gguf]);
+    let sub = dir.path().join("sub");
+    std::fs::create_dir(&sub).unwrap();
+    assert_one_line_error(&run(&args(&profile, plugins.path(), "hi", &sub)), "sub is a directory");
+    let socket = dir.path().join("sock");
+    let _listener = std::os::unix::net::UnixListener::bind(&socket).unwrap();
+    assert_one_line_error(&run(&args(&profile, plugins.path(), "hi", &socket)), "sock is a socket");
+    assert_eq!(dir_names(dir.path()), ["profile.toml", "sock", "sub"]);
+}
+
+/// A model whose samples come out NaN is an error, not a silent WAV.
+#[test]
+fn non_finite_samples_are_an_error() {
+    let plugins = plugins_with(&["cpu"], &["supertonic"]);
+    let dir = tempfile::tempdir().unwrap();
+    let bad = dir.path().join("nan.gguf");
+    let mut e = GgufEditor::open(&supertonic_fixture()).unwrap();
+    e.fill_f32("voc.head2.weight", f32::NAN).unwrap();
+    e.write(&bad).unwrap();
+    let profile = profile_on(dir.path(), "cpu", &[bad]);
+    let out = dir.path().join("o.wav");
+    assert_refused(
+        &run(&args(&profile, plugins.path(), "Hello.", &out)),
+        "supertonic: the model produced ",
+        dir.path(),
+        &["nan.gguf", "profile.toml"],
+    );
+}
+
+// 2. Libraries are never loaded from the working directory.
+
+/// A `libvulkan.so.1` planted in the working directory: its constructor would
+/// write a marker. `tts devices` on a profile that opens Vulkan must not load
+/// it (Vulkan stays available, no marker). The control: found through
+/// `LD_LIBRARY_PATH`, the planted library does replace the real loader, and
+/// the Vulkan module then fails on the symbols it lacks.
+#[test]
+fn library_planted_in_the_working_directory_is_not_loaded() {
+    let dir = tempfile::tempdir().unwrap();
+    let marker = dir.path().join("planted-library-ran");
+    let source = dir.path().join("plant.c");
+    std::fs::write(&source, format!("#include <stdio.h>\n__attribute__((constructor)) static void planted(void) {{ FILE *f = fopen(\"{}\", \"w\"); if (f) fclose(f); }}\n", marker.display())).unwrap();
+    let status = std::process::Command::new("cc").args(["-shared", "-fPIC", "-o"]).arg(dir.path().join("libvulkan.so.1")).arg(&source).status().unwrap();
+    assert!(status.success(), "compiling the planted library");
+    // The build tree as a user runs it: run paths only, no LD_LIBRARY_PATH.
+    let devices = |library_path: Option<&Path>| {
+        let mut cmd = std::process::Command::new(tts());
+        cmd.args(["devices", "--profile"]).arg(repo().join("profiles/ci.toml")).current_dir(dir.path()).env_remove("LD_LIBRARY_PATH").env_remove("TTS_LOG");
+        if let Some(p) = library_path {
+            cmd.env("LD_LIBRARY_PATH", p);
+        }
+        wait_or_kill(cmd.stdout(std::process::Stdio::piped()).stderr(std::process::Stdio::piped()).spawn().unwrap(), std::time::Duration::from_secs(120), "tts devices")
+    };
+    let o = devices(None);
+    assert!(o.status.success(), "{}", stderr(&o));
+    assert!(!marker.exists(), "a library in the working directory was loaded");
+    let report = String::from_utf8_lossy(&o.stdout);
+    assert!(report.contains("backend vulkan") && !report.contains("backend vulkan: unavailable"), "{report}");
+    let o = devices(Some(dir.path()));
+    let report = String::from_utf8_lossy(&o.stdout);
+    assert!(report.contains("backend vulkan: unavailable") && report.contains("undefined symbol: vk"), "control: {report}");
+}
+
+// 3. Malformed model metadata: refused by key, before any graph is built.
+
+fn crafted(dir: &Path, name: &str, source: &Path, edit: impl FnOnce(&mut GgufEditor)) -> PathBuf {
+    let path = dir.join(name);
+    let mut e = GgufEditor::open(source).unwrap();
+    edit(&mut e);
+    e.write(&path).unwrap();
+    path
+}
+
+#[test]
+fn malformed_supertonic_metadata_is_refused_by_key() {
+    let plugins = plugins_with(&["cpu"], &["supertonic"]);
+    let dir = tempfile::tempdir().unwrap();
+    let src = supertonic_fixture();
+    let cases: Vec<(&str, PathBuf, &str)> = vec![
+        ("heads", crafted(dir.path(), "heads.gguf", &src, |e| { e.set_u32("supertonic.dp.attn.heads", 0); }), "metadata supertonic.dp.attn.heads = 0 is out of range (1..=256)"),
+        (
+            "char_emb",
+            crafted(dir.path(), "emb.gguf", &src, |e| { e.reshape("dp.char_emb", &[174, 16]).unwrap(); }),
+            "tensor 'dp.char_emb' has shape [174, 16], the metadata implies [16, vocab]",
+        ),
+        ("latent", crafted(dir.path(), "latent.gguf", &src, |e| { e.set_u32("supertonic.latent_dim", 1 << 30); }), "metadata supertonic.latent_dim = 1073741824 is out of range (1..=4096)"),
+        ("rate", crafted(dir.path(), "rate.gguf", &src, |e| { e.set_u32("supertonic.sample_rate", u32::MAX); }), "metadata supertonic.sample_rate = 4294967295 is out of range (8000..=192000)"),
+        ("steps", crafted(dir.path(), "steps.gguf", &src, |e| { e.set_u32("supertonic.default_steps", 1_000_000); }), "metadata supertonic.default_steps = 1000000 is out of range (1..=100)"),
+        ("scale0", crafted(dir.path(), "scale0.gguf", &src, |e| { e.set_f32("supertonic.normalizer_scale", 0.0); }), "metadata supertonic.normalizer_scale = 0 is out of range"),
+        ("scalenan", crafted(dir.path(), "scalenan.gguf", &src, |e| { e.set_f32("supertonic.normalizer_scale", f32::NAN); }), "metadata supertonic.normalizer_scale = NaN is out of range"),
+        ("type", crafted(dir.path(), "type.gguf", &src, |e| { e.set_str("supertonic.ve.blocks", "two"); }), "metadata key 'supertonic.ve.blocks' has type str"),
+    ];
+    let mut names: Vec<String> = cases.iter().map(|(_, p, _)| p.file_name().unwrap().to_string_lossy().into()).collect();
+    names.push("profile.toml".into());
+    names.sort();
+    for (what, file, want) in cases {
+        let profile = profile_on(dir.path(), "cpu", &[file]);
+        let out = dir.path().join("o.wav");
+        let o = run(&args(&profile, plugins.path(), "Hello.", &out));
+        assert_one_line_error(&o, want);
+        assert_eq!(dir_names(dir.path()), names, "{what}: no output or temporary");
+    }
+}
+
+#[test]
+fn malformed_s3gen_metadata_is_refused_by_key() {
+    let plugins = plugins_with(&["cpu"], &["chatterbox"]);
+    let dir = tempfile::tempdir().unwrap();
+    let [t3, s3] = <[PathBuf; 2]>::try_from(chatterbox_fixture()).unwrap();
+    let cases = [
+        (crafted(dir.path(), "rate.gguf", &s3, |e| { e.set_u32("chatterbox-s3gen.hift.sample_rate", 0); }), "metadata chatterbox-s3gen.hift.sample_rate = 0 is out of range (8000..=192000)"),
+        (crafted(dir.path(), "harm.gguf", &s3, |e| { e.set_u32("chatterbox-s3gen.hift.harmonics", 100_000); }), "metadata chatterbox-s3gen.hift.harmonics = 100000 is out of range (0..=64)"),
+        (crafted(dir.path(), "rates.gguf", &s3, |e| { e.set_u32_array("chatterbox-s3gen.hift.upsample_rates", &[8, 5]); }), "HiFT upsample rates, kernels and source resblocks disagree in count"),
+    ];
+    for (file, want) in cases {
+        let profile = profile_on(dir.path(), "cpu", &[t3.clone(), file]);
+        let out = dir.path().join("o.wav");
+        assert_one_line_error(&run(&args(&profile, plugins.path(), "Hello.", &out)), want);
+        assert!(!out.exists());
+    }
+    // A tokenizer that does not load names its file.
+    let bad_tok = crafted(dir.path(), "t3-badtok.gguf", &t3, |e| { e.set_str("chatterbox.tokenizer_json", "{not json"); });
+    let profile = profile_on(dir.path(), "cpu", &[bad_tok, s3]);
+    assert_one_line_error(&run(&args(&profile, plugins.path(), "Hello.", &dir.path().join("o.wav"))), "t3-badtok.gguf: chatterbox.tokenizer_json: ");
+}
+
+// 4. Threads.
+
+#[test]
+fn cpu_threads_beyond_the_core_count_are_refused() {
+    let (plugins, gguf) = tone_setup(&["cpu"]);
+    let cores = std::thread::available_parallelism().unwrap().get();
+    let dir = tempfile::tempdir().unwrap();
+    for threads in [i32::MAX as i64, cores as i64 + 1, -1] {
+        let profile = write_profile(dir.path(), &format!("[backend]\nprefer = [\"cpu\"]\n[backends.cpu]\nthreads = {threads}\n[model]\nfiles = [\"{}\"]\n", gguf.display()));
+        let out = dir.path().join("o.wav");
+        let want = format!("[backends.cpu] threads = {threads}: this machine has {cores} cores; use 0 (one thread per core) or 1..={cores}");
+        assert_one_line_error(&run(&args(&profile, plugins.path(), "hi", &out)), &want);
+        assert!(!out.exists());
+    }
+}
+
+// 5. Errors that name the real cause.
+
+#[test]
+fn model_paths_that_are_not_readable_files() {
+    let (plugins, _) = tone_setup(&["cpu"]);
+    let dir = tempfile::tempdir().unwrap();
+    let out = dir.path().join("o.wav");
+    let sub = dir.path().join("models");
+    std::fs::create_dir(&sub).unwrap();
+    let fifo = dir.path().join("model.fifo");
+    mkfifo(&fifo);
+    for (model, want) in [(&sub, "models is a directory, not a regular file"), (&fifo, "model.fifo is a FIFO, not a regular file")] {
+        let profile = profile_on(dir.path(), "cpu", &[model.clone()]);
+        assert_one_line_error(&run(&args(&profile, plugins.path(), "hi", &out)), want);
+    }
+    // Unreadable: as root, run without the capability that overrides permissions.
+    let locked = dir.path().join("locked.gguf");
+    std::fs::copy(supertonic_fixture(), &locked).unwrap();
+    std::fs::set_permissions(&locked, std::fs::Permissions::from_mode(0o000)).unwrap();
+    let profile = profile_on(dir.path(), "cpu", &[locked.clone()]);
+    let a = args(&profile, plugins.path(), "hi", &out);
+    let o = if std::fs::File::open(&locked).is_ok() {
+        let mut cmd = std::process::Command::new("setpriv");
+        cmd.args(["--bounding-set", "-dac_override,-dac_read_search", "--"]).arg(tts()).args(&a).env_remove("TTS_LOG");
+        cmd.output().expect("setpriv (util-linux) runs tts without the permission override")
+    } else {
+        run(&a)
+    };
+    assert_one_line_error(&o, "cannot read GGUF file ");
+    assert!(stderr(&o).contains("locked.gguf: Permission denied"), "{}", stderr(&o));
+    assert!(!out.exists());
+}
+
+#[test]
+fn profile_for_another_family_says_so() {
+    let plugins = plugins_with(&["cpu"], &["supertonic"]);
+    let dir = tempfile::tempdir().unwrap();
+    let out = dir.path().join("o.wav");
+    let turbo = repo().join("profiles/turbo.toml");
+    let model = supertonic_fixture();
+    let mut a = vec!["--profile", turbo.to_str().unwrap(), "--plugin-dir", plugins.path().to_str().unwrap(), "--model", model.to_str().unwrap()];
+    a.extend(["--text", "Hello.", "--out", out.to_str().unwrap()]);
+    assert_one_line_error(
+        &run(&a),
+        "unknown key `temperature` in [synthesis]: the supertonic model takes voice, language, steps, speed, seed, noise_npy, unsupported_chars (is this profile written for another model family?)",
+    );
+    assert!(!out.exists());
+}
+
+#[test]
+fn command_line_mistakes_name_the_real_cause() {
+    let (plugins, gguf) = tone_setup(&["cpu"]);
+    let dir = tempfile::tempdir().unwrap();
+    let out = dir.path().join("o.wav");
+    let profile = profile_on(dir.path(), "cpu", &[gguf.clone()]);
+    let model = gguf.to_str().unwrap();
+    let mut a = args(&profile, plugins.path(), "hi", &out);
+    a.extend(["--model", model, "--model", model]);
+    assert_one_line_error(&run(&a), "tone.gguf is given twice");
+    for value in ["1e400", "nan", "inf"] {
+        let mut a = args(&profile, plugins.path(), "hi", &out);
+        let set = format!("gain={value}");
+        a.extend(["--set", &set]);
+        assert_one_line_error(&run(&a), &format!("option `gain`: `{value}` is not a finite float"));
+    }
+    let mut a = args(&profile, plugins.path(), "hi", &out);
+    a.extend(["--set", "fail=maybe"]);
+    assert_one_line_error(&run(&a), "option `fail`: `maybe` is not a boolean");
+    let device = write_profile(dir.path(), &format!("[backend]\nprefer = [\"cpu\"]\ndevice = -1\n[model]\nfiles = [\"{model}\"]\n"));
+    assert_one_line_error(&run(&args(&device, plugins.path(), "hi", &out)), "key `device`: use \"auto\", a device name like \"Vulkan0\", or a device index 0..=4294967295; found -1");
+    assert!(!out.exists());
+}
+
+#[test]
+fn seed_beyond_64_bits_is_out_of_range_not_a_non_integer() {
+    let plugins = plugins_with(&["cpu"], &["supertonic"]);
+    let dir = tempfile::tempdir().unwrap();
+    let profile = profile_on(dir.path(), "cpu", &[supertonic_fixture()]);
+    let out = dir.path().join("o.wav");
+    let mut a = args(&profile, plugins.path(), "Hello.", &out);
+    a.extend(["--set", "seed=18446744073709551616"]);
+    assert_one_line_error(&run(&a), "option `seed`: `18446744073709551616` is out of range for an integer option");
+    let mut a = args(&profile, plugins.path(), "Hello.", &out);
+    a.extend(["--set", "seed=4294967296"]);
+    assert_one_line_error(&run(&a), "seed must be in 0..=4294967295, got 4294967296");
+    assert!(!out.exists());
+}
+
+#[test]
+fn draws_that_name_a_file_say_so() {
+    let plugins = plugins_with(&["cpu"], &["chatterbox"]);
+    let dir = tempfile::tempdir().unwrap();
+    let profile = profile_on(dir.path(), "cpu", &chatterbox_fixture());
+    let out = dir.path().join("o.wav");
+    let mut a = args(&profile, plugins.path(), "Hello.", &out);
+    let file = chatterbox_fixture()[0].display().to_string();
+    let set = format!("draws={file}");
+    a.extend(["--set", &set]);
+    assert_one_line_error(&run(&a), "t3-turbo.gguf is not a directory (name a directory of recorded .npy draws)");
+    assert!(!out.exists());
+}
+
+// 6. Chatterbox splits words longer than max_chars.
+
+#[test]
+fn chatterbox_splits_a_word_longer_than_max_chars() {
+    let plugins = plugins_with(&["cpu"], &["chatterbox"]);
+    let dir = tempfile::tempdir().unwrap();
+    let profile = profile_on(dir.path(), "cpu", &chatterbox_fixture());
+    let out = dir.path().join("o.wav");
+    let word = "a".repeat(200);
+    let mut a = args(&profile, plugins.path(), &word, &out);
+    a.extend(["--set", "max_chars=50", "--set", "max_new_tokens=8", "--set", "temperature=0"]);
+    let o = run(&a);
+    assert!(o.status.success(), "{}", stderr(&o));
+    assert!(is_wav(&out));
+}
