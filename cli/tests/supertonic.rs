@@ -72,8 +72,10 @@ fn synthesizes_the_reference_waveform_on_cpu_and_vulkan() {
 }
 
 /// The initial noise from a `.npy` file (the reference's own draws) gives the
-/// reference waveform whatever the seed; a real Supertonic 2 voice style JSON
-/// (from `../shared`, not committed) loads and changes the voice.
+/// reference waveform whatever the seed; a voice style JSON in the official
+/// format loads and changes the voice: one written here, and the real
+/// Supertonic 2 `M1.json` when `TTS_SHARED_DATA` names the shared data
+/// directory (not committed).
 #[test]
 fn noise_file_and_voice_json_drive_synthesis() {
     let plugins = setup(&["cpu"]);
@@ -89,14 +91,26 @@ fn noise_file_and_voice_json_drive_synthesis() {
     let e = rel_err(&read_wav(&wav).1, &reference);
     assert!(e <= 1e-4 + 1.0 / 32767.0 / peak, "noise file: rel err {e}");
 
-    let voice = repo().join("../shared/data/supertonic-v2/voice_styles/M1.json");
-    assert!(voice.is_file(), "{} (the shared data directory sits beside the repository)", voice.display());
-    let real = dir.path().join("real-voice.wav");
-    let o = synth(&profile, plugins.path(), text, &real, &["steps=5", &format!("voice={}", voice.display())]);
-    assert!(o.status.success(), "{}", stderr(&o));
-    let (rate, samples) = read_wav(&real);
-    assert_eq!(rate, 44100);
-    assert!(rel_err(&samples, &reference) > 1e-2, "another voice should change the waveform");
+    let written = dir.path().join("voice.json");
+    let values = |n: usize, k: f32| (0..n).map(|i| ((i as f32 * k).sin() * 0.5).to_string()).collect::<Vec<_>>().join(",");
+    std::fs::write(
+        &written,
+        format!(r#"{{"style_ttl":{{"dims":[1,50,256],"type":"float32","data":[{}]}},"style_dp":{{"dims":[1,8,16],"type":"float32","data":[{}]}}}}"#, values(50 * 256, 0.37), values(128, 0.91)),
+    )
+    .unwrap();
+    let mut voices = vec![written];
+    match std::env::var_os("TTS_SHARED_DATA") {
+        Some(shared) => voices.push(PathBuf::from(shared).join("supertonic-v2/voice_styles/M1.json")),
+        None => eprintln!("skipped the real M1.json: TTS_SHARED_DATA does not name the shared data directory"),
+    }
+    for voice in voices {
+        let out = dir.path().join("voice.wav");
+        let o = synth(&profile, plugins.path(), text, &out, &["steps=5", &format!("voice={}", voice.display())]);
+        assert!(o.status.success(), "{}: {}", voice.display(), stderr(&o));
+        let (rate, samples) = read_wav(&out);
+        assert_eq!(rate, 44100);
+        assert!(rel_err(&samples, &reference) > 1e-2, "{}: another voice should change the waveform", voice.display());
+    }
 }
 
 /// Warm synthesis of a 10-word sentence on Vulkan (lavapipe) agrees with the CPU
@@ -152,6 +166,29 @@ fn plugin_log_events_reach_stderr() {
     assert!(err.contains("supertonic model loaded") && err.contains("version=\"v2\""), "plugin event missing from stderr: {err}");
 }
 
+/// Characters the model lacks are left out with a warning that names them
+/// (the default), or read as the last embedding row (`official`); v3 takes at
+/// most 50 steps, as the official helper.
+#[test]
+fn unsupported_characters_and_v3_steps_follow_the_official_helper() {
+    let plugins = setup(&["cpu"]);
+    let dir = tempfile::tempdir().unwrap();
+    let profile = profile_for(dir.path(), "cpu", &fixture("tiny-v2/model.gguf"));
+    let wav = dir.path().join("x.wav");
+    for (policy, how) in [("skip", "left out"), ("official", "read as the last embedding row")] {
+        let o = synth(&profile, plugins.path(), "Tokyo is 東京 ß", &wav, &[&format!("unsupported_chars={policy}")]);
+        assert!(o.status.success(), "{policy}: {}", stderr(&o));
+        let err = stderr(&o);
+        assert!(err.contains(&format!("characters this model has no row for were {how}")) && err.contains("'東' (U+6771), '京' (U+4EAC), 'ß' (U+00DF)"), "{policy}: {err}");
+        assert!(read_wav(&wav).1.len() > 1000);
+    }
+    let v3 = profile_for(dir.path(), "cpu", &fixture("tiny-v3/model.gguf"));
+    let o = synth(&v3, plugins.path(), "Hello.", &wav, &["steps=51"]);
+    assert_one_line_error(&o, "steps must be in 1..=50 for Supertonic v3, got 51");
+    let o = synth(&v3, plugins.path(), "Hello.", &wav, &["steps=50"]);
+    assert!(o.status.success(), "{}", stderr(&o));
+}
+
 #[test]
 fn bad_inputs_are_one_line_errors_and_leave_no_file() {
     let plugins = setup(&["cpu"]);
@@ -165,12 +202,14 @@ fn bad_inputs_are_one_line_errors_and_leave_no_file() {
     };
     check("", &[], "text is empty");
     check("   ", &[], "text is empty");
-    check("Tokyo is 東京 ß", &[], "unsupported characters for this model: '東' (U+6771), '京' (U+4EAC), 'ß' (U+00DF)");
+    check("Tokyo is 東京 ß", &["unsupported_chars=error"], "unsupported characters for this model: '東' (U+6771), '京' (U+4EAC), 'ß' (U+00DF)");
+    check("東京 ß", &[], "nothing speakable remains of \"東京 ß\" without the characters this model lacks: '東' (U+6771), '京' (U+4EAC), 'ß' (U+00DF)");
+    check("Hello.", &["unsupported_chars=drop"], "unsupported_chars must be one of skip, error, official, got 'drop'");
     check("Hello.", &["voice=Q7"], "unknown voice 'Q7' (embedded voices: F1, M1;");
     check("Hello.", &["voice=/nonexistent/voice.json"], "voice file /nonexistent/voice.json");
     check("Hello.", &["language=de"], "language 'de' is not supported by Supertonic v2 (supported: en, ko, es, pt, fr)");
-    check("Hello.", &["steps=0"], "steps must be in 1..=100, got 0");
-    check("Hello.", &["steps=101"], "steps must be in 1..=100, got 101");
+    check("Hello.", &["steps=0"], "steps must be in 1..=100 (v3: 1..=50), got 0");
+    check("Hello.", &["steps=101"], "steps must be in 1..=100 for Supertonic v2, got 101");
     check("Hello.", &["speed=2.5"], "speed must be in 0.5..=2, got 2.5");
     check("Hello.", &["speed=0.1"], "speed must be in 0.5..=2, got 0.1");
     check("Hello.", &["seed=-3"], "seed must be in 0..=4294967295, got -3");

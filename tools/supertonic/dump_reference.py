@@ -42,7 +42,15 @@ LONG_CASES = {
                      "and he was tired. Nobody expected him before the evening, so the house was quiet. "
                      "The children were at school and the dog was asleep by the fire.\n\n"
                      "Mr. Jones opened the door. What a surprise! They talked for an hour about the weather, "
-                     "the harvest and the price of bread, and then they walked down to the river together.")}],
+                     "the harvest and the price of bread, and then they walked down to the river together.")},
+           # Four chunks whose float32 durations give one sample more summed in the
+           # official order (dur_cat += dur + silence) than in the other two orders.
+           {"name": "duration_sum_order", "lang": "en", "voice": "F1", "steps": 2, "speed": 1.05,
+            "seed": 1, "text": "Hello there.\n\nWhat a day!\n\nCome back soon?\n\nA b c d e f."},
+           # Characters the indexer lacks, read as the last embedding row as the official
+           # code does (the engine's unsupported_chars = "official").
+           {"name": "official_unsupported", "lang": "en", "voice": "F1", "steps": 2, "speed": 1.0,
+            "seed": 5, "text": "Stra\u00dfe \u03a9 right\u2011now!", "unsupported_chars": "official"}],
     "v3": [],
 }
 

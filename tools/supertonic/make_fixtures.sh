@@ -25,4 +25,7 @@ for cfg in tiny-v2 tiny-v3; do
     "$PY" tools/supertonic/dump_reference.py --bundle "$bundle" --out "$ref"
 done
 
-"$PY" tools/supertonic/text_cases.py
+"$PY" tools/supertonic/text_cases.py --gguf tests/fixtures/supertonic/tiny-v2/model.gguf --out tests/fixtures/supertonic/text_cases_tiny_v2.json
+if [ -f ../shared/data/supertonic-v2/unicode_indexer.json ]; then
+    "$PY" tools/supertonic/text_cases.py
+fi

@@ -406,7 +406,7 @@ def synthesize_with(stages, bundle_dir, text, lang, voice, steps, speed, seed, t
         else:
             sil = np.zeros((1, int(silence_s * sr)), dtype=F32)
             wav_cat = np.concatenate([wav_cat, sil, wav], axis=1)
-            dur_cat = dur_cat + dur + F32(silence_s)
+            dur_cat += dur + F32(silence_s)  # the official order: dur_cat += dur_onnx + silence_duration
     n = int(sr * float(dur_cat[0]))
     return wav_cat[0, :n], float(dur_cat[0])
 

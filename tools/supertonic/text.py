@@ -57,7 +57,10 @@ def preprocess(text):
         text = text.replace(a, b)
     for p in _NO_SPACE_BEFORE:
         text = text.replace(" " + p, p)
-    text = text.replace('""', '"').replace("''", "'").replace("``", "`")
+    # The official loops: a run of any length collapses to one.
+    for pair, single in (('""', '"'), ("''", "'"), ("``", "`")):
+        while pair in text:
+            text = text.replace(pair, single)
     text = re.sub(r"\s+", " ", text).strip()
     if not text or text[-1] not in _END_CHARS:
         text += "."

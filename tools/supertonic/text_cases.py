@@ -1,10 +1,12 @@
 #!/usr/bin/env python3
-"""Write tests/fixtures/supertonic/text_cases.json: text-frontend golden cases.
+"""Write text-frontend golden cases (tests/fixtures/supertonic/text_cases*.json).
 
-For each input: preprocessed + language-wrapped string (v2 rules), ids from the real v2
-unicode_indexer.json (read from ../shared/data/supertonic-v2/, relative to the repository
-root; only derived ids are written), unsupported characters, and chunk_text output for
-max_len 300 and 120 (chunking works on the raw input, as in the official pipeline).
+For each input: preprocessed + language-wrapped string (v2 rules), ids from an indexer
+(the real v2 unicode_indexer.json from ../shared/data/supertonic-v2/, relative to the
+repository root, of which only derived ids are written; or, with --gguf, the indexer of a
+converted model such as the committed tiny fixture), unsupported characters, and
+chunk_text output for max_len 300 and 120 (chunking works on the raw input, as in the
+official pipeline).
 """
 import argparse
 import json
@@ -61,18 +63,44 @@ CASES = [
     ("ellipsis", "And then\u2026", "en"),
     ("fullwidth_ligature", "Fullwidth \uff21\uff22\uff23\uff11\uff12\uff13 and \ufb01sh.", "en"),
     ("only_emoji", "\U0001F600\U0001F600", "en"),
+    # The official helper's rules where a single pass or Rust's whitespace differ.
+    ("quote_runs", "He said \"\"\"hi\"\"\" and ''''bye'''' then ``x``.", "en"),
+    ("separators_are_spaces", "one\x1ctwo\x1dthree\x1efour\x1ffive six\x85seven", "en"),
+    ("separators_split_chunks", "One two three.\x1fFour five six.\n\x1c\nSeven.", "en"),
+    # Characters NFKD leaves behind that an indexer may lack.
+    ("emoji_variation_selector", "I \u2764\ufe0f it and \u263a\ufe0f that.", "en"),
+    ("non_breaking_hyphen", "A right\u2011now answer.", "en"),
+    ("kana_voicing_marks", "\u3067\u3059 \u3071\u3093.", "en"),
+    ("nothing_speakable", "\u03a9\u03a9 \u03a9.", "en"),
     ("long_multiparagraph", LONG_EN, "en"),
     ("long_korean", LONG_KO, "ko"),
 ]
 
 
+def indexer_from_gguf(path):
+    """(indexer table, embedding rows) of a converted model file."""
+    import gguf
+    r = gguf.GGUFReader(path)
+    tensors = {t.name: t for t in r.tensors}
+    table = [int(v) for v in tensors["text.indexer"].data]
+    rows = int(tensors["dp.char_emb"].shape[1])
+    return table, rows
+
+
 def main():
     ap = argparse.ArgumentParser(description=__doc__.split("\n")[0])
-    ap.add_argument("--indexer", default=DEFAULT_INDEXER, help="path relative to the repo root")
+    ap.add_argument("--indexer", default=DEFAULT_INDEXER, help="unicode_indexer.json, relative to the repo root")
+    ap.add_argument("--gguf", help="read the indexer from this converted model instead (relative to the repo root)")
     ap.add_argument("--out", default=DEFAULT_OUT)
     a = ap.parse_args()
-    with open(os.path.join(REPO, a.indexer)) as f:
-        indexer = json.load(f)
+    if a.gguf:
+        indexer, rows = indexer_from_gguf(os.path.join(REPO, a.gguf))
+        source = a.gguf
+    else:
+        with open(os.path.join(REPO, a.indexer)) as f:
+            indexer = json.load(f)
+        rows = None
+        source = a.indexer
     out = []
     for name, inp, lang in CASES:
         prepared = textfe.prepare(inp, lang, "v2")
@@ -89,11 +117,13 @@ def main():
             "chunks_120": textfe.chunk_text(inp, 120),
         })
     doc = {
-        "description": "Supertonic text frontend cases (v2 rules). ids use the official v2 "
-                       "unicode_indexer.json; -1 = unsupported (the ONNX Gather then selects "
-                       "the last embedding row). Code points above U+FFFF are wrapped to 16 "
-                       "bits before lookup. Chunks are computed on the raw input.",
-        "indexer": a.indexer,
+        "description": "Supertonic text frontend cases (v2 rules, the official helper's). ids are the "
+                       "official ones: -1 = unsupported, which the ONNX Gather reads as the last "
+                       "embedding row (`rows` - 1 when the indexer comes with its model). Code points "
+                       "above U+FFFF are wrapped to 16 bits before lookup. Chunks are computed on the "
+                       "raw input.",
+        "indexer": source,
+        "rows": rows,
         "cases": out,
     }
     path = os.path.join(REPO, a.out)

@@ -48,10 +48,16 @@ extern "C" fn option_specs() -> RVec<OptionSpec> {
     RVec::from(vec![
         spec("voice", OptionKind::Str, OptionValue::Str("".into()), "embedded voice name (\"\" = the first) or a voice style JSON file"),
         spec("language", OptionKind::Str, OptionValue::Str("".into()), "language code (\"\" = the model's default: en for v1/v2, na for v3)"),
-        spec("steps", OptionKind::Int, OptionValue::Int(-1), "denoising steps, 1..=100 (-1 = the model's default: 5 for v1/v2, 8 for v3)"),
+        spec("steps", OptionKind::Int, OptionValue::Int(-1), "denoising steps, 1..=100 (v3: 1..=50, as the official helper) (-1 = the model's default: 5 for v1/v2, 8 for v3)"),
         spec("speed", OptionKind::Float, OptionValue::Float(1.05), "speaking rate, 0.5..=2.0"),
         spec("seed", OptionKind::Int, OptionValue::Int(42), "noise seed (NumPy legacy randn compatible), 0..=4294967295"),
         spec("noise_npy", OptionKind::Path, OptionValue::Str("".into()), "initial noise from a .npy file instead of the seed"),
+        spec(
+            "unsupported_chars",
+            OptionKind::Str,
+            OptionValue::Str("skip".into()),
+            "characters the model has no row for: skip (leave out, with a warning), error (refuse the text), official (the official code's last embedding row)",
+        ),
     ])
 }
 
@@ -69,8 +75,8 @@ pub fn params_from_options(options: &OptionList) -> Result<SynthesisParams, Stri
     let voice = if voice.ends_with(".json") || voice.contains('/') { VoiceChoice::File(voice.into()) } else { VoiceChoice::Named(voice) };
     let steps = match i("steps", -1) {
         -1 => None,
-        n if model::STEPS_RANGE.contains(&n) => Some(n as usize),
-        n => return Err(format!("steps must be in 1..=100, got {n}")),
+        n if n >= 1 => Some(usize::try_from(n).unwrap_or(usize::MAX)),
+        n => return Err(format!("steps must be in 1..=100 (v3: 1..=50), got {n}")),
     };
     let speed = match find_option(options, "speed") {
         Some(OptionValue::Float(v)) => *v,
@@ -83,7 +89,8 @@ pub fn params_from_options(options: &OptionList) -> Result<SynthesisParams, Stri
     let seed = u32::try_from(seed).map_err(|_| format!("seed must be in 0..=4294967295, got {seed}"))?;
     let noise_npy = s("noise_npy");
     let noise = if noise_npy.is_empty() { NoiseSource::Seed(seed) } else { NoiseSource::Npy(noise_npy.into()) };
-    Ok(SynthesisParams { voice, language: s("language"), steps, speed: speed as f32, noise })
+    let unsupported_chars = text::UnsupportedChars::parse(&s("unsupported_chars"))?;
+    Ok(SynthesisParams { voice, language: s("language"), steps, speed: speed as f32, noise, unsupported_chars })
 }
 
 struct Plugin {

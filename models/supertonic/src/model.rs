@@ -6,7 +6,7 @@ use crate::graph::vector_estimator::{self, StepShape};
 use crate::graph::{duration, text_encoder, vocoder, Builder};
 use crate::hparams::{Hparams, Version};
 use crate::noise::NumpyLegacyRng;
-use crate::text::{self, Indexer};
+use crate::text::{self, Encoded, Indexer, UnsupportedChars};
 use crate::voice::{Voice, VoiceShape};
 use crate::tensors;
 use engine_core::model_kit::Weights;
@@ -16,8 +16,8 @@ use std::collections::BTreeMap;
 use std::path::Path;
 use std::time::Instant;
 
-/// Valid values of the user-facing options (the official helper's ranges).
-pub const STEPS_RANGE: std::ops::RangeInclusive<i64> = 1..=100;
+/// Valid values of the user-facing options (the official helper's ranges;
+/// steps: [`crate::hparams::Version::max_steps`]).
 pub const SPEED_RANGE: std::ops::RangeInclusive<f64> = 0.5..=2.0;
 /// Silence between chunks, seconds.
 pub const CHUNK_SILENCE_S: f32 = 0.3;
@@ -49,6 +49,7 @@ pub struct SynthesisParams {
     pub steps: Option<usize>,
     pub speed: f32,
     pub noise: NoiseSource,
+    pub unsupported_chars: UnsupportedChars,
 }
 
 /// Milliseconds per stage.
@@ -170,8 +171,9 @@ impl Supertonic {
             ));
         }
         if let Some(steps) = params.steps {
-            if !STEPS_RANGE.contains(&(steps as i64)) {
-                return err(format!("steps must be in {}..={}, got {steps}", STEPS_RANGE.start(), STEPS_RANGE.end()));
+            let max = self.hp.version.max_steps();
+            if !(1..=max).contains(&steps) {
+                return err(format!("steps must be in 1..={max} for Supertonic {}, got {steps}", self.hp.version.as_str()));
             }
         }
         if !SPEED_RANGE.contains(&(params.speed as f64)) {
@@ -188,14 +190,18 @@ impl Supertonic {
         }
     }
 
-    /// Text → wrapped, normalised string → embedding row ids.
-    pub fn encode_text(&self, text: &str, language: &str) -> Result<Vec<i32>, String> {
+    /// Text → wrapped, normalised string → embedding row ids, with characters
+    /// the indexer lacks handled as `policy` says.
+    pub fn encode_text(&self, text: &str, language: &str, policy: UnsupportedChars) -> Result<Encoded, String> {
         let normalized = text::normalize(text);
         let wrapped = text::wrap(&normalized, language, self.hp.text.wrap_open_close);
-        self.indexer.encode(&wrapped).map_err(|bad| {
-            let list: Vec<String> = bad.iter().map(|c| format!("'{c}' (U+{:04X})", *c as u32)).collect();
-            format!("unsupported characters for this model: {}", list.join(", "))
-        })
+        let encoded = self.indexer.encode(&wrapped, policy).map_err(|bad| {
+            format!("unsupported characters for this model: {} (set unsupported_chars = \"skip\" to leave them out)", text::describe_chars(&bad))
+        })?;
+        if policy == UnsupportedChars::Skip && !encoded.unsupported.is_empty() && !normalized.chars().any(|c| c.is_alphanumeric() && !encoded.unsupported.contains(&c)) {
+            return err(format!("nothing speakable remains of {text:?} without the characters this model lacks: {}", text::describe_chars(&encoded.unsupported)));
+        }
+        Ok(encoded)
     }
 
     /// Chunks of the input, as the official pipeline splits long text.
@@ -307,13 +313,23 @@ impl Supertonic {
             return err("text is empty");
         }
         // Encode everything first: an unsupported character fails before any compute.
-        let encoded: Vec<Vec<i32>> = chunks.iter().map(|c| self.encode_text(c, &language)).collect::<Result<_, _>>()?;
+        let encoded: Vec<Encoded> = chunks.iter().map(|c| self.encode_text(c, &language, params.unsupported_chars)).collect::<Result<_, _>>()?;
+        let mut unsupported: Vec<char> = Vec::new();
+        for c in encoded.iter().flat_map(|e| &e.unsupported) {
+            if !unsupported.contains(c) {
+                unsupported.push(*c);
+            }
+        }
+        if !unsupported.is_empty() {
+            let how = if params.unsupported_chars == UnsupportedChars::Skip { "left out" } else { "read as the last embedding row, as the official code does" };
+            tracing::warn!("characters this model has no row for were {how}: {}", text::describe_chars(&unsupported));
+        }
         let mut noise = NoiseStream::new(&params.noise)?;
         let mut timings = Timings::default();
         let mut samples: Vec<f32> = Vec::new();
         let mut total_seconds = 0f32;
         let silence = vec![0f32; (CHUNK_SILENCE_S * self.hp.sample_rate as f32) as usize];
-        for (i, ids) in encoded.iter().enumerate() {
+        for (i, ids) in encoded.iter().map(|e| &e.ids).enumerate() {
             let seconds = timings.record("duration", || self.duration(ids, &voice))? / params.speed;
             let text_emb = timings.record("text_encoder", || self.text_encoder(ids, &voice))?;
             let (_, latent_len) = self.latent_len(seconds);
@@ -325,12 +341,12 @@ impl Supertonic {
             let wav = timings.record("vocoder", || self.vocoder(&latent))?;
             if i > 0 {
                 samples.extend_from_slice(&silence);
-                total_seconds += CHUNK_SILENCE_S;
             }
             samples.extend_from_slice(&wav);
-            total_seconds += seconds;
+            // In the official order and precision: `dur_cat += dur + silence` in float32.
+            total_seconds = if i == 0 { seconds } else { total_seconds + (seconds + CHUNK_SILENCE_S) };
         }
-        // As the official code: f32 durations summed, the product taken in f64.
+        // As the official code: the f32 total times the rate in f64.
         samples.truncate((self.hp.sample_rate as f64 * total_seconds as f64) as usize);
         Ok(Synthesis { samples, timings })
     }

@@ -22,6 +22,18 @@ const EMOJI_RANGES: &[(u32, u32)] = &[
 /// Characters a sentence may end with; anything else gets a final '.'.
 const TERMINALS: &[char] = &['.', '!', '?', ';', ':', ',', '\'', '"', ')', ']', '}', '…', '。', '」', '』', '】', '〉', '》', '›', '»'];
 
+/// Whitespace as Python's `str.isspace` and `re`'s `\s` define it: Unicode
+/// White_Space plus the information separators U+001C..U+001F.
+pub fn is_space(c: char) -> bool {
+    c.is_whitespace() || ('\u{1c}'..='\u{1f}').contains(&c)
+}
+
+/// `text` with every run of whitespace ([`is_space`]) as one space, trimmed
+/// (`re.sub(r"\s+", " ", text).strip()`).
+fn collapse_spaces(text: &str) -> String {
+    text.split(is_space).filter(|w| !w.is_empty()).collect::<Vec<_>>().join(" ")
+}
+
 /// Normalises text as the official pipeline does before wrapping.
 pub fn normalize(text: &str) -> String {
     let mut s: String = text
@@ -42,10 +54,13 @@ pub fn normalize(text: &str) -> String {
     for p in [",", ".", "!", "?", ";", ":", "'"] {
         s = s.replace(&format!(" {p}"), p);
     }
+    // The official loops `while '""' in text: text = text.replace('""', '"')`.
     for (from, to) in [("\"\"", "\""), ("''", "'"), ("``", "`")] {
-        s = s.replace(from, to);
+        while s.contains(from) {
+            s = s.replace(from, to);
+        }
     }
-    let mut s = s.split_whitespace().collect::<Vec<_>>().join(" ");
+    let mut s = collapse_spaces(&s);
     if !s.ends_with(TERMINALS) {
         s.push('.');
     }
@@ -61,10 +76,47 @@ pub fn wrap(text: &str, language: &str, open_close: bool) -> String {
     }
 }
 
+/// What happens to characters the model's indexer has no row for.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum UnsupportedChars {
+    /// Leave them out (a warning names them); an error when nothing speakable remains.
+    Skip,
+    /// Refuse the text, naming each one.
+    Error,
+    /// As the official code: row -1, which the embedding lookup reads as its last row.
+    Official,
+}
+
+impl UnsupportedChars {
+    pub const NAMES: [&'static str; 3] = ["skip", "error", "official"];
+
+    pub fn parse(name: &str) -> Result<Self, String> {
+        match name {
+            "skip" => Ok(UnsupportedChars::Skip),
+            "error" => Ok(UnsupportedChars::Error),
+            "official" => Ok(UnsupportedChars::Official),
+            other => Err(format!("unsupported_chars must be one of {}, got '{other}'", Self::NAMES.join(", "))),
+        }
+    }
+}
+
+/// `'c' (U+XXXX)` for messages.
+pub fn describe_chars(chars: &[char]) -> String {
+    chars.iter().map(|c| format!("'{c}' (U+{:04X})", *c as u32)).collect::<Vec<_>>().join(", ")
+}
+
+/// Indexed text: embedding rows, and the distinct characters that had none.
+#[derive(Debug, Clone, PartialEq)]
+pub struct Encoded {
+    pub ids: Vec<i32>,
+    pub unsupported: Vec<char>,
+}
+
 /// A code-point → embedding-row table (`unicode_indexer.json`): 65536 entries,
 /// -1 for characters the model has no row for.
 pub struct Indexer {
     table: Vec<i32>,
+    rows: usize,
 }
 
 impl Indexer {
@@ -77,29 +129,33 @@ impl Indexer {
         if let Some((cp, id)) = table.iter().enumerate().find(|(_, &id)| id < -1 || id >= rows as i32) {
             return Err(format!("the character indexer maps U+{cp:04X} to row {id}, but the embeddings have {rows} rows"));
         }
-        Ok(Indexer { table })
+        Ok(Indexer { table, rows })
     }
 
-    /// Row id per character (code points wrap to 16 bits as the official code's
-    /// uint16 cast does), or the distinct unsupported characters, in order.
-    pub fn encode(&self, text: &str) -> Result<Vec<i32>, Vec<char>> {
+    /// Row ids of `text` (code points wrap to 16 bits as the official code's
+    /// uint16 cast does). Characters without a row are left out (`Skip`),
+    /// refused (`Error`: the distinct ones, in order) or read as the last row
+    /// (`Official`); `unsupported` lists them in every case.
+    pub fn encode(&self, text: &str, policy: UnsupportedChars) -> Result<Encoded, Vec<char>> {
         let mut ids = Vec::with_capacity(text.len());
-        let mut bad: Vec<char> = Vec::new();
+        let mut unsupported: Vec<char> = Vec::new();
         for c in text.chars() {
-            let id = self.table[(c as u32 & 0xFFFF) as usize];
-            if id < 0 {
-                if !bad.contains(&c) {
-                    bad.push(c);
+            match self.table[(c as u32 & 0xFFFF) as usize] {
+                id if id >= 0 => ids.push(id),
+                _ => {
+                    if !unsupported.contains(&c) {
+                        unsupported.push(c);
+                    }
+                    if policy == UnsupportedChars::Official {
+                        ids.push(self.rows as i32 - 1);
+                    }
                 }
-            } else {
-                ids.push(id);
             }
         }
-        if bad.is_empty() {
-            Ok(ids)
-        } else {
-            Err(bad)
+        if policy == UnsupportedChars::Error && !unsupported.is_empty() {
+            return Err(unsupported);
         }
+        Ok(Encoded { ids, unsupported })
     }
 }
 
@@ -108,8 +164,9 @@ const ABBREVIATIONS: &[&str] = &[
     "Mr.", "Mrs.", "Ms.", "Dr.", "Prof.", "Sr.", "Jr.", "Ph.D.", "etc.", "e.g.", "i.e.", "vs.", "Inc.", "Ltd.", "Co.", "Corp.", "St.", "Ave.", "Blvd.",
 ];
 
-/// Splits a paragraph into sentences at whitespace after `.`, `!` or `?`,
-/// except after the abbreviations above or a single capital letter and period.
+/// Splits a paragraph into sentences at whitespace ([`is_space`]) after `.`,
+/// `!` or `?`, except after the abbreviations above or a single capital letter
+/// and period.
 fn sentences(paragraph: &str) -> Vec<&str> {
     let mut out = Vec::new();
     let mut start = 0;
@@ -117,11 +174,11 @@ fn sentences(paragraph: &str) -> Vec<&str> {
     let mut i = 0;
     while i < chars.len() {
         let (pos, c) = chars[i];
-        if matches!(c, '.' | '!' | '?') && i + 1 < chars.len() && chars[i + 1].1.is_whitespace() {
+        if matches!(c, '.' | '!' | '?') && i + 1 < chars.len() && is_space(chars[i + 1].1) {
             let before = &paragraph[..pos + c.len_utf8()];
             let abbreviation = ABBREVIATIONS.iter().any(|a| before.ends_with(a)) || single_initial(&chars[..=i]);
             let mut j = i + 1;
-            while j < chars.len() && chars[j].1.is_whitespace() {
+            while j < chars.len() && is_space(chars[j].1) {
                 j += 1;
             }
             if !abbreviation {
@@ -156,14 +213,14 @@ fn is_word_char(c: char) -> bool {
 /// (blank lines) first, then sentences packed greedily.
 pub fn chunk_text(text: &str, max_len: usize) -> Vec<String> {
     let mut chunks = Vec::new();
-    for paragraph in split_paragraphs(text) {
-        let paragraph = paragraph.trim();
+    for paragraph in split_paragraphs(text.trim_matches(is_space)) {
+        let paragraph = paragraph.trim_matches(is_space);
         if paragraph.is_empty() {
             continue;
         }
         let mut current = String::new();
         for sentence in sentences(paragraph) {
-            let sentence = sentence.trim();
+            let sentence = sentence.trim_matches(is_space);
             if sentence.is_empty() {
                 continue;
             }
@@ -187,10 +244,11 @@ pub fn chunk_text(text: &str, max_len: usize) -> Vec<String> {
     chunks
 }
 
-/// Splits on blank lines (`\n`, optional whitespace, one or more `\n`).
+/// Splits on blank lines (`\n`, optional whitespace, one or more `\n`: the
+/// official `\n\s*\n+` with Python's whitespace).
 fn split_paragraphs(text: &str) -> Vec<&str> {
-    let re = regex::Regex::new(r"\n\s*\n+").expect("static regex");
-    re.split(text).collect()
+    static BLANK_LINES: std::sync::OnceLock<regex::Regex> = std::sync::OnceLock::new();
+    BLANK_LINES.get_or_init(|| regex::Regex::new(r"\n[\s\x1c-\x1f]*\n+").expect("static regex")).split(text).collect()
 }
 
 #[cfg(test)]
@@ -204,7 +262,24 @@ mod tests {
         assert_eq!(normalize("mail me @ home!"), "mail me at home!");
         assert_eq!(normalize("“quoted”"), "\"quoted\"");
         assert_eq!(normalize("smile 😀 now?"), "smile now?");
+        // Runs of quotes collapse whole (the official loops), Python's whitespace.
+        assert_eq!(normalize("\"\"\"hi\"\"\""), "\"hi\"");
+        assert_eq!(normalize("a''''b"), "a'b.");
+        assert_eq!(normalize("a\u{1c}b\u{1f} c\u{85}"), "a b c.");
     }
+
+    #[test]
+    fn unsupported_characters_follow_the_policy() {
+        let mut table = vec![-1; 65536];
+        table['a' as usize] = 0;
+        table['b' as usize] = 1;
+        let ix = Indexer::new(table, 3).unwrap();
+        assert_eq!(ix.encode("a?b?", UnsupportedChars::Skip).unwrap(), Encoded { ids: vec![0, 1], unsupported: vec!['?'] });
+        assert_eq!(ix.encode("a?b?", UnsupportedChars::Official).unwrap().ids, vec![0, 2, 1, 2], "the last row");
+        assert_eq!(ix.encode("a?b!", UnsupportedChars::Error).unwrap_err(), vec!['?', '!']);
+        assert!(Indexer::new(vec![3; 65536], 3).err().unwrap().contains("maps U+0000 to row 3, but the embeddings have 3 rows"));
+    }
+
 
     #[test]
     fn sentence_split_respects_abbreviations() {

@@ -13,6 +13,7 @@ use engine_core::abi::{BackendHandle, OptionValue};
 use engine_core::loader;
 use std::path::{Path, PathBuf};
 use tts_model_supertonic::model::{transpose, NoiseSource, Supertonic, SynthesisParams, VoiceChoice};
+use tts_model_supertonic::text::UnsupportedChars;
 use tts_model_supertonic::voice::Voice;
 
 /// Per-stage tolerances for one backend.
@@ -82,6 +83,9 @@ struct Case {
     steps: usize,
     speed: f64,
     seed: u32,
+    /// The frontend's policy for characters the indexer lacks (default: skip).
+    #[serde(default)]
+    unsupported_chars: Option<String>,
 }
 
 /// The tests of one binary run one at a time (two lavapipe devices driven from
@@ -104,7 +108,7 @@ pub fn run_fixture(backend: &str, config: &str, tol: &Tolerances) {
         println!("{backend} {config} {}:", case_dir.file_name().unwrap().to_string_lossy());
         let load = |name: &str| npy(&case_dir.join(format!("{name}.npy")));
         let ids: Vec<i32> = load("text_ids").1.iter().map(|v| *v as i32).collect();
-        assert_eq!(model.encode_text(&case.text, &case.lang).unwrap(), ids, "text frontend ids");
+        assert_eq!(model.encode_text(&case.text, &case.lang, UnsupportedChars::Skip).unwrap().ids, ids, "text frontend ids");
         let voice = Voice { style_ttl: load("style_ttl").1, style_dp: load("style_dp").1 };
 
         let duration = model.duration(&ids, &voice).unwrap();
@@ -149,6 +153,7 @@ fn params(case: &Case) -> SynthesisParams {
         steps: Some(case.steps),
         speed: case.speed as f32,
         noise: NoiseSource::Seed(case.seed),
+        unsupported_chars: UnsupportedChars::parse(case.unsupported_chars.as_deref().unwrap_or("skip")).unwrap(),
     }
 }
 
