@@ -289,6 +289,12 @@ fn malformed_supertonic_metadata_is_refused_by_key() {
         ("scale0", crafted(dir.path(), "scale0.gguf", &src, |e| { e.set_f32("supertonic.normalizer_scale", 0.0); }), "metadata supertonic.normalizer_scale = 0 is out of range"),
         ("scalenan", crafted(dir.path(), "scalenan.gguf", &src, |e| { e.set_f32("supertonic.normalizer_scale", f32::NAN); }), "metadata supertonic.normalizer_scale = NaN is out of range"),
         ("type", crafted(dir.path(), "type.gguf", &src, |e| { e.set_str("supertonic.ve.blocks", "two"); }), "metadata key 'supertonic.ve.blocks' has type str"),
+        // Weights that make the duration predictor say 5e21 s: bounded before any buffer grows with it.
+        (
+            "duration",
+            crafted(dir.path(), "dur.gguf", &src, |e| { e.fill_f32("dp.pred.1.bias", 50.0).unwrap(); }),
+            "s for a chunk of 6 characters (allowed: 0..=120 s); the model file may be corrupt",
+        ),
     ];
     let mut names: Vec<String> = cases.iter().map(|(_, p, _)| p.file_name().unwrap().to_string_lossy().into()).collect();
     names.push("profile.toml".into());

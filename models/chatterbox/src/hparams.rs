@@ -193,6 +193,9 @@ pub struct S3GenHparams {
     pub hift: HiftHparams,
 }
 
+/// Upper bound on HiFT's samples per mel frame (∏ upsample rates × hop).
+pub const MAX_SAMPLES_PER_FRAME: usize = 8192;
+
 impl S3GenHparams {
     pub fn load(file: &GgufFile) -> Result<Self, String> {
         use engine_core::model_kit::hparams::{DILATION, DIM, EPS, HEADS, KERNEL, LAYERS, SAMPLE_RATE};
@@ -280,6 +283,11 @@ impl S3GenHparams {
             "a HiFT upsampling kernel is not its rate plus an even number".into()
         })?;
         m.require(h.base_channels.is_multiple_of(1 << stages), || format!("hift.base_channels {} does not halve {stages} times", h.base_channels))?;
+        // Waveform samples per mel frame bound every HiFT buffer (480 officially).
+        let per_frame = h.upsample_rates.iter().try_fold(h.hop, |acc, &r| acc.checked_mul(r));
+        m.require(per_frame.is_some_and(|n| n <= MAX_SAMPLES_PER_FRAME), || {
+            format!("HiFT makes {} samples per mel frame (upsample rates x hop; at most {MAX_SAMPLES_PER_FRAME})", per_frame.map_or("too many".into(), |n| n.to_string()))
+        })?;
         m.require(h.hop <= h.n_fft && h.n_fft.is_multiple_of(2), || format!("hift.n_fft {} must be even and at least hift.hop {}", h.n_fft, h.hop))?;
         // "Same" convolutions pad (k - 1) / 2 on each side: their kernels must be odd.
         let odd = [("conv_pre_kernel", h.conv_pre_kernel), ("conv_post_kernel", h.conv_post_kernel), ("f0_kernel", h.f0_kernel)]

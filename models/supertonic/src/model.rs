@@ -21,6 +21,10 @@ use std::time::Instant;
 pub const SPEED_RANGE: std::ops::RangeInclusive<f64> = 0.5..=2.0;
 /// Silence between chunks, seconds.
 pub const CHUNK_SILENCE_S: f32 = 0.3;
+/// The longest a chunk may speak (a chunk is at most 300 characters: about 40 s
+/// at half speed). A duration predictor that says more comes from a corrupt
+/// model, and every buffer of the chunk would grow with it.
+pub const MAX_CHUNK_SECONDS: f32 = 120.0;
 
 /// Where the voice comes from.
 #[derive(Debug, Clone, PartialEq)]
@@ -330,15 +334,29 @@ impl Supertonic {
         let mut total_seconds = 0f32;
         let silence = vec![0f32; (CHUNK_SILENCE_S * self.hp.sample_rate as f32) as usize];
         for (i, ids) in encoded.iter().map(|e| &e.ids).enumerate() {
+            if ids.is_empty() {
+                return err("nothing to speak: the text is empty after normalisation");
+            }
             let seconds = timings.record("duration", || self.duration(ids, &voice))? / params.speed;
+            // Every size below follows from this one number: bound it before allocating.
+            if !(0.0..=MAX_CHUNK_SECONDS).contains(&seconds) {
+                return err(format!(
+                    "the duration predictor gave {seconds} s for a chunk of {} characters (allowed: 0..={MAX_CHUNK_SECONDS} s); the model file may be corrupt",
+                    chunks[i].chars().count()
+                ));
+            }
             let text_emb = timings.record("text_encoder", || self.text_encoder(ids, &voice))?;
             let (_, latent_len) = self.latent_len(seconds);
-            let c = self.hp.latent_channels();
-            let x0 = noise.next(c, latent_len)?;
-            let mut step_times = Vec::new();
-            let latent = self.denoise(&x0, &text_emb, &voice, steps, |s, _, ms| step_times.push((format!("vector_estimator.step{s}"), ms)))?;
-            timings.entries.extend(step_times);
-            let wav = timings.record("vocoder", || self.vocoder(&latent))?;
+            let wav = if latent_len == 0 {
+                // Shorter than one sample: nothing to denoise (the official graphs return no samples).
+                Vec::new()
+            } else {
+                let x0 = noise.next(self.hp.latent_channels(), latent_len)?;
+                let mut step_times = Vec::new();
+                let latent = self.denoise(&x0, &text_emb, &voice, steps, |s, _, ms| step_times.push((format!("vector_estimator.step{s}"), ms)))?;
+                timings.entries.extend(step_times);
+                timings.record("vocoder", || self.vocoder(&latent))?
+            };
             if i > 0 {
                 samples.extend_from_slice(&silence);
             }
