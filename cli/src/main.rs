@@ -3,6 +3,7 @@
 mod bench;
 mod devices;
 mod logging;
+mod soak;
 
 use clap::{Args, CommandFactory, FromArgMatches, Parser, Subcommand};
 use engine_core::engine::{self, Engine};
@@ -74,6 +75,30 @@ enum Command {
         #[arg(long = "set", value_name = "KEY=VALUE", value_parser = parse_key_value)]
         set: Vec<(String, String)>,
         /// Print JSON instead of a table.
+        #[arg(long)]
+        json: bool,
+    },
+    /// Synthesize one text many times in one process: every output must equal
+    /// the first bit for bit, and resident memory must not grow after warm-up.
+    Soak {
+        #[command(flatten)]
+        common: Common,
+        /// Text to speak.
+        #[arg(long)]
+        text: String,
+        /// Syntheses in all.
+        #[arg(long, default_value_t = 200)]
+        runs: usize,
+        /// Runs before the memory baseline is taken.
+        #[arg(long, default_value_t = 10)]
+        warmup: usize,
+        /// Largest resident-memory growth after warm-up, MiB.
+        #[arg(long, default_value_t = 10.0)]
+        max_rss_growth_mib: f64,
+        /// Override a [synthesis] option (repeatable).
+        #[arg(long = "set", value_name = "KEY=VALUE", value_parser = parse_key_value)]
+        set: Vec<(String, String)>,
+        /// Print JSON instead of a line.
         #[arg(long)]
         json: bool,
     },
@@ -174,6 +199,14 @@ fn run(cli: Cli) -> Result<(), String> {
             let report = bench::run(&mut session, &text, runs, warmup, load_ms)?;
             let text = if json { serde_json::to_string_pretty(&report).map_err(|e| e.to_string())? + "\n" } else { bench::render(&report) };
             write_stdout(&text)
+        }
+        Some(Command::Soak { common, text, runs, warmup, max_rss_growth_mib, set, json }) => {
+            let engine = open_engine(&common, false)?;
+            let mut session = engine.open_model(&set).map_err(|e| e.to_string())?;
+            let report = soak::run(&mut session, &text, runs, warmup)?;
+            let out = if json { serde_json::to_string_pretty(&report).map_err(|e| e.to_string())? + "\n" } else { soak::render(&report) };
+            write_stdout(&out)?;
+            soak::verdict(&report, max_rss_growth_mib)
         }
         None => {
             let args = cli.synth;

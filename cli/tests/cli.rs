@@ -306,3 +306,25 @@ fn among_module_variants_a_tampered_one_is_skipped_with_its_reason() {
     assert_eq!(rejected.len(), 1, "{facts:?}");
     assert!(rejected[0].contains("libggml-cpu-tampered.so was modified after it was stamped"), "{rejected:?}");
 }
+
+/// `tts soak`: repeated synthesis in one process, every output bit-identical
+/// to the first (the 200-run figures come from `cargo xtask soak`).
+#[test]
+fn soak_reports_identical_outputs_and_memory() {
+    let (plugins, gguf) = tone_setup(&["cpu"]);
+    let dir = tempfile::tempdir().unwrap();
+    let profile = profile_on(dir.path(), "cpu", &[gguf]);
+    let base = ["soak", "--profile", profile.to_str().unwrap(), "--plugin-dir", plugins.path().to_str().unwrap(), "--text", "hello"];
+    let mut a = base.to_vec();
+    a.extend(["--runs", "6", "--warmup", "2", "--json"]);
+    let o = run(&a);
+    assert!(o.status.success(), "{}", stderr(&o));
+    let report: Value = serde_json::from_slice(&o.stdout).unwrap();
+    assert_eq!(report["identical"], true, "{report}");
+    assert_eq!(report["runs"], 6);
+    assert_eq!(report["samples"], 5 * 1600);
+    assert!(report["rss_end_mib"].as_f64().unwrap() > 1.0);
+    let mut a = base.to_vec();
+    a.extend(["--runs", "1"]);
+    assert_one_line_error(&run(&a), "--runs must be at least 2 and more than --warmup (10), got 1");
+}

@@ -5,6 +5,13 @@
 //!   `tts`, `lib/` (the one shared libggml-base + libggml), `plugins/` (chosen backend
 //!   and model plugins with their ggml modules and stamps), `profiles/`.
 //! - `demo`: deps, dist, then run `tts` from the bundle on the embedded default profile.
+//! - `fuzz [--seconds N] [--runs N] [TARGET ...]`: build the cargo-fuzz targets
+//!   (fuzz/, stable toolchain, no sanitizer) and run each for N seconds or N
+//!   executions, whichever ends first, from its seed corpus; reports executions
+//!   and fails on any crash, timeout or out-of-memory (docs/reliability.md).
+//! - `soak [--runs N]`: release build, then `tts soak` (N syntheses in one
+//!   process, default 200: bit-identical outputs, resident-memory growth at
+//!   most 10 MiB) for each family's tiny fixture on the CPU and on Vulkan.
 //! - `module-kit <backend> --out DIR`: a self-contained kit that builds a backend's ggml
 //!   module on another machine (CUDA with nvcc on a GPU host without Rust): the pinned
 //!   tree with the plugin's patches applied, a `build.sh`, and the stamp template
@@ -26,7 +33,9 @@ fn main() {
         Some("dist") => deps().and_then(|_| dist(&args[1..]).map(|_| ())),
         Some("demo") => deps().and_then(|_| demo()),
         Some("module-kit") => module_kit(&args[1..]).map(|_| ()),
-        _ => Err("usage: cargo xtask <deps|test|dist|demo|module-kit> [options]".into()),
+        Some("fuzz") => fuzz(&args[1..]),
+        Some("soak") => deps().and_then(|_| soak(&args[1..])),
+        _ => Err("usage: cargo xtask <deps|test|dist|demo|module-kit|fuzz|soak> [options]".into()),
     };
     if let Err(e) = result {
         eprintln!("xtask: {e}");
@@ -173,10 +182,10 @@ fn check_bundle() -> Result<(), String> {
     let base = format!("\"ggml_base_loaded\": [\n    \"{}\"\n  ]", bundle.join("lib/libggml-base.so.0").display());
     let kit_module = format!("\"{}\"", bundle.join("plugins/libggml-cpu.so").display());
     devices(&[&base, &kit_module, "\"kind\": \"cpu\"", "\"kind\": \"software-gpu\""], &["\"policy_error\""])?;
-    std::fs::remove_file(bundle.join("plugins/libtts_backend_vulkan.so")).map_err(|e| e.to_string())?;
-    devices(&[&base, "no plugin file libtts_backend_vulkan.so", "\"backend\": \"cpu\""], &["software-gpu"])?;
     check_run_paths(&bundle)?;
     check_bundle_profiles(&bundle)?;
+    std::fs::remove_file(bundle.join("plugins/libtts_backend_vulkan.so")).map_err(|e| e.to_string())?;
+    devices(&[&base, "no plugin file libtts_backend_vulkan.so", "\"backend\": \"cpu\""], &["software-gpu"])?;
     eprintln!("bundle check: ok ({})", bundle.display());
     Ok(())
 }
@@ -345,7 +354,8 @@ fn module_kit(args: &[String]) -> Result<PathBuf, String> {
     let stamp = ggml_build_support::stamp_template(&pristine, &patches)?.replace("@MODULE_FILE@", &format!("lib{module}.so"));
     std::fs::write(out.join("stamp.json.in"), stamp).map_err(|e| e.to_string())?;
     let options = ggml_build_support::CmakeOptions::default().define(&format!("GGML_{}", backend.to_uppercase()), "ON");
-    let defines: Vec<String> = options.defines.iter().map(|(k, v)| format!("-D{k}={v}")).collect();
+    // Single-quoted for the shell: the run paths hold `$ORIGIN` and `;`.
+    let defines: Vec<String> = options.defines.iter().map(|(k, v)| format!("'-D{k}={}'", v.replace('\'', "'\\''"))).collect();
     let script = format!(
         r#"#!/usr/bin/env bash
 # Builds lib{module}.so from the pinned ggml tree in src/ (this plugin's patches
@@ -398,4 +408,149 @@ fn demo() -> Result<(), String> {
     let profile = root().join("profiles/supertonic.toml");
     run(bundled(&tts).arg("--profile").arg(&profile).args(["--text", "Hello from tts.", "--out"]).arg(&wav))?;
     run(bundled(&tts).arg("bench").arg("--profile").arg(&profile).args(["--text", "Hello from tts.", "--runs", "3"]))
+}
+
+/// Fuzz targets and extra seeds (files of the repository) for each.
+const FUZZ_TARGETS: &[(&str, &[&str])] = &[
+    ("gguf", &["tests/fixtures/chatterbox/turbo-tiny/bad/s3gen-standard-meta.gguf"]),
+    ("supertonic_model", &["tests/fixtures/supertonic/tiny-v2/model.gguf", "tests/fixtures/supertonic/tiny-v3/model.gguf"]),
+    ("chatterbox_model", &["tests/fixtures/chatterbox/turbo-tiny/t3-turbo.gguf", "tests/fixtures/chatterbox/turbo-tiny/s3gen-meanflow.gguf"]),
+    ("profile", &["profiles/ci.toml", "profiles/default.toml", "profiles/supertonic.toml", "profiles/turbo.toml"]),
+    ("supertonic_text", &[]),
+    ("chatterbox_text", &[]),
+];
+
+fn host_triple() -> Result<String, String> {
+    let out = Command::new("rustc").arg("-vV").output().map_err(|e| format!("rustc -vV: {e}"))?;
+    String::from_utf8_lossy(&out.stdout).lines().find_map(|l| l.strip_prefix("host: ").map(str::to_string)).ok_or_else(|| "rustc -vV names no host".into())
+}
+
+fn fuzz(args: &[String]) -> Result<(), String> {
+    let (mut seconds, mut runs, mut targets) = (60u64, 0u64, Vec::new());
+    let mut it = args.iter();
+    while let Some(a) = it.next() {
+        let mut number = |what: &str| -> Result<u64, String> { it.next().and_then(|v| v.parse().ok()).ok_or(format!("{what} needs a number")) };
+        match a.as_str() {
+            "--seconds" => seconds = number("--seconds")?,
+            "--runs" => runs = number("--runs")?,
+            t if FUZZ_TARGETS.iter().any(|(n, _)| *n == t) => targets.push(t.to_string()),
+            other => return Err(format!("fuzz: unknown target or option {other} (targets: {})", FUZZ_TARGETS.iter().map(|(n, _)| *n).collect::<Vec<_>>().join(", "))),
+        }
+    }
+    if targets.is_empty() {
+        targets = FUZZ_TARGETS.iter().map(|(n, _)| n.to_string()).collect();
+    }
+    if cargo().args(["fuzz", "--version"]).output().map(|o| !o.status.success()).unwrap_or(true) {
+        run(cargo().args(["install", "cargo-fuzz", "--version", "0.13.2", "--locked"]))?;
+    }
+    // Stable toolchain: coverage instrumentation without a sanitizer.
+    run(cargo().args(["fuzz", "build", "--sanitizer", "none", "--release"]))?;
+    let bin_dir = root().join("fuzz/target").join(host_triple()?).join("release");
+    let work = root().join("target/fuzz");
+    let mut rows = Vec::new();
+    let mut failed = Vec::new();
+    for target in &targets {
+        let extra = FUZZ_TARGETS.iter().find(|(n, _)| n == target).map(|(_, e)| *e).unwrap_or(&[]);
+        let corpus = work.join("corpus").join(target);
+        let artifacts = work.join("artifacts").join(target);
+        std::fs::create_dir_all(&corpus).map_err(|e| e.to_string())?;
+        let _ = std::fs::remove_dir_all(&artifacts);
+        std::fs::create_dir_all(&artifacts).map_err(|e| e.to_string())?;
+        let seeds = root().join("fuzz/seeds").join(target);
+        let mut seed_files: Vec<PathBuf> = std::fs::read_dir(&seeds).map(|rd| rd.filter_map(|e| e.ok().map(|e| e.path())).collect()).unwrap_or_default();
+        seed_files.extend(extra.iter().map(|p| root().join(p)));
+        let mut max_len = 4096u64;
+        for seed in &seed_files {
+            let name = seed.file_name().ok_or("seed without a name")?;
+            std::fs::copy(seed, corpus.join(name)).map_err(|e| format!("{}: {e}", seed.display()))?;
+            max_len = max_len.max(std::fs::metadata(seed).map(|m| m.len()).unwrap_or(0) + 4096);
+        }
+        let mut cmd = Command::new(bin_dir.join(target));
+        cmd.arg(&corpus)
+            .arg(format!("-max_total_time={seconds}"))
+            .arg(format!("-max_len={max_len}"))
+            .arg("-rss_limit_mb=2048")
+            .arg("-timeout=10")
+            .arg("-print_final_stats=1")
+            .arg(format!("-artifact_prefix={}/", artifacts.display()))
+            .env("LD_LIBRARY_PATH", &bin_dir)
+            .stdout(std::process::Stdio::null())
+            .stderr(std::process::Stdio::piped());
+        if runs > 0 {
+            cmd.arg(format!("-runs={runs}"));
+        }
+        eprintln!("+ fuzz {target}: {seconds} s{} from {} seeds", if runs > 0 { format!(" or {runs} runs") } else { String::new() }, seed_files.len());
+        let out = cmd.output().map_err(|e| format!("{}: {e}", bin_dir.join(target).display()))?;
+        let log = String::from_utf8_lossy(&out.stderr);
+        let stat = |key: &str| log.lines().find_map(|l| l.strip_prefix(key).and_then(|v| v.trim().parse::<u64>().ok())).unwrap_or(0);
+        let (execs, time) = (stat("stat::number_of_executed_units:"), log.lines().rev().find_map(|l| l.strip_prefix("Done ").and_then(|r| r.split(" in ").nth(1)).and_then(|t| t.split_whitespace().next()).and_then(|t| t.parse::<u64>().ok())).unwrap_or(seconds));
+        let found: Vec<String> = std::fs::read_dir(&artifacts).map(|rd| rd.filter_map(|e| e.ok().map(|e| e.file_name().to_string_lossy().to_string())).collect()).unwrap_or_default();
+        let corpus_size = std::fs::read_dir(&corpus).map(|rd| rd.count()).unwrap_or(0);
+        rows.push(format!("{target:18} {execs:>12} executions {time:>6} s {:>8} exec/s  corpus {corpus_size:>6}  peak RSS {} MiB  findings {}", execs / time.max(1), stat("stat::peak_rss_mb:"), found.len()));
+        if !out.status.success() || !found.is_empty() {
+            let tail: Vec<&str> = log.lines().rev().take(20).collect::<Vec<_>>().into_iter().rev().collect();
+            eprintln!("{}", tail.join("\n"));
+            failed.push(format!("{target}: {} (in {})", if found.is_empty() { format!("exit {}", out.status) } else { found.join(", ") }, artifacts.display()));
+        }
+    }
+    println!("fuzz summary ({}):", bin_dir.display());
+    for r in &rows {
+        println!("  {r}");
+    }
+    if failed.is_empty() {
+        Ok(())
+    } else {
+        Err(format!("fuzzing found problems: {}", failed.join("; ")))
+    }
+}
+
+fn soak(args: &[String]) -> Result<(), String> {
+    let runs = match args {
+        [] => 200,
+        [flag, n] if flag == "--runs" => n.parse::<usize>().map_err(|_| format!("--runs {n}: not a number"))?,
+        _ => return Err("usage: cargo xtask soak [--runs N]".into()),
+    };
+    build_all(true)?;
+    let tts = root().join("target/release/tts");
+    let work = root().join("target/soak");
+    std::fs::create_dir_all(&work).map_err(|e| e.to_string())?;
+    let fixtures = root().join("tests/fixtures");
+    let families: [(&str, Vec<PathBuf>, &str, &[&str]); 2] = [
+        ("supertonic", vec![fixtures.join("supertonic/tiny-v2/model.gguf")], "The quick brown fox jumps over the lazy dog.", &[]),
+        (
+            "chatterbox",
+            vec![fixtures.join("chatterbox/turbo-tiny/t3-turbo.gguf"), fixtures.join("chatterbox/turbo-tiny/s3gen-meanflow.gguf")],
+            "Hello there. How are you today?",
+            &["max_new_tokens=40"],
+        ),
+    ];
+    let mut failures = Vec::new();
+    for (family, files, text, sets) in &families {
+        for backend in ["cpu", "vulkan"] {
+            let files: Vec<String> = files.iter().map(|f| format!("\"{}\"", f.display())).collect();
+            let profile = work.join(format!("{family}-{backend}.toml"));
+            let body = format!(
+                "[backend]\nprefer = [\"{backend}\"]\nfallback = false\n[backends.cpu]\nthreads = 1\n[backends.vulkan]\nallow_software = true\npipeline_cache_dir = \"{}\"\n[model]\nfiles = [{}]\n",
+                work.join("vulkan-cache").display(),
+                files.join(", ")
+            );
+            std::fs::write(&profile, body).map_err(|e| e.to_string())?;
+            let mut cmd = bundled(&tts);
+            cmd.arg("soak").arg("--profile").arg(&profile).args(["--text", text, "--runs", &runs.to_string()]);
+            for s in *sets {
+                cmd.args(["--set", s]);
+            }
+            eprintln!("+ tts soak: {family} on {backend}, {runs} runs");
+            let out = cmd.output().map_err(|e| e.to_string())?;
+            print!("{}", String::from_utf8_lossy(&out.stdout));
+            if !out.status.success() {
+                failures.push(format!("{family} on {backend}: {}", String::from_utf8_lossy(&out.stderr).trim()));
+            }
+        }
+    }
+    if failures.is_empty() {
+        Ok(())
+    } else {
+        Err(failures.join("; "))
+    }
 }

@@ -76,6 +76,8 @@ pub struct TensorTable {
     carried: Vec<String>,
     /// Values of the free dimensions, once [`check`](Self::check) bound them.
     bound: IndexMap<&'static str, usize>,
+    /// Whether [`check`](Self::check) passed.
+    checked: bool,
 }
 
 impl TensorTable {
@@ -186,7 +188,13 @@ impl TensorTable {
             }
         }
         self.bound = bound;
+        self.checked = true;
         Ok(())
+    }
+
+    /// Whether [`check`](Self::check) passed (on the file it is loaded with).
+    pub fn is_checked(&self) -> bool {
+        self.checked
     }
 }
 

@@ -16,11 +16,13 @@ pub struct Weights {
 }
 
 impl Weights {
-    /// Checks `gguf` against `table`, then loads every tensor; those
+    /// Checks `gguf` against `table` (unless the caller already did), then loads every tensor; those
     /// `is_matmul_weight` accepts (only ever the first operand of a matrix
     /// product) may go to the device's extra buffers.
     pub fn load(gguf: GgufTensors, backend: &Backend, mut table: TensorTable, is_matmul_weight: impl Fn(&str) -> bool) -> std::result::Result<Self, String> {
-        table.check(&gguf)?;
+        if !table.is_checked() {
+            table.check(&gguf)?;
+        }
         let (buffers, in_extra) = gguf.load_into_with_extra(backend, is_matmul_weight).map_err(|e| e.to_string())?;
         Ok(Weights { _buffers: buffers, gguf, table, in_extra_buffers: in_extra })
     }

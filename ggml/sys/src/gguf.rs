@@ -38,6 +38,124 @@ pub fn check_model_path(path: &Path) -> Result<()> {
     Ok(())
 }
 
+/// GGUF value types (`enum gguf_type`).
+const GGUF_TYPE_SIZES: [Option<u64>; 13] = [
+    Some(1), // u8
+    Some(1), // i8
+    Some(2), // u16
+    Some(2), // i16
+    Some(4), // u32
+    Some(4), // i32
+    Some(4), // f32
+    Some(1), // bool
+    None,    // string
+    None,    // array
+    Some(8), // u64
+    Some(8), // i64
+    Some(8), // f64
+];
+const GGUF_STRING: u32 = 8;
+const GGUF_ARRAY: u32 = 9;
+
+/// Walks a GGUF header before ggml parses it and refuses what would reach an
+/// assertion inside ggml instead of an error: ggml's reader accepts a tensor
+/// whose element count is exactly `INT64_MAX / ne[i]` at a step where
+/// `ggml_new_tensor` asserts it is smaller (found by the `gguf` fuzz target).
+/// Anything else malformed is left for ggml's reader to refuse.
+fn preflight(mut r: impl std::io::Read + std::io::Seek, len: u64, path: &Path) -> Result<()> {
+    use std::io::SeekFrom;
+    let fail = |what: &str| err(format!("{} is not a valid GGUF file ({what})", path.display()));
+    let mut pos = 0u64;
+    macro_rules! read {
+        ($t:ty) => {{
+            let mut b = [0u8; std::mem::size_of::<$t>()];
+            if pos + b.len() as u64 > len || r.read_exact(&mut b).is_err() {
+                return Ok(()); // truncated: ggml's reader says so
+            }
+            pos += b.len() as u64;
+            <$t>::from_le_bytes(b)
+        }};
+    }
+    macro_rules! skip {
+        ($n:expr) => {{
+            let n: u64 = $n;
+            match pos.checked_add(n) {
+                Some(end) if end <= len => {
+                    r.seek(SeekFrom::Start(end)).map_err(|e| crate::Error::Msg(format!("{}: {e}", path.display())))?;
+                    pos = end;
+                }
+                _ => return Ok(()),
+            }
+        }};
+    }
+    if read!(u32) != u32::from_le_bytes(*b"GGUF") {
+        return Ok(());
+    }
+    if !matches!(read!(u32), 2 | 3) {
+        return Ok(());
+    }
+    let n_tensors = read!(i64);
+    let n_kv = read!(i64);
+    if n_tensors < 0 || n_kv < 0 {
+        return Ok(());
+    }
+    for _ in 0..n_kv {
+        let key_len = read!(u64);
+        skip!(key_len);
+        let mut ty = read!(u32);
+        let mut n = 1u64;
+        if ty == GGUF_ARRAY {
+            ty = read!(u32);
+            n = read!(u64);
+        }
+        match ty {
+            GGUF_STRING => {
+                for _ in 0..n {
+                    let l = read!(u64);
+                    skip!(l);
+                }
+            }
+            t => match GGUF_TYPE_SIZES.get(t as usize).copied().flatten() {
+                Some(size) => skip!(n.saturating_mul(size)),
+                None => return Ok(()),
+            },
+        }
+    }
+    for _ in 0..n_tensors {
+        let name_len = read!(u64);
+        skip!(name_len);
+        let n_dims = read!(u32);
+        if n_dims > 4 {
+            return Ok(());
+        }
+        let mut ne = [1i64; 4];
+        for d in ne.iter_mut().take(n_dims as usize) {
+            *d = read!(i64);
+        }
+        if ne.iter().any(|&d| d < 0) {
+            return Ok(()); // ggml's reader refuses negative sizes
+        }
+        // As ggml_new_tensor checks it (strictly).
+        let mut count = ne[0];
+        for &d in &ne[1..] {
+            if d > 1 {
+                if i64::MAX / d <= count {
+                    return fail("a tensor has more elements than ggml can address");
+                }
+                count *= d;
+            }
+        }
+        skip!(4 + 8); // type, offset
+    }
+    Ok(())
+}
+
+fn preflight_file(path: &Path) -> Result<()> {
+    let f = std::fs::File::open(path).map_err(|e| crate::Error::Msg(format!("cannot read GGUF file {}: {e}", path.display())))?;
+    let len = f.metadata().map_err(|e| crate::Error::Msg(e.to_string()))?.len();
+    preflight(std::io::BufReader::new(f), len, path)
+}
+
 /// A GGUF file opened for metadata (tensor data is not read).
 pub struct GgufFile {
     ptr: NonNull<sys::gguf_context>,
@@ -58,6 +176,7 @@ pub struct TensorInfo {
 impl GgufFile {
     pub fn open(path: &Path) -> Result<Self> {
         check_model_path(path)?;
+        preflight_file(path)?;
         let c = CString::new(path.to_string_lossy().as_bytes()).map_err(|e| crate::Error::Msg(e.to_string()))?;
         let params = sys::gguf_init_params { no_alloc: true, ctx: std::ptr::null_mut() };
         match NonNull::new(unsafe { sys::gguf_init_from_file(c.as_ptr(), params) }) {
@@ -219,25 +338,45 @@ impl<'a> Metadata<'a> {
 pub struct GgufTensors {
     pub file: GgufFile,
     pub ctx: crate::Context,
+    /// The whole file, when it was opened from memory ([`GgufTensors::from_bytes`]).
+    memory: Option<Vec<u8>>,
 }
 
 impl GgufTensors {
     pub fn open(path: &Path) -> Result<Self> {
         check_model_path(path)?;
+        preflight_file(path)?;
         let c = CString::new(path.to_string_lossy().as_bytes()).map_err(|e| crate::Error::Msg(e.to_string()))?;
         let mut meta: *mut sys::ggml_context = std::ptr::null_mut();
         let params = sys::gguf_init_params { no_alloc: true, ctx: &mut meta };
-        let Some(ptr) = NonNull::new(unsafe { sys::gguf_init_from_file(c.as_ptr(), params) }) else {
+        let ptr = NonNull::new(unsafe { sys::gguf_init_from_file(c.as_ptr(), params) });
+        let len = std::fs::metadata(path).map_err(|e| crate::Error::Msg(e.to_string()))?.len() as usize;
+        Self::checked(ptr, meta, path, len, None)
+    }
+
+    /// A GGUF image in memory (fuzzing and tests: the same checks as a file).
+    pub fn from_bytes(bytes: &[u8], name: &str) -> Result<Self> {
+        preflight(std::io::Cursor::new(bytes), bytes.len() as u64, Path::new(name))?;
+        let mut meta: *mut sys::ggml_context = std::ptr::null_mut();
+        let params = sys::gguf_init_params { no_alloc: true, ctx: &mut meta };
+        let ptr = NonNull::new(unsafe { sys::gguf_init_from_buffer(bytes.as_ptr().cast(), bytes.len(), params) });
+        Self::checked(ptr, meta, Path::new(name), bytes.len(), Some(bytes.to_vec()))
+    }
+
+    fn checked(ptr: Option<NonNull<sys::gguf_context>>, meta: *mut sys::ggml_context, path: &Path, len: usize, memory: Option<Vec<u8>>) -> Result<Self> {
+        let Some(ptr) = ptr else {
             return err(format!("{} is not a valid GGUF file (bad magic, truncated, or corrupt header)", path.display()));
         };
         let file = GgufFile { ptr, path: path.to_path_buf() };
         let ctx = unsafe { crate::Context::from_raw(meta) }.ok_or_else(|| crate::Error::Msg("gguf: no tensor context".into()))?;
         // A truncated file passes header parsing; check the data section's extent.
-        let len = std::fs::metadata(path).map_err(|e| crate::Error::Msg(e.to_string()))?.len() as usize;
-        if let Some(t) = file.tensors().iter().find(|t| t.offset + t.size > len) {
-            return err(format!("{} is truncated: tensor '{}' ends at byte {} but the file has {len}", path.display(), t.name, t.offset + t.size));
+        for t in file.tensors() {
+            let end = t.offset.checked_add(t.size);
+            if end.is_none_or(|end| end > len) {
+                return err(format!("{} is truncated: tensor '{}' ends at byte {} but the file has {len}", path.display(), t.name, t.offset as u128 + t.size as u128));
+            }
         }
-        Ok(GgufTensors { file, ctx })
+        Ok(GgufTensors { file, ctx, memory })
     }
 
     /// Allocates every tensor in one buffer of `backend` and reads the data.
@@ -295,6 +434,13 @@ impl GgufTensors {
     /// Reads every tensor's data from the file into its (allocated) buffer.
     fn read_data(&self) -> Result<()> {
         use std::io::{Read, Seek, SeekFrom};
+        if self.memory.is_some() {
+            for info in self.file.tensors() {
+                let t = self.ctx.get_tensor(&info.name).ok_or_else(|| crate::Error::Msg(format!("tensor '{}' missing from context", info.name)))?;
+                t.set_bytes(&self.read_bytes(&info.name)?)?;
+            }
+            return Ok(());
+        }
         let mut f = std::fs::File::open(&self.file.path).map_err(|e| crate::Error::Msg(format!("{}: {e}", self.file.path.display())))?;
         let mut bytes = Vec::new();
         for info in self.file.tensors() {
@@ -312,6 +458,10 @@ impl GgufTensors {
         use std::io::{Read, Seek, SeekFrom};
         let info = self.file.tensors().into_iter().find(|t| t.name == name)
             .ok_or_else(|| crate::Error::Msg(format!("{}: tensor '{name}' is missing", self.file.path.display())))?;
+        if let Some(memory) = &self.memory {
+            // In range: checked when the image was opened.
+            return Ok(memory[info.offset..info.offset + info.size].to_vec());
+        }
         let mut f = std::fs::File::open(&self.file.path).map_err(|e| crate::Error::Msg(e.to_string()))?;
         let mut bytes = vec![0u8; info.size];
         f.seek(SeekFrom::Start(info.offset as u64)).and_then(|_| f.read_exact(&mut bytes))
@@ -405,6 +555,7 @@ pub struct GgufEditor {
 impl GgufEditor {
     pub fn open(path: &Path) -> Result<Self> {
         check_model_path(path)?;
+        preflight_file(path)?;
         let c = CString::new(path.to_string_lossy().as_bytes()).map_err(|e| crate::Error::Msg(e.to_string()))?;
         let mut data: *mut sys::ggml_context = std::ptr::null_mut();
         let params = sys::gguf_init_params { no_alloc: false, ctx: &mut data };

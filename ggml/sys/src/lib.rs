@@ -75,3 +75,9 @@ pub fn op_name(op: sys::ggml_op) -> String {
 pub fn set_log_callback(cb: sys::ggml_log_callback) {
     unsafe { sys::ggml_log_set(cb, std::ptr::null_mut()) }
 }
+
+/// Drops ggml's log output (fuzzing, where every refused input would log).
+pub fn silence_log() {
+    unsafe extern "C" fn drop_message(_: sys::ggml_log_level, _: *const std::os::raw::c_char, _: *mut std::ffi::c_void) {}
+    set_log_callback(Some(drop_message));
+}

@@ -136,6 +136,20 @@ pub fn attention_from_policies(p: &ResolvedPolicies) -> AttentionConfig {
     AttentionConfig { path: AttentionPath::Flash, kv_type }
 }
 
+/// The load-time checks of either Chatterbox file (T3 with its tokenizer, or
+/// S3Gen) on a file image in memory (no device, no weights loaded): what the
+/// fuzz targets drive.
+pub fn check_model_bytes(bytes: &[u8]) -> Result<(), String> {
+    let gguf = ggml_sys::gguf::GgufTensors::from_bytes(bytes, "model.gguf").map_err(|e| e.to_string())?;
+    let arch = gguf.file.get_str("general.architecture").map_err(|e| e.to_string())?;
+    if arch == hparams::S3GEN_ARCH {
+        return s3gen::check_file(&gguf).map(|_| ());
+    }
+    let (hp, _) = t3::check_file(&gguf)?;
+    let json = gguf.file.get_str("chatterbox.tokenizer_json").map_err(|e| e.to_string())?;
+    text::TextTokenizer::from_json(&json, hp.text_vocab).map(|_| ())
+}
+
 struct Plugin {
     model: Chatterbox,
 }

@@ -93,6 +93,13 @@ pub fn params_from_options(options: &OptionList) -> Result<SynthesisParams, Stri
     Ok(SynthesisParams { voice, language: s("language"), steps, speed: speed as f32, noise, unsupported_chars })
 }
 
+/// The load-time checks of [`model::check_file`] on a file image in memory (no
+/// device, no weights loaded): what the fuzz targets drive.
+pub fn check_model_bytes(bytes: &[u8]) -> Result<(), String> {
+    let gguf = ggml_sys::gguf::GgufTensors::from_bytes(bytes, "model.gguf").map_err(|e| e.to_string())?;
+    model::check_file(&gguf).map(|_| ())
+}
+
 struct Plugin {
     model: Supertonic,
 }

@@ -98,6 +98,36 @@ pub struct Supertonic {
     time_freqs: Vec<f32>,
 }
 
+/// What [`check_file`] establishes about a model file.
+pub struct CheckedFile {
+    pub hp: Hparams,
+    pub voice_names: Vec<String>,
+    /// The tensor table, checked against the file.
+    pub table: engine_core::model_kit::TensorTable,
+    pub indexer: Indexer,
+}
+
+/// Everything checked about a Supertonic file before any weight is read, and
+/// without a device: its architecture, every hparam against its range, every
+/// tensor against the table they imply, the indexer against the embeddings.
+pub fn check_file(gguf: &GgufTensors) -> Result<CheckedFile, String> {
+    let path = gguf.file.path().display();
+    let arch = ggml(gguf.file.get_str("general.architecture"))?;
+    if arch != crate::hparams::ARCH {
+        return err(format!("{path}: architecture '{arch}' is not supertonic"));
+    }
+    let hp = Hparams::load(&gguf.file)?;
+    let voice_names: Vec<String> = gguf.file.tensors().iter().filter_map(|t| t.name.strip_prefix("voice.")?.strip_suffix(".style_ttl").map(str::to_string)).collect();
+    if voice_names.is_empty() {
+        return err(format!("{path}: the model embeds no voice"));
+    }
+    let mut table = tensors::table(&hp, &voice_names);
+    table.check(gguf)?;
+    let rows = table.dim(tensors::VOCAB).expect("declared by the table");
+    let indexer = Indexer::new(read_indexer(gguf)?, rows).map_err(|e| format!("{path}: {e}"))?;
+    Ok(CheckedFile { hp, voice_names, table, indexer })
+}
+
 /// Weights only ever used as the first operand of a matrix product (the
 /// `linear` layers), which may live in the device's extra buffers; the rest
 /// (embeddings read by row, depthwise taps read as views, norms) stay in plain memory.
@@ -119,20 +149,8 @@ fn ggml<T>(r: GgmlResult<T>) -> Result<T, String> {
 impl Supertonic {
     pub fn load(path: &Path, backend: Backend) -> Result<Self, String> {
         let gguf = ggml(GgufTensors::open(path))?;
-        let arch = ggml(gguf.file.get_str("general.architecture"))?;
-        if arch != crate::hparams::ARCH {
-            return err(format!("{}: architecture '{arch}' is not supertonic", path.display()));
-        }
-        // Everything from the file is checked before any weight is read:
-        // hparams against their ranges, tensors against the table they imply.
-        let hp = Hparams::load(&gguf.file)?;
-        let voice_names: Vec<String> = gguf.file.tensors().iter().filter_map(|t| t.name.strip_prefix("voice.")?.strip_suffix(".style_ttl").map(str::to_string)).collect();
-        if voice_names.is_empty() {
-            return err(format!("{}: the model embeds no voice", path.display()));
-        }
-        let indexer = read_indexer(&gguf)?;
-        let weights = Weights::load(gguf, &backend, tensors::table(&hp, &voice_names), is_matmul_weight)?;
-        let indexer = Indexer::new(indexer, weights.dim(tensors::VOCAB)).map_err(|e| format!("{}: {e}", path.display()))?;
+        let CheckedFile { hp, voice_names, table, indexer } = check_file(&gguf)?;
+        let weights = Weights::load(gguf, &backend, table, is_matmul_weight)?;
         let mut voices = BTreeMap::new();
         for name in voice_names {
             let (ttl, dp) = tensors::voice_tensors(&name);

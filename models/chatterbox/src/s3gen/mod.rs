@@ -57,6 +57,20 @@ fn is_matmul_weight(name: &str) -> bool {
     (name.starts_with("enc.") || name.starts_with("flow.")) && name.ends_with(".weight") && !name.contains("norm") && !name.contains("embed.out.1") && !name.contains("input_embedding") && !name.contains(".conv")
 }
 
+/// Everything checked about an S3Gen file before any weight is read, without
+/// a device: architecture, hparams, the tensor table, the built-in voice's tokens.
+pub fn check_file(gguf: &GgufTensors) -> Result<(S3GenHparams, engine_core::model_kit::TensorTable), String> {
+    let arch = ggml(gguf.file.get_str("general.architecture"))?;
+    if arch != S3GEN_ARCH {
+        return Err(format!("{}: architecture '{arch}' is not a Chatterbox S3Gen model ('{S3GEN_ARCH}')", gguf.file.path().display()));
+    }
+    let hp = S3GenHparams::load(&gguf.file)?;
+    let mut table = crate::tensors::s3gen_table(&hp);
+    table.check(gguf)?;
+    crate::t3::check_tokens(gguf, crate::tensors::S3_PROMPT_TOKEN, hp.speech_vocab)?;
+    Ok((hp, table))
+}
+
 pub struct S3Gen {
     // Graphs reference the weights: declared (dropped) first.
     encoder_graph: GraphSlot<usize>,
@@ -77,12 +91,8 @@ pub struct S3Gen {
 impl S3Gen {
     pub fn load(path: &Path, backend: Backend) -> Result<Self, String> {
         let gguf = ggml(GgufTensors::open(path))?;
-        let arch = ggml(gguf.file.get_str("general.architecture"))?;
-        if arch != S3GEN_ARCH {
-            return Err(format!("{}: architecture '{arch}' is not a Chatterbox S3Gen model ('{S3GEN_ARCH}')", path.display()));
-        }
-        let hp = S3GenHparams::load(&gguf.file)?;
-        let weights = Weights::load(gguf, &backend, crate::tensors::s3gen_table(&hp), is_matmul_weight)?;
+        let (hp, table) = check_file(&gguf)?;
+        let weights = Weights::load(gguf, &backend, table, is_matmul_weight)?;
         let source_merge = (ggml(weights.host_f32("hift.m_source.l_linear.weight"))?, ggml(weights.host_f32("hift.m_source.l_linear.bias"))?[0]);
         let speaker_affine = (ggml(weights.host_f32("flow.spk_embed_affine_layer.weight"))?, ggml(weights.host_f32("flow.spk_embed_affine_layer.bias"))?);
         let cfm_fused_attention = cfm::fused_attention_supported(&backend, &hp.cfm);
@@ -107,7 +117,7 @@ impl S3Gen {
     /// The built-in voice (`voice.builtin.*`, from `conds.pt`).
     pub fn builtin_voice(&self) -> Result<S3GenConditioning, String> {
         Ok(S3GenConditioning {
-            prompt_token: crate::t3::checked_tokens(ggml(self.weights.host_i32(crate::tensors::S3_PROMPT_TOKEN))?, self.hp.speech_vocab, crate::tensors::S3_PROMPT_TOKEN)?,
+            prompt_token: ggml(self.weights.host_i32(crate::tensors::S3_PROMPT_TOKEN))?,
             prompt_feat: ggml(self.weights.host_f32(crate::tensors::S3_PROMPT_FEAT))?,
             embedding: ggml(self.weights.host_f32(crate::tensors::S3_EMBEDDING))?,
         })

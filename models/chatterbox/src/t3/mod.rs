@@ -56,12 +56,28 @@ fn set_f32(graph: &ComputeGraph, name: &str, values: &[f32]) -> Result<(), Strin
     ggml(graph.input(name).and_then(|t| t.set_f32(values)))
 }
 
-/// `tokens` when every one is below `vocab` (they index an embedding table).
-pub fn checked_tokens(tokens: Vec<i32>, vocab: usize, what: &str) -> Result<Vec<i32>, String> {
-    match tokens.iter().find(|&&t| t < 0 || t as usize >= vocab) {
-        Some(bad) => Err(format!("{what} holds token {bad}, outside the vocabulary of {vocab}")),
-        None => Ok(tokens),
+/// Checks that the I32 tensor `name` holds only tokens below `vocab` (they
+/// index an embedding table), reading it from the file.
+pub fn check_tokens(gguf: &GgufTensors, name: &str, vocab: usize) -> Result<(), String> {
+    let bytes = ggml(gguf.read_bytes(name))?;
+    match bytes.chunks_exact(4).map(|c| i32::from_le_bytes([c[0], c[1], c[2], c[3]])).find(|&t| t < 0 || t as usize >= vocab) {
+        Some(bad) => Err(format!("{}: {name} holds token {bad}, outside the vocabulary of {vocab}", gguf.file.path().display())),
+        None => Ok(()),
     }
+}
+
+/// Everything checked about a T3 file before any weight is read, without a
+/// device: architecture, hparams, the tensor table, the built-in voice's tokens.
+pub fn check_file(gguf: &GgufTensors) -> Result<(T3Hparams, engine_core::model_kit::TensorTable), String> {
+    let arch = ggml(gguf.file.get_str("general.architecture"))?;
+    if arch != T3_ARCH {
+        return Err(format!("{}: architecture '{arch}' is not a Chatterbox T3 model ('{T3_ARCH}')", gguf.file.path().display()));
+    }
+    let hp = T3Hparams::load(&gguf.file)?;
+    let mut table = crate::tensors::t3_table(&hp);
+    table.check(gguf)?;
+    check_tokens(gguf, crate::tensors::T3_PROMPT_TOKENS, hp.speech_vocab)?;
+    Ok((hp, table))
 }
 
 /// Weights in matrix products only (may live in repacked extra buffers).
@@ -89,15 +105,8 @@ pub struct T3 {
 impl T3 {
     pub fn load(path: &Path, backend: Backend, attention: AttentionConfig) -> Result<Self, String> {
         let gguf = ggml(GgufTensors::open(path))?;
-        let arch = ggml(gguf.file.get_str("general.architecture"))?;
-        if arch != T3_ARCH {
-            return Err(format!(
-                "{}: architecture '{arch}' is not a Chatterbox T3 model ('{T3_ARCH}')",
-                path.display()
-            ));
-        }
-        let hp = T3Hparams::load(&gguf.file)?;
-        let weights = Weights::load(gguf, &backend, crate::tensors::t3_table(&hp), is_matmul_weight)?;
+        let (hp, table) = check_file(&gguf)?;
+        let weights = Weights::load(gguf, &backend, table, is_matmul_weight)?;
         let attention = match attention.path {
             AttentionPath::Explicit => AttentionConfig {
                 path: AttentionPath::Explicit,
@@ -128,7 +137,7 @@ impl T3 {
     pub fn builtin_voice(&self) -> Result<T3Conditioning, String> {
         Ok(T3Conditioning {
             speaker_emb: ggml(self.weights.host_f32(crate::tensors::T3_SPEAKER_EMB))?,
-            prompt_speech_tokens: checked_tokens(ggml(self.weights.host_i32(crate::tensors::T3_PROMPT_TOKENS))?, self.hp.speech_vocab, crate::tensors::T3_PROMPT_TOKENS)?,
+            prompt_speech_tokens: ggml(self.weights.host_i32(crate::tensors::T3_PROMPT_TOKENS))?,
         })
     }
 

@@ -1,0 +1,34 @@
+//! Chatterbox's text front end on arbitrary text: punctuation normalisation,
+//! splitting at a fuzzed length (every piece within it), and the tiny
+//! fixture's BPE tokenizer.
+#![no_main]
+
+use libfuzzer_sys::fuzz_target;
+use tts_fuzz::quiet;
+use std::sync::OnceLock;
+use tts_model_chatterbox::text::{normalize_punctuation, split_sentences, TextTokenizer};
+
+fn tokenizer() -> &'static TextTokenizer {
+    static TOKENIZER: OnceLock<TextTokenizer> = OnceLock::new();
+    TOKENIZER.get_or_init(|| {
+        let path = std::path::Path::new(env!("CARGO_MANIFEST_DIR")).join("../tests/fixtures/chatterbox/turbo-tiny/t3-turbo.gguf");
+        let file = ggml_sys::gguf::GgufFile::open(&path).expect("the committed fixture");
+        let json = file.get_str("chatterbox.tokenizer_json").expect("a tokenizer");
+        TextTokenizer::from_json(&json, file.get_u32("chatterbox.text_vocab").expect("a vocabulary") as usize).expect("loads")
+    })
+}
+
+fuzz_target!(|data: &[u8]| {
+    quiet();
+    let Some((&max, rest)) = data.split_first() else { return };
+    let Ok(text) = std::str::from_utf8(rest) else { return };
+    let max = max as usize;
+    for piece in split_sentences(text, max) {
+        if max > 0 {
+            // A piece is over the limit only when one grapheme cluster is.
+            use unicode_segmentation::UnicodeSegmentation;
+            assert!(piece.chars().count() <= max || piece.graphemes(true).count() == 1, "piece over {max}: {piece:?}");
+        }
+        let _ = tokenizer().encode(&normalize_punctuation(&piece));
+    }
+});
