@@ -30,12 +30,18 @@ fn median(mut v: Vec<f64>) -> f64 {
     if n % 2 == 1 { v[n / 2] } else { (v[n / 2 - 1] + v[n / 2]) / 2.0 }
 }
 
-/// Peak resident set size of this process (Linux `VmHWM`), MiB.
-pub fn peak_rss_mib() -> f64 {
+/// A memory figure of this process from Linux's `/proc/self/status` (`VmHWM`,
+/// `VmRSS`, ...), MiB; 0 where there is none.
+pub fn status_mib(field: &str) -> f64 {
     std::fs::read_to_string("/proc/self/status")
         .ok()
-        .and_then(|s| s.lines().find(|l| l.starts_with("VmHWM:")).and_then(|l| l.split_whitespace().nth(1)).and_then(|kb| kb.parse::<f64>().ok()))
+        .and_then(|s| s.lines().find_map(|l| l.strip_prefix(field)?.strip_prefix(':')?.split_whitespace().next()?.parse::<f64>().ok()))
         .map_or(0.0, |kb| kb / 1024.0)
+}
+
+/// Peak resident set size of this process, MiB.
+pub fn peak_rss_mib() -> f64 {
+    status_mib("VmHWM")
 }
 
 pub fn run(session: &mut ModelSession, text: &str, runs: usize, warmup: usize, load_ms: f64) -> Result<BenchReport, String> {

@@ -27,12 +27,9 @@ pub struct SoakReport {
     pub seconds: f64,
 }
 
-/// Resident set size of this process now (Linux `VmRSS`), MiB.
+/// Resident set size of this process now, MiB.
 pub fn rss_mib() -> f64 {
-    std::fs::read_to_string("/proc/self/status")
-        .ok()
-        .and_then(|s| s.lines().find(|l| l.starts_with("VmRSS:")).and_then(|l| l.split_whitespace().nth(1)).and_then(|kb| kb.parse::<f64>().ok()))
-        .map_or(0.0, |kb| kb / 1024.0)
+    crate::bench::status_mib("VmRSS")
 }
 
 pub fn run(session: &mut ModelSession, text: &str, runs: usize, warmup: usize) -> Result<SoakReport, String> {

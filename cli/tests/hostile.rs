@@ -87,7 +87,13 @@ fn fifo_output_is_written_in_place() {
             std::thread::spawn(move || std::fs::read(fifo).unwrap())
         };
         let o = run(&args(&profile, plugins.path(), "hi", target));
-        assert!(o.status.success(), "{}", stderr(&o));
+        if !o.status.success() {
+            // Release the waiting reader before failing.
+            use std::os::unix::fs::OpenOptionsExt;
+            let _ = std::fs::OpenOptions::new().write(true).custom_flags(libc::O_NONBLOCK).open(&fifo);
+            let _ = reader.join();
+            panic!("{}", stderr(&o));
+        }
         let bytes = reader.join().unwrap();
         let wav = hound::WavReader::new(std::io::Cursor::new(bytes)).unwrap();
         assert_eq!(wav.len(), 2 * 1600, "0.1 s per character at 16 kHz");

@@ -4,6 +4,7 @@
 #![no_main]
 
 use libfuzzer_sys::fuzz_target;
+use unicode_segmentation::UnicodeSegmentation;
 use tts_fuzz::quiet;
 use std::sync::OnceLock;
 use tts_model_supertonic::text::{chunk_text, normalize, wrap, Indexer, UnsupportedChars};
@@ -25,8 +26,10 @@ fuzz_target!(|data: &[u8]| {
     let Some((&max, rest)) = data.split_first() else { return };
     let Ok(text) = std::str::from_utf8(rest) else { return };
     for chunk in chunk_text(text, max as usize + 1) {
-        // Sentences are never cut (as the official chunker): a chunk is over the
-        // limit only when it is one sentence; it is never empty or padded.
+        // A chunk is over the limit only when it is one sentence, and a sentence
+        // is cut past MAX_SENTENCE_CHARS; a chunk is never empty or padded.
+        let limit = (max as usize + 1).max(tts_model_supertonic::text::MAX_SENTENCE_CHARS);
+        assert!(chunk.chars().count() <= limit || chunk.graphemes(true).count() == 1, "chunk over {limit}: {chunk:?}");
         assert!(!chunk.is_empty() && chunk.trim_matches(tts_model_supertonic::text::is_space) == chunk, "chunk {chunk:?}");
         let wrapped = wrap(&normalize(&chunk), "en", true);
         for policy in [UnsupportedChars::Skip, UnsupportedChars::Error, UnsupportedChars::Official] {

@@ -480,10 +480,12 @@ fn fuzz(args: &[String]) -> Result<(), String> {
             cmd.arg(format!("-runs={runs}"));
         }
         eprintln!("+ fuzz {target}: {seconds} s{} from {} seeds", if runs > 0 { format!(" or {runs} runs") } else { String::new() }, seed_files.len());
+        let started = std::time::Instant::now();
         let out = cmd.output().map_err(|e| format!("{}: {e}", bin_dir.join(target).display()))?;
+        let time = started.elapsed().as_secs();
         let log = String::from_utf8_lossy(&out.stderr);
         let stat = |key: &str| log.lines().find_map(|l| l.strip_prefix(key).and_then(|v| v.trim().parse::<u64>().ok())).unwrap_or(0);
-        let (execs, time) = (stat("stat::number_of_executed_units:"), log.lines().rev().find_map(|l| l.strip_prefix("Done ").and_then(|r| r.split(" in ").nth(1)).and_then(|t| t.split_whitespace().next()).and_then(|t| t.parse::<u64>().ok())).unwrap_or(seconds));
+        let execs = stat("stat::number_of_executed_units:");
         let found: Vec<String> = std::fs::read_dir(&artifacts).map(|rd| rd.filter_map(|e| e.ok().map(|e| e.file_name().to_string_lossy().to_string())).collect()).unwrap_or_default();
         let corpus_size = std::fs::read_dir(&corpus).map(|rd| rd.count()).unwrap_or(0);
         rows.push(format!("{target:18} {execs:>12} executions {time:>6} s {:>8} exec/s  corpus {corpus_size:>6}  peak RSS {} MiB  findings {}", execs / time.max(1), stat("stat::peak_rss_mb:"), found.len()));

@@ -2,7 +2,8 @@
 //! serves backend plugins: a guard that keeps panics inside the plugin
 //! ([`guard`]), a metadata reader that range-checks every hyper-parameter
 //! ([`hparams`]), the tensor table a family declares and the loader checks
-//! ([`tensors`]), and the weights loaded from a checked file ([`weights`]).
+//! ([`tensors`]), the weights loaded from a checked file ([`weights`]), and
+//! text helpers both front ends use ([`text`]).
 //!
 //! A model file is untrusted input: a family reads its hparams through
 //! [`hparams::HparamReader`], builds its [`tensors::TensorTable`] from them and
@@ -12,9 +13,21 @@
 pub mod guard;
 pub mod hparams;
 pub mod tensors;
+pub mod text;
 pub mod weights;
 
 pub use guard::guarded;
 pub use hparams::HparamReader;
 pub use tensors::{Dim, Storage, TensorTable};
 pub use weights::Weights;
+
+/// `Ok` when `file`'s `general.architecture` is `arch`; else an error naming
+/// the file, what it holds and what was expected (`what`: "a Chatterbox T3 model").
+pub fn require_architecture(file: &ggml_sys::gguf::GgufFile, arch: &str, what: &str) -> Result<(), String> {
+    let found = file.get_str("general.architecture").map_err(|e| e.to_string())?;
+    if found == arch {
+        Ok(())
+    } else {
+        Err(format!("{}: architecture '{found}' is not {what} ('{arch}')", file.path().display()))
+    }
+}

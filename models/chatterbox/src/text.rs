@@ -65,7 +65,7 @@ pub fn split_sentences(text: &str, max_chars: usize) -> Vec<String> {
             if clause.chars().count() <= max_chars {
                 pieces.push(clause);
             } else {
-                pieces.extend(split_words(&clause, max_chars));
+                pieces.extend(engine_core::model_kit::text::pack_words(&clause, max_chars, char::is_whitespace));
             }
         }
     }
@@ -91,43 +91,6 @@ fn split_after(text: &str, ends: &[char]) -> Vec<String> {
     out
 }
 
-/// Words packed into pieces of at most `max_chars` characters; a word longer
-/// than that is cut between grapheme clusters (never inside one).
-fn split_words(text: &str, max_chars: usize) -> Vec<String> {
-    let mut out: Vec<String> = Vec::new();
-    let mut current = String::new();
-    for word in text.split_whitespace().flat_map(|w| cut_word(w, max_chars)) {
-        if !current.is_empty() && current.chars().count() + 1 + word.chars().count() > max_chars {
-            out.push(std::mem::take(&mut current));
-        }
-        if !current.is_empty() {
-            current.push(' ');
-        }
-        current.push_str(word);
-    }
-    if !current.is_empty() {
-        out.push(current);
-    }
-    out
-}
-
-/// `word` in pieces of at most `max_chars` characters (one piece when it fits).
-fn cut_word(word: &str, max_chars: usize) -> Vec<&str> {
-    use unicode_segmentation::UnicodeSegmentation;
-    let mut pieces = Vec::new();
-    let (mut start, mut chars) = (0, 0);
-    for (at, g) in word.grapheme_indices(true) {
-        let n = g.chars().count();
-        if chars > 0 && chars + n > max_chars {
-            pieces.push(&word[start..at]);
-            (start, chars) = (at, 0);
-        }
-        chars += n;
-    }
-    pieces.push(&word[start..]);
-    pieces
-}
-
 /// Joins neighbouring pieces while they fit, so short sentences share a chunk.
 fn merge_short(pieces: Vec<String>, max_chars: usize) -> Vec<String> {
     let mut out: Vec<String> = Vec::new();
@@ -150,6 +113,10 @@ pub struct TextTokenizer {
 
 impl TextTokenizer {
     pub fn from_json(json: &str, vocab: usize) -> Result<Self, String> {
+        // The tokenizers crate panics (instead of returning an error) on some
+        // malformed JSON inside a component (found by the chatterbox_model fuzz
+        // target): check the syntax first.
+        serde_json::from_str::<serde::de::IgnoredAny>(json).map_err(|e| format!("the embedded tokenizer is not valid JSON: {e}"))?;
         let tokenizer = Tokenizer::from_bytes(json.as_bytes())
             .map_err(|e| format!("the embedded tokenizer JSON does not load: {e}"))?;
         let size = tokenizer.get_vocab_size(true);

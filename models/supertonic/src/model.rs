@@ -112,10 +112,7 @@ pub struct CheckedFile {
 /// tensor against the table they imply, the indexer against the embeddings.
 pub fn check_file(gguf: &GgufTensors) -> Result<CheckedFile, String> {
     let path = gguf.file.path().display();
-    let arch = ggml(gguf.file.get_str("general.architecture"))?;
-    if arch != crate::hparams::ARCH {
-        return err(format!("{path}: architecture '{arch}' is not supertonic"));
-    }
+    engine_core::model_kit::require_architecture(&gguf.file, crate::hparams::ARCH, "a Supertonic model")?;
     let hp = Hparams::load(&gguf.file)?;
     let voice_names: Vec<String> = gguf.file.tensors().iter().filter_map(|t| t.name.strip_prefix("voice.")?.strip_suffix(".style_ttl").map(str::to_string)).collect();
     if voice_names.is_empty() {

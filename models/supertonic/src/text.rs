@@ -209,8 +209,15 @@ fn is_word_char(c: char) -> bool {
     c.is_alphanumeric() || c == '_'
 }
 
+/// The longest sentence synthesized whole. The official chunker never cuts a
+/// sentence, so an unpunctuated text of any length would be one chunk whose
+/// attention grows with the square of its length; a longer sentence (well over a
+/// minute of speech) is cut between words instead.
+pub const MAX_SENTENCE_CHARS: usize = 1000;
+
 /// Splits long text into chunks of at most `max_len` characters: paragraphs
-/// (blank lines) first, then sentences packed greedily.
+/// (blank lines) first, then sentences packed greedily (a sentence longer than
+/// [`MAX_SENTENCE_CHARS`] first cut between words).
 pub fn chunk_text(text: &str, max_len: usize) -> Vec<String> {
     let mut chunks = Vec::new();
     for paragraph in split_paragraphs(text.trim_matches(is_space)) {
@@ -219,8 +226,16 @@ pub fn chunk_text(text: &str, max_len: usize) -> Vec<String> {
             continue;
         }
         let mut current = String::new();
-        for sentence in sentences(paragraph) {
-            let sentence = sentence.trim_matches(is_space);
+        let pieces = sentences(paragraph).into_iter().flat_map(|s| {
+            let s = s.trim_matches(is_space);
+            if s.chars().count() > MAX_SENTENCE_CHARS {
+                engine_core::model_kit::text::pack_words(s, MAX_SENTENCE_CHARS, is_space)
+            } else {
+                vec![s.to_string()]
+            }
+        });
+        for sentence in pieces {
+            let sentence = sentence.as_str();
             if sentence.is_empty() {
                 continue;
             }
@@ -284,6 +299,17 @@ mod tests {
     #[test]
     fn sentence_split_respects_abbreviations() {
         assert_eq!(sentences("Dr. Smith came. He left! Did J. Doe? Yes."), vec!["Dr. Smith came.", "He left!", "Did J. Doe?", "Yes."]);
+    }
+
+    #[test]
+    fn a_sentence_past_the_limit_is_cut_between_words() {
+        let long = "word ".repeat(400); // 1999 characters, no sentence end
+        let chunks = chunk_text(&long, 300);
+        assert!(chunks.len() >= 2 && chunks.iter().all(|c| c.chars().count() <= MAX_SENTENCE_CHARS), "{:?}", chunks.iter().map(|c| c.len()).collect::<Vec<_>>());
+        assert_eq!(chunks.join(" "), long.trim());
+        // Up to the limit the official rule holds: the sentence stays whole.
+        let sentence = format!("{}end.", "word ".repeat(100));
+        assert_eq!(chunk_text(&sentence, 300), vec![sentence.clone()]);
     }
 
     #[test]

@@ -60,10 +60,7 @@ fn is_matmul_weight(name: &str) -> bool {
 /// Everything checked about an S3Gen file before any weight is read, without
 /// a device: architecture, hparams, the tensor table, the built-in voice's tokens.
 pub fn check_file(gguf: &GgufTensors) -> Result<(S3GenHparams, engine_core::model_kit::TensorTable), String> {
-    let arch = ggml(gguf.file.get_str("general.architecture"))?;
-    if arch != S3GEN_ARCH {
-        return Err(format!("{}: architecture '{arch}' is not a Chatterbox S3Gen model ('{S3GEN_ARCH}')", gguf.file.path().display()));
-    }
+    engine_core::model_kit::require_architecture(&gguf.file, S3GEN_ARCH, "a Chatterbox S3Gen model")?;
     let hp = S3GenHparams::load(&gguf.file)?;
     let mut table = crate::tensors::s3gen_table(&hp);
     table.check(gguf)?;

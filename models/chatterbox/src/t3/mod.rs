@@ -69,10 +69,7 @@ pub fn check_tokens(gguf: &GgufTensors, name: &str, vocab: usize) -> Result<(), 
 /// Everything checked about a T3 file before any weight is read, without a
 /// device: architecture, hparams, the tensor table, the built-in voice's tokens.
 pub fn check_file(gguf: &GgufTensors) -> Result<(T3Hparams, engine_core::model_kit::TensorTable), String> {
-    let arch = ggml(gguf.file.get_str("general.architecture"))?;
-    if arch != T3_ARCH {
-        return Err(format!("{}: architecture '{arch}' is not a Chatterbox T3 model ('{T3_ARCH}')", gguf.file.path().display()));
-    }
+    engine_core::model_kit::require_architecture(&gguf.file, T3_ARCH, "a Chatterbox T3 model")?;
     let hp = T3Hparams::load(&gguf.file)?;
     let mut table = crate::tensors::t3_table(&hp);
     table.check(gguf)?;
