@@ -6,12 +6,25 @@ use indexmap::IndexMap;
 use serde::Serialize;
 use std::time::Instant;
 
+/// What a report is about: the loaded model and the device it runs on.
 #[derive(Serialize)]
-pub struct BenchReport {
+pub struct SessionInfo {
     pub backend: String,
     pub device: String,
     pub family: String,
     pub variant: String,
+}
+
+impl SessionInfo {
+    pub fn of(session: &ModelSession) -> Self {
+        SessionInfo { backend: session.backend.clone(), device: session.device.clone(), family: session.info.family.to_string(), variant: session.info.variant.to_string() }
+    }
+}
+
+#[derive(Serialize)]
+pub struct BenchReport {
+    #[serde(flatten)]
+    pub session: SessionInfo,
     pub runs: usize,
     pub warmup: usize,
     pub audio_seconds: f64,
@@ -70,10 +83,7 @@ pub fn run(session: &mut ModelSession, text: &str, runs: usize, warmup: usize, l
     }
     let total_ms = median(totals);
     Ok(BenchReport {
-        backend: session.backend.clone(),
-        device: session.device.clone(),
-        family: session.info.family.to_string(),
-        variant: session.info.variant.to_string(),
+        session: SessionInfo::of(session),
         runs,
         warmup,
         audio_seconds,
@@ -88,7 +98,7 @@ pub fn run(session: &mut ModelSession, text: &str, runs: usize, warmup: usize, l
 pub fn render(r: &BenchReport) -> String {
     let mut s = format!(
         "{} {} on {} ({}), {} runs after {} warm-up\n",
-        r.family, r.variant, r.device, r.backend, r.runs, r.warmup
+        r.session.family, r.session.variant, r.session.device, r.session.backend, r.runs, r.warmup
     );
     for (stage, ms) in &r.stages_ms {
         s += &format!("  {stage:<28} {ms:>10.2} ms\n");

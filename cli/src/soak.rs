@@ -2,15 +2,14 @@
 //! model and backend neither drift nor leak: every output must be bit-identical
 //! to the first, and resident memory must not grow past a limit after warm-up.
 
+use crate::bench::SessionInfo;
 use engine_core::engine::ModelSession;
 use serde::Serialize;
 
 #[derive(Serialize)]
 pub struct SoakReport {
-    pub backend: String,
-    pub device: String,
-    pub family: String,
-    pub variant: String,
+    #[serde(flatten)]
+    pub session: SessionInfo,
     pub runs: usize,
     /// Runs before the resident-memory baseline is taken (caches, graphs, pools).
     pub warmup: usize,
@@ -52,10 +51,7 @@ pub fn run(session: &mut ModelSession, text: &str, runs: usize, warmup: usize) -
     }
     let rss_end = rss_mib();
     Ok(SoakReport {
-        backend: session.backend.clone(),
-        device: session.device.clone(),
-        family: session.info.family.to_string(),
-        variant: session.info.variant.to_string(),
+        session: SessionInfo::of(session),
         runs,
         warmup,
         samples: bits.len(),
@@ -73,12 +69,12 @@ pub fn run(session: &mut ModelSession, text: &str, runs: usize, warmup: usize) -
 /// The report's verdict against a growth limit: `Err` names what failed.
 pub fn verdict(r: &SoakReport, max_growth_mib: f64) -> Result<(), String> {
     if let Some(i) = r.first_difference {
-        return Err(format!("soak: run {i} of {} differs from run 1 ({} {} on {})", r.runs, r.family, r.variant, r.device));
+        return Err(format!("soak: run {i} of {} differs from run 1 ({} {} on {})", r.runs, r.session.family, r.session.variant, r.session.device));
     }
     if r.rss_growth_mib > max_growth_mib {
         return Err(format!(
             "soak: resident memory grew {:.1} MiB after {} warm-up runs (limit {max_growth_mib} MiB; {} {} on {})",
-            r.rss_growth_mib, r.warmup, r.family, r.variant, r.device
+            r.rss_growth_mib, r.warmup, r.session.family, r.session.variant, r.session.device
         ));
     }
     Ok(())
@@ -87,10 +83,10 @@ pub fn verdict(r: &SoakReport, max_growth_mib: f64) -> Result<(), String> {
 pub fn render(r: &SoakReport) -> String {
     format!(
         "{} {} on {} ({}): {} runs in {:.1} s, {} samples each, {}; RSS {:.1} MiB after {} warm-up runs, {:.1} MiB at the end (growth {:+.2} MiB), peak {:.1} MiB\n",
-        r.family,
-        r.variant,
-        r.device,
-        r.backend,
+        r.session.family,
+        r.session.variant,
+        r.session.device,
+        r.session.backend,
         r.runs,
         r.seconds,
         r.samples,
