@@ -524,8 +524,13 @@ impl GgufWriter {
 
     /// Writes the metadata (no tensors) to `path`.
     pub fn write_metadata(&self, path: &Path) -> Result<()> {
+        self.write(path, true)
+    }
+
+    /// Writes the file (tensor data too unless `only_meta`).
+    fn write(&self, path: &Path, only_meta: bool) -> Result<()> {
         let c = CString::new(path.to_string_lossy().as_bytes()).map_err(|e| crate::Error::Msg(e.to_string()))?;
-        if unsafe { sys::gguf_write_to_file(self.ptr.as_ptr(), c.as_ptr(), true) } {
+        if unsafe { sys::gguf_write_to_file(self.ptr.as_ptr(), c.as_ptr(), only_meta) } {
             Ok(())
         } else {
             err(format!("could not write {}", path.display()))
@@ -642,12 +647,7 @@ impl GgufEditor {
             };
             unsafe { sys::gguf_add_tensor(out.ptr.as_ptr(), written.as_ptr()) };
         }
-        let c = CString::new(path.to_string_lossy().as_bytes()).map_err(|e| crate::Error::Msg(e.to_string()))?;
-        if unsafe { sys::gguf_write_to_file(out.ptr.as_ptr(), c.as_ptr(), false) } {
-            Ok(())
-        } else {
-            err(format!("could not write {}", path.display()))
-        }
+        out.write(path, false)
     }
 }
 
