@@ -1,4 +1,7 @@
-//! CPU backend plugin: ggml's CPU module, one device, a thread count option.
+//! CPU backend plugin: ggml's CPU module, one device, a thread count option
+//! that gives way to other busy processes ([`contention`]).
+
+mod contention;
 
 use abi_stable::{export_root_module, prefix_type::PrefixTypeTrait, std_types::{RResult, RString, RVec}};
 use engine_core::abi::{BackendOpenRequest, BackendPlugin, BackendPluginRef, BackendSessionBox, DeviceKind, OptionKind, OptionSpec, OptionValue, PluginInfo};
@@ -15,11 +18,20 @@ extern "C" fn info() -> PluginInfo {
 }
 
 extern "C" fn option_specs() -> RVec<OptionSpec> {
-    RVec::from(vec![backend_kit::spec("threads", OptionKind::Int, OptionValue::Int(0), "worker threads: 0 = one per core; at most the machine's core count")])
+    RVec::from(vec![
+        backend_kit::spec("threads", OptionKind::Int, OptionValue::Int(0), "worker threads: 0 = one per core; at most the machine's core count"),
+        backend_kit::spec(
+            "adapt_threads",
+            OptionKind::Bool,
+            OptionValue::Bool(true),
+            "before each graph, leave the cores other busy processes use (ggml's workers spin at barriers)",
+        ),
+    ])
 }
 
 struct Cpu {
     threads: usize,
+    adapt_threads: bool,
 }
 
 impl BackendFlavor for Cpu {
@@ -29,6 +41,15 @@ impl BackendFlavor for Cpu {
 
     fn configure(&self, backend: &Backend) -> u32 {
         backend.set_n_threads(self.threads);
+        if self.adapt_threads && self.threads > 1 {
+            let allowed = std::thread::available_parallelism().map_or(1, |n| n.get());
+            // Lives as long as the process: a backend may outlive any owner here.
+            let free: &'static contention::FreeCores = Box::leak(Box::new(contention::FreeCores::new(self.threads, allowed)));
+            let data = free as *const contention::FreeCores as *mut std::ffi::c_void;
+            if !unsafe { backend.set_threads_callback(contention::threads_callback, data) } {
+                tracing::warn!("the CPU module has no per-graph thread count (patch 0002 missing); threads stay at {}", self.threads);
+            }
+        }
         self.threads as u32
     }
 }
@@ -52,6 +73,7 @@ extern "C" fn open(req: &BackendOpenRequest) -> RResult<BackendSessionBox, RStri
     backend_kit::guarded_open(|| {
         let threads = threads(backend_kit::option_int(req, "threads"))?;
         let (registry, facts) = engine_core::load_plugin_module!(req)?;
-        Ok(GgmlSession::new(Cpu { threads }, registry, facts).into_box())
+        let adapt_threads = backend_kit::option_bool(req, "adapt_threads");
+        Ok(GgmlSession::new(Cpu { threads, adapt_threads }, registry, facts).into_box())
     })
 }

@@ -66,6 +66,9 @@ impl Registry {
     }
 }
 
+/// `(data, n_threads) -> threads for this graph`, see [`Backend::set_threads_callback`].
+pub type ThreadsCallback = unsafe extern "C" fn(*mut std::ffi::c_void, std::os::raw::c_int) -> std::os::raw::c_int;
+
 /// Device kinds as ggml reports them.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 pub enum DeviceKind {
@@ -231,6 +234,23 @@ impl Backend {
         };
         let f: SetThreads = unsafe { std::mem::transmute(f.as_ptr()) };
         unsafe { f(self.as_ptr(), n as std::os::raw::c_int) };
+        true
+    }
+
+    /// Registers `callback`, asked before each graph how many of the backend's
+    /// threads to use (CPU module with the plugin's patch 0002). The caller keeps
+    /// `data` alive as long as the backend. Returns whether the module took it.
+    ///
+    /// # Safety
+    /// `data` must stay valid, and `callback` safe to call from any thread, for
+    /// the backend's lifetime.
+    pub unsafe fn set_threads_callback(&self, callback: ThreadsCallback, data: *mut std::ffi::c_void) -> bool {
+        type SetCallback = unsafe extern "C" fn(sys::ggml_backend_t, ThreadsCallback, *mut std::ffi::c_void);
+        let Some(f) = self.device().and_then(|d| d.registry()).and_then(|r| r.proc_address("ggml_backend_cpu_set_threads_callback")) else {
+            return false;
+        };
+        let f: SetCallback = unsafe { std::mem::transmute(f.as_ptr()) };
+        unsafe { f(self.as_ptr(), callback, data) };
         true
     }
 
