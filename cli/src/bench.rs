@@ -17,7 +17,12 @@ pub struct SessionInfo {
 
 impl SessionInfo {
     pub fn of(session: &ModelSession) -> Self {
-        SessionInfo { backend: session.backend.clone(), device: session.device.clone(), family: session.info.family.to_string(), variant: session.info.variant.to_string() }
+        SessionInfo {
+            backend: session.backend.clone(),
+            device: session.device.clone(),
+            family: session.info.family.to_string(),
+            variant: session.info.variant.to_string(),
+        }
     }
 }
 
@@ -40,7 +45,11 @@ pub struct BenchReport {
 fn median(mut v: Vec<f64>) -> f64 {
     v.sort_by(|a, b| a.total_cmp(b));
     let n = v.len();
-    if n % 2 == 1 { v[n / 2] } else { (v[n / 2 - 1] + v[n / 2]) / 2.0 }
+    if n % 2 == 1 {
+        v[n / 2]
+    } else {
+        (v[n / 2 - 1] + v[n / 2]) / 2.0
+    }
 }
 
 /// A memory figure of this process from Linux's `/proc/self/status` (`VmHWM`,
@@ -96,10 +105,8 @@ pub fn run(session: &mut ModelSession, text: &str, runs: usize, warmup: usize, l
 }
 
 pub fn render(r: &BenchReport) -> String {
-    let mut s = format!(
-        "{} {} on {} ({}), {} runs after {} warm-up\n",
-        r.session.family, r.session.variant, r.session.device, r.session.backend, r.runs, r.warmup
-    );
+    let mut s =
+        format!("{} {} on {} ({}), {} runs after {} warm-up\n", r.session.family, r.session.variant, r.session.device, r.session.backend, r.runs, r.warmup);
     for (stage, ms) in &r.stages_ms {
         s += &format!("  {stage:<28} {ms:>10.2} ms\n");
     }

@@ -61,7 +61,7 @@ pub fn render(r: &DevicesReport) -> String {
                 line!(out, "        {:<24} {:<3}  {}", p.name, if p.supported { "yes" } else { "no" }, p.detail);
             }
             if let Some(res) = &d.policies {
-                line!(out, "      policies (kv cache: {}):", res.kv_type);
+                line!(out, "      policies (kv cache: {}, matmul weights: {}):", res.kv_type, res.matmul_weights);
                 for dec in &res.decisions {
                     let state = if dec.enabled { "on" } else { "off" };
                     line!(out, "        {:<18} {:<4} -> {:<3}  {}", dec.feature, dec.setting.as_str(), state, dec.reason);

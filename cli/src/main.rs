@@ -1,6 +1,7 @@
 //! `tts`: text-to-speech on ggml, with backends and model families as plugins.
 
 mod bench;
+mod compare;
 mod devices;
 mod logging;
 mod soak;
@@ -22,9 +23,10 @@ struct Cli {
 
 #[derive(Args, Debug, Clone)]
 struct Common {
-    /// Profile (TOML). Without it the profile built into `tts` is used.
-    #[arg(long, global = true, value_name = "FILE")]
-    profile: Option<PathBuf>,
+    /// Profile (TOML). Without it the profile built into `tts` is used
+    /// (`tts compare` takes two).
+    #[arg(long = "profile", global = true, value_name = "FILE")]
+    profiles: Vec<PathBuf>,
     /// Plugin directory (repeatable); overrides the profile's [plugins] dirs.
     #[arg(long = "plugin-dir", global = true, value_name = "DIR")]
     plugin_dirs: Vec<PathBuf>,
@@ -78,6 +80,31 @@ enum Command {
         #[arg(long)]
         json: bool,
     },
+    /// Run one text under two profiles (backends, devices, policies, weight
+    /// files): stage times side by side, how far the outputs agree, the
+    /// policies each side resolved.
+    Compare {
+        #[command(flatten)]
+        common: Common,
+        /// Text to speak.
+        #[arg(long)]
+        text: String,
+        /// Timed runs per side after one warm-up (medians are reported).
+        #[arg(long, default_value_t = 3)]
+        runs: usize,
+        /// Override a [synthesis] option on both sides (repeatable).
+        #[arg(long = "set", value_name = "KEY=VALUE", value_parser = parse_key_value)]
+        set: Vec<(String, String)>,
+        /// Exit 1 unless the outputs agree: `identical` (bit for bit) or `max-rel=X`.
+        #[arg(long, value_name = "WHAT")]
+        expect: Option<String>,
+        /// Also write the report as JSON here.
+        #[arg(long, value_name = "FILE")]
+        json: Option<PathBuf>,
+        /// Also draw both waveforms, their difference and the stage times (PNG).
+        #[arg(long, value_name = "FILE.png")]
+        plot: Option<PathBuf>,
+    },
     /// Synthesize one text many times in one process: every output must equal
     /// the first bit for bit, and resident memory must not grow after warm-up.
     Soak {
@@ -113,13 +140,7 @@ fn parse_key_value(s: &str) -> Result<(String, String), String> {
 }
 
 fn version_line() -> String {
-    format!(
-        "{} (plugin ABI {}, ggml {} from {})",
-        env!("CARGO_PKG_VERSION"),
-        engine_core::PLUGIN_ABI_VERSION,
-        ggml_sys::GGML_VERSION,
-        ggml_sys::SOURCE_PACKAGE
-    )
+    format!("{} (plugin ABI {}, ggml {} from {})", env!("CARGO_PKG_VERSION"), engine_core::PLUGIN_ABI_VERSION, ggml_sys::GGML_VERSION, ggml_sys::SOURCE_PACKAGE)
 }
 
 fn main() -> ExitCode {
@@ -127,7 +148,8 @@ fn main() -> ExitCode {
     // A bug must still end as one line and leave no temporary behind: the hook
     // prints the one line, unwinding drops (and so deletes) any temporary.
     std::panic::set_hook(Box::new(|info| {
-        let message = info.payload().downcast_ref::<&str>().map(|s| s.to_string()).or_else(|| info.payload().downcast_ref::<String>().cloned()).unwrap_or_default();
+        let message =
+            info.payload().downcast_ref::<&str>().map(|s| s.to_string()).or_else(|| info.payload().downcast_ref::<String>().cloned()).unwrap_or_default();
         let at = info.location().map(|l| format!(" at {}:{}", l.file(), l.line())).unwrap_or_default();
         eprintln!("error: internal error (a bug in tts): {}{at}", message.replace('\n', " "));
     }));
@@ -154,18 +176,25 @@ fn main() -> ExitCode {
 /// Opens the engine for `common`'s profile; `everything` also opens backends the
 /// profile does not prefer and checks model plugins (for `tts devices`).
 fn open_engine(common: &Common, everything: bool) -> Result<Engine, String> {
-    let mut profile = match &common.profile {
+    let profile = match common.profiles.as_slice() {
+        [] => None,
+        [one] => Some(one.as_path()),
+        more => return Err(format!("--profile is given {} times; only `tts compare` takes two", more.len())),
+    };
+    open_engine_with(common, profile, everything)
+}
+
+/// Opens the engine for `profile` (None: the embedded default) with `common`'s
+/// plugin directories and model files.
+fn open_engine_with(common: &Common, profile: Option<&std::path::Path>, everything: bool) -> Result<Engine, String> {
+    let mut profile = match profile {
         Some(p) => Profile::load(p).map_err(|e| e.to_string())?,
         None => Profile::embedded_default(),
     };
     if !common.models.is_empty() {
         profile.model_files = common.models.clone();
     }
-    let dirs = if common.plugin_dirs.is_empty() {
-        engine::plugin_dirs(&profile, std::env::current_exe().ok().as_deref())
-    } else {
-        common.plugin_dirs.clone()
-    };
+    let dirs = if common.plugin_dirs.is_empty() { engine::plugin_dirs(&profile, std::env::current_exe().ok().as_deref()) } else { common.plugin_dirs.clone() };
     let opened = if everything { Engine::open_all(profile, dirs) } else { Engine::open(profile, dirs) };
     opened.map_err(|e| e.to_string())
 }
@@ -184,11 +213,7 @@ fn run(cli: Cli) -> Result<(), String> {
         Some(Command::Devices { common, json }) => {
             let engine = open_engine(&common, true)?;
             let report = engine.devices_report();
-            let text = if json {
-                serde_json::to_string_pretty(&report).map_err(|e| e.to_string())? + "\n"
-            } else {
-                devices::render(&report)
-            };
+            let text = if json { serde_json::to_string_pretty(&report).map_err(|e| e.to_string())? + "\n" } else { devices::render(&report) };
             write_stdout(&text)
         }
         Some(Command::Bench { common, text, runs, warmup, set, json }) => {
@@ -199,6 +224,51 @@ fn run(cli: Cli) -> Result<(), String> {
             let report = bench::run(&mut session, &text, runs, warmup, load_ms)?;
             let text = if json { serde_json::to_string_pretty(&report).map_err(|e| e.to_string())? + "\n" } else { bench::render(&report) };
             write_stdout(&text)
+        }
+        Some(Command::Compare { common, text, runs, set, expect, json, plot }) => {
+            let [a, b] = common.profiles.as_slice() else {
+                return Err(format!("tts compare takes two --profile files; {} given", common.profiles.len()));
+            };
+            // Everything that can be wrong with the arguments is found before any synthesis.
+            let expect = expect.as_deref().map(compare::Expect::parse).transpose()?;
+            if runs == 0 {
+                return Err("--runs must be at least 1".into());
+            }
+            for (flag, path) in [("--json", &json), ("--plot", &plot)] {
+                if let Some(p) = path {
+                    compare::check_output_dir(flag, p)?;
+                }
+            }
+            let mut sides = Vec::new();
+            for profile in [a, b] {
+                let engine = open_engine_with(&common, Some(profile), false)?;
+                let mut session = engine.open_model(&set).map_err(|e| format!("{}: {e}", profile.display()))?;
+                if let Some(first) = sides.first() {
+                    let first: &compare::Side = first;
+                    if first.session.family != session.info.family.as_str() {
+                        return Err(format!(
+                            "the profiles load different model families: {} runs {}, {} runs {}",
+                            first.profile,
+                            first.session.family,
+                            profile.display(),
+                            session.info.family
+                        ));
+                    }
+                }
+                sides.push(compare::run_side(profile, &mut session, &text, runs)?);
+            }
+            let b_side = sides.pop().expect("two sides");
+            let a_side = sides.pop().expect("two sides");
+            let report = compare::report(&text, runs, a_side, b_side);
+            write_stdout(&compare::render(&report))?;
+            if let Some(path) = &json {
+                let body = serde_json::to_string_pretty(&report).map_err(|e| e.to_string())? + "\n";
+                engine_core::output::write_file(path, body.as_bytes()).map_err(|e| format!("--json {}: {e}", path.display()))?;
+            }
+            if let Some(path) = &plot {
+                compare::plot(&report, path)?;
+            }
+            compare::verdict(&report, expect)
         }
         Some(Command::Soak { common, text, runs, warmup, max_rss_growth_mib, set, json }) => {
             let engine = open_engine(&common, false)?;

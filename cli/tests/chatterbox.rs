@@ -42,11 +42,9 @@ fn synth(profile: &Path, plugins: &Path, text: &str, out: &Path, sets: &[&str]) 
     run(&args)
 }
 
-/// Max |a − b| over the common length, relative to max |b|.
+/// The shared NaN-failing, length-checking comparison (`engine_core::compare`).
 fn rel_err(a: &[f32], b: &[f32]) -> f32 {
-    let n = a.len().min(b.len());
-    let scale = b.iter().fold(0f32, |m, v| m.max(v.abs()));
-    a[..n].iter().zip(&b[..n]).fold(0f32, |m, (x, y)| m.max((x - y).abs())) / scale
+    engine_core::compare::max_rel_err(a, b).unwrap_or_else(|e| panic!("{e}"))
 }
 
 /// RMS of 20 ms frames at 24 kHz.

@@ -155,7 +155,7 @@ fn interrupted_runs_remove_their_temporary() {
     let (plugins, gguf) = tone_setup(&["cpu"]);
     for (signal, code) in [(libc::SIGINT, 130), (libc::SIGTERM, 143)] {
         let dir = tempfile::tempdir().unwrap();
-        let profile = profile_on(dir.path(), "cpu", &[gguf.clone()]);
+        let profile = profile_on(dir.path(), "cpu", std::slice::from_ref(&gguf));
         let out = dir.path().join("o.wav");
         let child = std::process::Command::new(tts())
             .args(args(&profile, plugins.path(), "hi", &out))
@@ -225,12 +225,7 @@ fn non_finite_samples_are_an_error() {
     e.write(&bad).unwrap();
     let profile = profile_on(dir.path(), "cpu", &[bad]);
     let out = dir.path().join("o.wav");
-    assert_refused(
-        &run(&args(&profile, plugins.path(), "Hello.", &out)),
-        "supertonic: the model produced ",
-        dir.path(),
-        &["nan.gguf", "profile.toml"],
-    );
+    assert_refused(&run(&args(&profile, plugins.path(), "Hello.", &out)), "supertonic: the model produced ", dir.path(), &["nan.gguf", "profile.toml"]);
 }
 
 // 2. Libraries are never loaded from the working directory.
@@ -245,7 +240,14 @@ fn library_planted_in_the_working_directory_is_not_loaded() {
     let dir = tempfile::tempdir().unwrap();
     let marker = dir.path().join("planted-library-ran");
     let source = dir.path().join("plant.c");
-    std::fs::write(&source, format!("#include <stdio.h>\n__attribute__((constructor)) static void planted(void) {{ FILE *f = fopen(\"{}\", \"w\"); if (f) fclose(f); }}\n", marker.display())).unwrap();
+    std::fs::write(
+        &source,
+        format!(
+            "#include <stdio.h>\n__attribute__((constructor)) static void planted(void) {{ FILE *f = fopen(\"{}\", \"w\"); if (f) fclose(f); }}\n",
+            marker.display()
+        ),
+    )
+    .unwrap();
     let status = std::process::Command::new("cc").args(["-shared", "-fPIC", "-o"]).arg(dir.path().join("libvulkan.so.1")).arg(&source).status().unwrap();
     assert!(status.success(), "compiling the planted library");
     // The build tree as a user runs it: run paths only, no LD_LIBRARY_PATH.
@@ -255,7 +257,11 @@ fn library_planted_in_the_working_directory_is_not_loaded() {
         if let Some(p) = library_path {
             cmd.env("LD_LIBRARY_PATH", p);
         }
-        wait_or_kill(cmd.stdout(std::process::Stdio::piped()).stderr(std::process::Stdio::piped()).spawn().unwrap(), std::time::Duration::from_secs(120), "tts devices")
+        wait_or_kill(
+            cmd.stdout(std::process::Stdio::piped()).stderr(std::process::Stdio::piped()).spawn().unwrap(),
+            std::time::Duration::from_secs(120),
+            "tts devices",
+        )
     };
     let o = devices(None);
     assert!(o.status.success(), "{}", stderr(&o));
@@ -283,22 +289,68 @@ fn malformed_supertonic_metadata_is_refused_by_key() {
     let dir = tempfile::tempdir().unwrap();
     let src = supertonic_fixture();
     let cases: Vec<(&str, PathBuf, &str)> = vec![
-        ("heads", crafted(dir.path(), "heads.gguf", &src, |e| { e.set_u32("supertonic.dp.attn.heads", 0); }), "metadata supertonic.dp.attn.heads = 0 is out of range (1..=256)"),
+        (
+            "heads",
+            crafted(dir.path(), "heads.gguf", &src, |e| {
+                e.set_u32("supertonic.dp.attn.heads", 0);
+            }),
+            "metadata supertonic.dp.attn.heads = 0 is out of range (1..=256)",
+        ),
         (
             "char_emb",
-            crafted(dir.path(), "emb.gguf", &src, |e| { e.reshape("dp.char_emb", &[174, 16]).unwrap(); }),
+            crafted(dir.path(), "emb.gguf", &src, |e| {
+                e.reshape("dp.char_emb", &[174, 16]).unwrap();
+            }),
             "tensor 'dp.char_emb' has shape [174, 16], the metadata implies [16, vocab]",
         ),
-        ("latent", crafted(dir.path(), "latent.gguf", &src, |e| { e.set_u32("supertonic.latent_dim", 1 << 30); }), "metadata supertonic.latent_dim = 1073741824 is out of range (1..=4096)"),
-        ("rate", crafted(dir.path(), "rate.gguf", &src, |e| { e.set_u32("supertonic.sample_rate", u32::MAX); }), "metadata supertonic.sample_rate = 4294967295 is out of range (8000..=192000)"),
-        ("steps", crafted(dir.path(), "steps.gguf", &src, |e| { e.set_u32("supertonic.default_steps", 1_000_000); }), "metadata supertonic.default_steps = 1000000 is out of range (1..=100)"),
-        ("scale0", crafted(dir.path(), "scale0.gguf", &src, |e| { e.set_f32("supertonic.normalizer_scale", 0.0); }), "metadata supertonic.normalizer_scale = 0 is out of range"),
-        ("scalenan", crafted(dir.path(), "scalenan.gguf", &src, |e| { e.set_f32("supertonic.normalizer_scale", f32::NAN); }), "metadata supertonic.normalizer_scale = NaN is out of range"),
-        ("type", crafted(dir.path(), "type.gguf", &src, |e| { e.set_str("supertonic.ve.blocks", "two"); }), "metadata key 'supertonic.ve.blocks' has type str"),
+        (
+            "latent",
+            crafted(dir.path(), "latent.gguf", &src, |e| {
+                e.set_u32("supertonic.latent_dim", 1 << 30);
+            }),
+            "metadata supertonic.latent_dim = 1073741824 is out of range (1..=4096)",
+        ),
+        (
+            "rate",
+            crafted(dir.path(), "rate.gguf", &src, |e| {
+                e.set_u32("supertonic.sample_rate", u32::MAX);
+            }),
+            "metadata supertonic.sample_rate = 4294967295 is out of range (8000..=192000)",
+        ),
+        (
+            "steps",
+            crafted(dir.path(), "steps.gguf", &src, |e| {
+                e.set_u32("supertonic.default_steps", 1_000_000);
+            }),
+            "metadata supertonic.default_steps = 1000000 is out of range (1..=100)",
+        ),
+        (
+            "scale0",
+            crafted(dir.path(), "scale0.gguf", &src, |e| {
+                e.set_f32("supertonic.normalizer_scale", 0.0);
+            }),
+            "metadata supertonic.normalizer_scale = 0 is out of range",
+        ),
+        (
+            "scalenan",
+            crafted(dir.path(), "scalenan.gguf", &src, |e| {
+                e.set_f32("supertonic.normalizer_scale", f32::NAN);
+            }),
+            "metadata supertonic.normalizer_scale = NaN is out of range",
+        ),
+        (
+            "type",
+            crafted(dir.path(), "type.gguf", &src, |e| {
+                e.set_str("supertonic.ve.blocks", "two");
+            }),
+            "metadata key 'supertonic.ve.blocks' has type str",
+        ),
         // Weights that make the duration predictor say 5e21 s: bounded before any buffer grows with it.
         (
             "duration",
-            crafted(dir.path(), "dur.gguf", &src, |e| { e.fill_f32("dp.pred.1.bias", 50.0).unwrap(); }),
+            crafted(dir.path(), "dur.gguf", &src, |e| {
+                e.fill_f32("dp.pred.1.bias", 50.0).unwrap();
+            }),
             "s for a chunk of 6 characters (allowed: 0..=120 s); the model file may be corrupt",
         ),
     ];
@@ -320,9 +372,24 @@ fn malformed_s3gen_metadata_is_refused_by_key() {
     let dir = tempfile::tempdir().unwrap();
     let [t3, s3] = <[PathBuf; 2]>::try_from(chatterbox_fixture()).unwrap();
     let cases = [
-        (crafted(dir.path(), "rate.gguf", &s3, |e| { e.set_u32("chatterbox-s3gen.hift.sample_rate", 0); }), "metadata chatterbox-s3gen.hift.sample_rate = 0 is out of range (8000..=192000)"),
-        (crafted(dir.path(), "harm.gguf", &s3, |e| { e.set_u32("chatterbox-s3gen.hift.harmonics", 100_000); }), "metadata chatterbox-s3gen.hift.harmonics = 100000 is out of range (0..=64)"),
-        (crafted(dir.path(), "rates.gguf", &s3, |e| { e.set_u32_array("chatterbox-s3gen.hift.upsample_rates", &[8, 5]); }), "HiFT upsample rates, kernels and source resblocks disagree in count"),
+        (
+            crafted(dir.path(), "rate.gguf", &s3, |e| {
+                e.set_u32("chatterbox-s3gen.hift.sample_rate", 0);
+            }),
+            "metadata chatterbox-s3gen.hift.sample_rate = 0 is out of range (8000..=192000)",
+        ),
+        (
+            crafted(dir.path(), "harm.gguf", &s3, |e| {
+                e.set_u32("chatterbox-s3gen.hift.harmonics", 100_000);
+            }),
+            "metadata chatterbox-s3gen.hift.harmonics = 100000 is out of range (0..=64)",
+        ),
+        (
+            crafted(dir.path(), "rates.gguf", &s3, |e| {
+                e.set_u32_array("chatterbox-s3gen.hift.upsample_rates", &[8, 5]);
+            }),
+            "HiFT upsample rates, kernels and source resblocks disagree in count",
+        ),
     ];
     for (file, want) in cases {
         let profile = profile_on(dir.path(), "cpu", &[t3.clone(), file]);
@@ -331,7 +398,9 @@ fn malformed_s3gen_metadata_is_refused_by_key() {
         assert!(!out.exists());
     }
     // A tokenizer that does not load names its file.
-    let bad_tok = crafted(dir.path(), "t3-badtok.gguf", &t3, |e| { e.set_str("chatterbox.tokenizer_json", "{not json"); });
+    let bad_tok = crafted(dir.path(), "t3-badtok.gguf", &t3, |e| {
+        e.set_str("chatterbox.tokenizer_json", "{not json");
+    });
     let profile = profile_on(dir.path(), "cpu", &[bad_tok, s3]);
     assert_one_line_error(&run(&args(&profile, plugins.path(), "Hello.", &dir.path().join("o.wav"))), "t3-badtok.gguf: chatterbox.tokenizer_json: ");
 }
@@ -344,7 +413,10 @@ fn cpu_threads_beyond_the_core_count_are_refused() {
     let cores = std::thread::available_parallelism().unwrap().get();
     let dir = tempfile::tempdir().unwrap();
     for threads in [i32::MAX as i64, cores as i64 + 1, -1] {
-        let profile = write_profile(dir.path(), &format!("[backend]\nprefer = [\"cpu\"]\n[backends.cpu]\nthreads = {threads}\n[model]\nfiles = [\"{}\"]\n", gguf.display()));
+        let profile = write_profile(
+            dir.path(),
+            &format!("[backend]\nprefer = [\"cpu\"]\n[backends.cpu]\nthreads = {threads}\n[model]\nfiles = [\"{}\"]\n", gguf.display()),
+        );
         let out = dir.path().join("o.wav");
         let want = format!("[backends.cpu] threads = {threads}: this machine has {cores} cores; use 0 (one thread per core) or 1..={cores}");
         assert_one_line_error(&run(&args(&profile, plugins.path(), "hi", &out)), &want);
@@ -364,14 +436,14 @@ fn model_paths_that_are_not_readable_files() {
     let fifo = dir.path().join("model.fifo");
     mkfifo(&fifo);
     for (model, want) in [(&sub, "models is a directory, not a regular file"), (&fifo, "model.fifo is a FIFO, not a regular file")] {
-        let profile = profile_on(dir.path(), "cpu", &[model.clone()]);
+        let profile = profile_on(dir.path(), "cpu", std::slice::from_ref(model));
         assert_one_line_error(&run(&args(&profile, plugins.path(), "hi", &out)), want);
     }
     // Unreadable: as root, run without the capability that overrides permissions.
     let locked = dir.path().join("locked.gguf");
     std::fs::copy(supertonic_fixture(), &locked).unwrap();
     std::fs::set_permissions(&locked, std::fs::Permissions::from_mode(0o000)).unwrap();
-    let profile = profile_on(dir.path(), "cpu", &[locked.clone()]);
+    let profile = profile_on(dir.path(), "cpu", std::slice::from_ref(&locked));
     let a = args(&profile, plugins.path(), "hi", &out);
     let o = if std::fs::File::open(&locked).is_ok() {
         let mut cmd = std::process::Command::new("setpriv");
@@ -406,7 +478,7 @@ fn command_line_mistakes_name_the_real_cause() {
     let (plugins, gguf) = tone_setup(&["cpu"]);
     let dir = tempfile::tempdir().unwrap();
     let out = dir.path().join("o.wav");
-    let profile = profile_on(dir.path(), "cpu", &[gguf.clone()]);
+    let profile = profile_on(dir.path(), "cpu", std::slice::from_ref(&gguf));
     let model = gguf.to_str().unwrap();
     let mut a = args(&profile, plugins.path(), "hi", &out);
     a.extend(["--model", model, "--model", model]);
@@ -421,7 +493,10 @@ fn command_line_mistakes_name_the_real_cause() {
     a.extend(["--set", "fail=maybe"]);
     assert_one_line_error(&run(&a), "option `fail`: `maybe` is not a boolean");
     let device = write_profile(dir.path(), &format!("[backend]\nprefer = [\"cpu\"]\ndevice = -1\n[model]\nfiles = [\"{model}\"]\n"));
-    assert_one_line_error(&run(&args(&device, plugins.path(), "hi", &out)), "key `device`: use \"auto\", a device name like \"Vulkan0\", or a device index 0..=4294967295; found -1");
+    assert_one_line_error(
+        &run(&args(&device, plugins.path(), "hi", &out)),
+        "key `device`: use \"auto\", a device name like \"Vulkan0\", or a device index 0..=4294967295; found -1",
+    );
     assert!(!out.exists());
 }
 

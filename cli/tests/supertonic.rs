@@ -42,11 +42,9 @@ fn reference_wav(case: &str) -> Vec<f32> {
     npyz::NpyFile::new(&bytes[..]).unwrap().into_vec::<f32>().unwrap()
 }
 
-/// Max |a − b| over the common length, relative to max |b|.
+/// The shared NaN-failing, length-checking comparison (`engine_core::compare`).
 fn rel_err(a: &[f32], b: &[f32]) -> f32 {
-    let n = a.len().min(b.len());
-    let scale = b.iter().fold(0f32, |m, v| m.max(v.abs()));
-    a[..n].iter().zip(&b[..n]).fold(0f32, |m, (x, y)| m.max((x - y).abs())) / scale
+    engine_core::compare::max_rel_err(a, b).unwrap_or_else(|e| panic!("{e}"))
 }
 
 /// The `en` reference case through the CLI. Tolerance: the parity tolerance of
@@ -56,7 +54,9 @@ fn synthesizes_the_reference_waveform_on_cpu_and_vulkan() {
     let plugins = setup(&["cpu", "vulkan"]);
     let reference = reference_wav("en");
     let peak = reference.iter().fold(0f32, |m, v| m.max(v.abs()));
-    for (backend, tol) in [("cpu", 1e-4), ("vulkan", 5e-3)] {
+    // Vulkan's duration rounds through f16, so its trimmed length may be one
+    // sample off (Tolerances::trim_samples): bounded, then compared over both.
+    for (backend, tol, length_slack) in [("cpu", 1e-4, 0), ("vulkan", 5e-3, 1)] {
         let dir = tempfile::tempdir().unwrap();
         let profile = profile_for(dir.path(), backend, &fixture("tiny-v2/model.gguf"));
         let wav = dir.path().join("en.wav");
@@ -64,8 +64,9 @@ fn synthesizes_the_reference_waveform_on_cpu_and_vulkan() {
         assert!(o.status.success(), "{backend}: {}", stderr(&o));
         let (rate, samples) = read_wav(&wav);
         assert_eq!(rate, 44100);
-        assert!(samples.len().abs_diff(reference.len()) <= 1, "{backend}: {} samples vs {}", samples.len(), reference.len());
-        let e = rel_err(&samples, &reference);
+        assert!(samples.len().abs_diff(reference.len()) <= length_slack, "{backend}: {} samples vs {}", samples.len(), reference.len());
+        let n = samples.len().min(reference.len());
+        let e = rel_err(&samples[..n], &reference[..n]);
         eprintln!("{backend}: waveform rel err {e:.2e}");
         assert!(e <= tol + 1.0 / 32767.0 / peak, "{backend}: rel err {e}");
     }
@@ -95,7 +96,11 @@ fn noise_file_and_voice_json_drive_synthesis() {
     let values = |n: usize, k: f32| (0..n).map(|i| ((i as f32 * k).sin() * 0.5).to_string()).collect::<Vec<_>>().join(",");
     std::fs::write(
         &written,
-        format!(r#"{{"style_ttl":{{"dims":[1,50,256],"type":"float32","data":[{}]}},"style_dp":{{"dims":[1,8,16],"type":"float32","data":[{}]}}}}"#, values(50 * 256, 0.37), values(128, 0.91)),
+        format!(
+            r#"{{"style_ttl":{{"dims":[1,50,256],"type":"float32","data":[{}]}},"style_dp":{{"dims":[1,8,16],"type":"float32","data":[{}]}}}}"#,
+            values(50 * 256, 0.37),
+            values(128, 0.91)
+        ),
     )
     .unwrap();
     let mut voices = vec![written];
@@ -109,7 +114,7 @@ fn noise_file_and_voice_json_drive_synthesis() {
         assert!(o.status.success(), "{}: {}", voice.display(), stderr(&o));
         let (rate, samples) = read_wav(&out);
         assert_eq!(rate, 44100);
-        assert!(rel_err(&samples, &reference) > 1e-2, "{}: another voice should change the waveform", voice.display());
+        assert!(samples.len() != reference.len() || rel_err(&samples, &reference) > 1e-2, "{}: another voice should change the waveform", voice.display());
     }
 }
 
@@ -128,7 +133,12 @@ fn ten_words_on_vulkan_match_cpu() {
         assert!(o.status.success(), "{backend}: {}", stderr(&o));
         outputs.push(read_wav(&wav).1);
     }
-    let e = rel_err(&outputs[1], &outputs[0]);
+    // The trimmed length may differ by one sample (Vulkan's duration rounds
+    // through f16; see Tolerances::trim_samples): bounded, then compared.
+    let (a, b) = (&outputs[1], &outputs[0]);
+    assert!(a.len().abs_diff(b.len()) <= 1, "lengths {} and {}", a.len(), b.len());
+    let n = a.len().min(b.len());
+    let e = rel_err(&a[..n], &b[..n]);
     eprintln!("vulkan vs cpu: rel err {e:.2e}");
     assert!(e <= 5e-3, "vulkan vs cpu: {e}");
 }
@@ -138,7 +148,20 @@ fn bench_reports_every_stage_rtf_and_rss() {
     let plugins = setup(&["cpu"]);
     let dir = tempfile::tempdir().unwrap();
     let profile = profile_for(dir.path(), "cpu", &fixture("tiny-v3/model.gguf"));
-    let o = run(&["bench", "--profile", profile.to_str().unwrap(), "--plugin-dir", plugins.path().to_str().unwrap(), "--text", "Hello there.", "--runs", "2", "--json", "--set", "steps=3"]);
+    let o = run(&[
+        "bench",
+        "--profile",
+        profile.to_str().unwrap(),
+        "--plugin-dir",
+        plugins.path().to_str().unwrap(),
+        "--text",
+        "Hello there.",
+        "--runs",
+        "2",
+        "--json",
+        "--set",
+        "steps=3",
+    ]);
     assert!(o.status.success(), "{}", stderr(&o));
     let report: serde_json::Value = serde_json::from_slice(&o.stdout).unwrap();
     let stages: Vec<&str> = report["stages_ms"].as_object().unwrap().keys().map(|k| k.as_str()).collect();
@@ -179,7 +202,10 @@ fn unsupported_characters_and_v3_steps_follow_the_official_helper() {
         let o = synth(&profile, plugins.path(), "Tokyo is 東京 ß", &wav, &[&format!("unsupported_chars={policy}")]);
         assert!(o.status.success(), "{policy}: {}", stderr(&o));
         let err = stderr(&o);
-        assert!(err.contains(&format!("characters this model has no row for were {how}")) && err.contains("'東' (U+6771), '京' (U+4EAC), 'ß' (U+00DF)"), "{policy}: {err}");
+        assert!(
+            err.contains(&format!("characters this model has no row for were {how}")) && err.contains("'東' (U+6771), '京' (U+4EAC), 'ß' (U+00DF)"),
+            "{policy}: {err}"
+        );
         assert!(read_wav(&wav).1.len() > 1000);
     }
     let v3 = profile_for(dir.path(), "cpu", &fixture("tiny-v3/model.gguf"));
@@ -217,7 +243,8 @@ fn bad_inputs_are_one_line_errors_and_leave_no_file() {
 
     // A voice style JSON of the wrong shape.
     let voice = dir.path().join("small.json");
-    std::fs::write(&voice, r#"{"style_ttl":{"dims":[1,2,2],"type":"float32","data":[[[0,0],[0,0]]]},"style_dp":{"dims":[1,8,16],"type":"float32","data":[]}}"#).unwrap();
+    std::fs::write(&voice, r#"{"style_ttl":{"dims":[1,2,2],"type":"float32","data":[[[0,0],[0,0]]]},"style_dp":{"dims":[1,8,16],"type":"float32","data":[]}}"#)
+        .unwrap();
     check("Hello.", &[&format!("voice={}", voice.display())], "style_ttl has dims [1, 2, 2], this model needs [1, 50, 256]");
 
     // A GGUF of another family.

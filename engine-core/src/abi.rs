@@ -19,7 +19,7 @@ use abi_stable::{
 use std::ffi::c_void;
 
 /// Version of this ABI. Plugins built against another major version are refused.
-pub const PLUGIN_ABI_VERSION: &str = "1.0.0";
+pub const PLUGIN_ABI_VERSION: &str = "2.0.0";
 
 /// Identity of a plugin file.
 #[repr(C)]
@@ -249,18 +249,51 @@ impl KvType {
     }
 }
 
-/// The outcome of policy resolution for one device; what model plugins obey.
+/// How matrix-product weights are stored on the device (policy `f16_weights`).
+#[repr(u8)]
+#[derive(StableAbi, Debug, Clone, Copy, PartialEq, Eq)]
+pub enum WeightStorage {
+    /// As converted (`auto` on a device with F16 products).
+    AsStored,
+    /// F32 weights narrowed to F16 at load (`on`).
+    F16,
+    /// F16 weights widened to F32 at load (`off`, or `auto` without F16 products).
+    F32,
+}
+
+impl WeightStorage {
+    pub fn as_str(&self) -> &'static str {
+        match self {
+            WeightStorage::AsStored => "as stored",
+            WeightStorage::F16 => "f16",
+            WeightStorage::F32 => "f32",
+        }
+    }
+}
+
+/// An op a deny rule forbids on the chosen device.
+#[repr(C)]
+#[derive(StableAbi, Debug, Clone, PartialEq)]
+pub struct DeniedOp {
+    /// ggml op name (`FLASH_ATTN_EXT`).
+    pub op: RString,
+    /// The rule, as errors name it: `deny rule 2 (device "*Mali*"): reason`.
+    pub rule: RString,
+}
+
+/// The outcome of policy resolution for one device; what model plugins obey
+/// (through `engine_core::model_kit::OpPolicy`).
 #[repr(C)]
 #[derive(StableAbi, Debug, Clone, PartialEq)]
 pub struct ResolvedPolicies {
     pub flash_attn: bool,
     pub kv_type: KvType,
-    pub f16_weights: bool,
+    pub matmul_weights: WeightStorage,
     pub native_leaky_relu: bool,
     pub conv_transpose_1d: bool,
     pub pinned_host: bool,
-    /// ggml op names a deny rule forbids on this device; model plugins use fallbacks.
-    pub denied_ops: RVec<RString>,
+    /// Ops a deny rule forbids on this device; model plugins use fallbacks or refuse to load.
+    pub denied_ops: RVec<DeniedOp>,
 }
 
 /// Which families and GGUF files a model plugin takes.

@@ -18,10 +18,7 @@ pub fn check_samples(samples: &[f32], sample_rate: u32) -> Result<(), String> {
     }
     let bad = samples.iter().filter(|s| !s.is_finite()).count();
     if bad > 0 {
-        return Err(format!(
-            "the model produced {bad} non-finite samples (NaN or infinity) of {}; the model file may be corrupt",
-            samples.len()
-        ));
+        return Err(format!("the model produced {bad} non-finite samples (NaN or infinity) of {}; the model file may be corrupt", samples.len()));
     }
     Ok(())
 }

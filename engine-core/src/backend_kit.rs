@@ -4,8 +4,8 @@
 //! that differ (device classification, extra probes, per-device init).
 
 use crate::abi::{
-    find_option, BackendHandle, BackendOpenRequest, BackendSession, BackendSessionBox, BackendSession_TO, DeviceInfo,
-    DeviceKind, OptionList, OptionValue, ProbeResult,
+    find_option, BackendHandle, BackendOpenRequest, BackendSession, BackendSessionBox, BackendSession_TO, DeviceInfo, DeviceKind, OptionList, OptionValue,
+    ProbeResult,
 };
 use crate::probes;
 use abi_stable::std_types::{RResult, RString, RVec, Tuple2};
@@ -139,11 +139,7 @@ pub fn load_stamped_module(plugin_path: &Path, stem: &str, expected_stamp: &str)
 #[macro_export]
 macro_rules! load_plugin_module {
     ($request:expr) => {
-        $crate::backend_kit::load_stamped_module(
-            ::std::path::Path::new($request.plugin_path.as_str()),
-            env!("TTS_MODULE_STEM"),
-            env!("TTS_MODULE_STAMP"),
-        )
+        $crate::backend_kit::load_stamped_module(::std::path::Path::new($request.plugin_path.as_str()), env!("TTS_MODULE_STEM"), env!("TTS_MODULE_STAMP"))
     };
 }
 

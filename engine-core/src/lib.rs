@@ -7,6 +7,7 @@
 pub mod abi;
 pub mod audio;
 pub mod backend_kit;
+pub mod compare;
 pub mod engine;
 pub mod loader;
 pub mod logging;

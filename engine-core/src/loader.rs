@@ -51,12 +51,18 @@ pub enum PluginError {
 pub fn discover(dirs: &[PathBuf]) -> Vec<PluginFile> {
     let mut found: Vec<PluginFile> = Vec::new();
     for dir in dirs {
-        let Ok(entries) = std::fs::read_dir(dir) else { continue };
+        let Ok(entries) = std::fs::read_dir(dir) else {
+            continue;
+        };
         let mut names: Vec<PathBuf> = entries.filter_map(|e| e.ok().map(|e| e.path())).collect();
         names.sort();
         for path in names {
-            let Some(file) = path.file_name().and_then(|f| f.to_str()) else { continue };
-            let Some(stem) = file.strip_suffix(PLUGIN_SUFFIX) else { continue };
+            let Some(file) = path.file_name().and_then(|f| f.to_str()) else {
+                continue;
+            };
+            let Some(stem) = file.strip_suffix(PLUGIN_SUFFIX) else {
+                continue;
+            };
             let (kind, name) = if let Some(n) = stem.strip_prefix(BACKEND_PREFIX) {
                 (PluginKind::Backend, n)
             } else if let Some(n) = stem.strip_prefix(MODEL_PREFIX) {
@@ -112,10 +118,8 @@ fn load_root<M: RootModule>(path: &Path) -> Result<M, PluginError> {
     }
     // Open with libloading first: its error is the plain dlopen reason (bad ELF,
     // wrong architecture, missing dependency), which we want to show as is.
-    let library = unsafe { libloading::Library::new(path) }.map_err(|e| PluginError::NotLoadable {
-        path: path.to_path_buf(),
-        reason: one_line(&e.to_string()),
-    })?;
+    let library =
+        unsafe { libloading::Library::new(path) }.map_err(|e| PluginError::NotLoadable { path: path.to_path_buf(), reason: one_line(&e.to_string()) })?;
     let exported = unsafe { library.get::<*const ()>(abi_stable::library::ROOT_MODULE_LOADER_NAME_WITH_NUL.as_bytes()) }.is_ok();
     // Plugins are never unloaded (abi_stable hands out 'static references into them).
     std::mem::forget(library);
@@ -131,11 +135,9 @@ fn map_library_error(path: &Path, e: LibraryError) -> PluginError {
     match e {
         e @ LibraryError::OpenError { .. } => PluginError::NotLoadable { path, reason: one_line(&e.to_string()) },
         LibraryError::GetSymbolError { .. } => PluginError::NotAPlugin(path),
-        LibraryError::IncompatibleVersionNumber { expected_version, actual_version, .. } => PluginError::AbiVersion {
-            path,
-            found: actual_version.to_string(),
-            expected: expected_version.to_string(),
-        },
+        LibraryError::IncompatibleVersionNumber { expected_version, actual_version, .. } => {
+            PluginError::AbiVersion { path, found: actual_version.to_string(), expected: expected_version.to_string() }
+        }
         LibraryError::AbiInstability(detail) => PluginError::AbiLayout { path, detail: first_line(&detail.to_string()) },
         other => PluginError::Init { path, reason: one_line(&other.to_string()) },
     }

@@ -77,7 +77,9 @@ fn classify(path: &Path) -> Result<Target, String> {
 /// ordinary users; root may write anything, as with any other tool).
 fn writable(path: &Path) -> bool {
     use std::os::unix::ffi::OsStrExt;
-    let Ok(c) = std::ffi::CString::new(path.as_os_str().as_bytes()) else { return false };
+    let Ok(c) = std::ffi::CString::new(path.as_os_str().as_bytes()) else {
+        return false;
+    };
     unsafe { libc::access(c.as_ptr(), libc::W_OK) == 0 }
 }
 
@@ -108,11 +110,7 @@ pub fn write_file(path: &Path, bytes: &[u8]) -> Result<(), String> {
 }
 
 fn write_in_place(path: &Path, bytes: &[u8]) -> Result<(), String> {
-    let mut file = OpenOptions::new()
-        .write(true)
-        .custom_flags(libc::O_NOCTTY)
-        .open(path)
-        .map_err(|e| format!("opening output {}: {e}", path.display()))?;
+    let mut file = OpenOptions::new().write(true).custom_flags(libc::O_NOCTTY).open(path).map_err(|e| format!("opening output {}: {e}", path.display()))?;
     file.write_all(bytes).and_then(|_| file.flush()).map_err(|e| format!("writing output {}: {e}", path.display()))
 }
 
@@ -163,7 +161,9 @@ fn replace(dir: &Path, name: &std::ffi::OsStr, path: &Path, bytes: &[u8], mode: 
 }
 
 fn test_fault() {
-    let Ok(fault) = std::env::var(TEST_FAULT_ENV) else { return };
+    let Ok(fault) = std::env::var(TEST_FAULT_ENV) else {
+        return;
+    };
     if fault == "panic" {
         panic!("{TEST_FAULT_ENV}=panic");
     }

@@ -3,7 +3,7 @@
 //! an error, `off` is off. Deny rules match device names (globs) and switch features
 //! or ggml ops off for those devices.
 
-use crate::abi::{KvType, ProbeResult, ResolvedPolicies};
+use crate::abi::{DeniedOp, KvType, ProbeResult, ResolvedPolicies, WeightStorage};
 use crate::probes;
 use serde::{Deserialize, Serialize};
 
@@ -38,7 +38,9 @@ pub struct PolicyConfig {
     pub kv_bf16: Policy,
     /// Q8_0 K/V cache (off by default: precision).
     pub kv_q8_0: Policy,
-    /// F16 storage of large matmul weights.
+    /// Matrix-product weights in F16: `auto` keeps the file's types (widening
+    /// F16 where the device lacks F16 products), `on` narrows F32 to F16, `off`
+    /// widens F16 to F32.
     pub f16_weights: Policy,
     /// The backend's own LEAKY_RELU instead of a decomposition.
     pub native_leaky_relu: Policy,
@@ -64,16 +66,7 @@ impl Default for PolicyConfig {
 }
 
 /// Feature names (the `[policies]` keys), valid in deny rules' `features`.
-pub const FEATURES: [&str; 8] = [
-    "flash_attn",
-    "kv_f16",
-    "kv_bf16",
-    "kv_q8_0",
-    "f16_weights",
-    "native_leaky_relu",
-    "conv_transpose_1d",
-    "pinned_host",
-];
+pub const FEATURES: [&str; 8] = ["flash_attn", "kv_f16", "kv_bf16", "kv_q8_0", "f16_weights", "native_leaky_relu", "conv_transpose_1d", "pinned_host"];
 
 impl PolicyConfig {
     fn get(&self, feature: &str) -> Policy {
@@ -144,6 +137,8 @@ pub struct Decision {
 pub struct Resolution {
     pub decisions: Vec<Decision>,
     pub kv_type: String,
+    /// How matrix-product weights are stored: "as stored", "f16" or "f32".
+    pub matmul_weights: String,
     pub denied_ops: Vec<String>,
     #[serde(skip)]
     pub policies: ResolvedPolicies,
@@ -161,25 +156,25 @@ pub fn resolve(config: &PolicyConfig, deny: &[DenyRule], device: &DeviceRef<'_>,
     let mut denied_ops: Vec<String> = rules.iter().flat_map(|r| r.ops.iter().cloned()).collect();
     denied_ops.sort();
     denied_ops.dedup();
+    let denied_with_rules: Vec<DeniedOp> = denied_ops
+        .iter()
+        .map(|op| {
+            let rule = rules.iter().find(|r| r.ops.contains(op)).map(|r| r.describe()).unwrap_or_default();
+            DeniedOp { op: op.as_str().into(), rule: rule.into() }
+        })
+        .collect();
 
     let mut decisions = Vec::new();
     for feature in FEATURES {
         let setting = config.get(feature);
         let probe_name = feature_probe(feature);
         let probe = probes.iter().find(|p| p.name.as_str() == probe_name);
-        let denying_rule = rules.iter().find(|r| {
-            r.features.iter().any(|f| f == feature)
-                || probes::probe_op(probe_name).is_some_and(|op| r.ops.iter().any(|o| o == op))
-        });
+        let denying_rule =
+            rules.iter().find(|r| r.features.iter().any(|f| f == feature) || probes::probe_op(probe_name).is_some_and(|op| r.ops.iter().any(|o| o == op)));
         let (enabled, reason) = match (setting, denying_rule, probe) {
             (Policy::Off, _, _) => (false, "off in profile".to_string()),
             (Policy::On, Some(rule), _) => {
-                return Err(format!(
-                    "policy `{feature}` is on, but {} disables it on {} ({})",
-                    rule.describe(),
-                    device.name,
-                    device.description
-                ))
+                return Err(format!("policy `{feature}` is on, but {} disables it on {} ({})", rule.describe(), device.name, device.description))
             }
             (Policy::Auto, Some(rule), _) => (false, rule.describe()),
             (_, None, Some(p)) if p.supported => (true, format!("probe {probe_name}: supported")),
@@ -210,16 +205,23 @@ pub fn resolve(config: &PolicyConfig, deny: &[DenyRule], device: &DeviceRef<'_>,
     } else {
         KvType::F32
     };
+    // `auto` keeps the file's types where the device multiplies F16; only an
+    // explicit `on` narrows F32 weights.
+    let matmul_weights = match (on("f16_weights"), config.f16_weights) {
+        (false, _) => WeightStorage::F32,
+        (true, Policy::On) => WeightStorage::F16,
+        (true, _) => WeightStorage::AsStored,
+    };
     let policies = ResolvedPolicies {
         flash_attn: on("flash_attn"),
         kv_type,
-        f16_weights: on("f16_weights"),
+        matmul_weights,
         native_leaky_relu: on("native_leaky_relu"),
         conv_transpose_1d: on("conv_transpose_1d"),
         pinned_host: on("pinned_host"),
-        denied_ops: denied_ops.iter().map(|s| s.as_str().into()).collect(),
+        denied_ops: denied_with_rules.into(),
     };
-    Ok(Resolution { decisions, kv_type: kv_type.as_str().into(), denied_ops, policies })
+    Ok(Resolution { decisions, kv_type: kv_type.as_str().into(), matmul_weights: matmul_weights.as_str().into(), denied_ops, policies })
 }
 
 #[cfg(test)]
@@ -251,10 +253,12 @@ mod tests {
     #[test]
     fn auto_follows_probes() {
         let r = resolve(&PolicyConfig::default(), &[], &DEV, &all_probes(true)).unwrap();
-        assert!(r.policies.flash_attn && r.policies.f16_weights && r.policies.native_leaky_relu);
+        assert!(r.policies.flash_attn && r.policies.native_leaky_relu);
+        assert_eq!(r.policies.matmul_weights, WeightStorage::AsStored);
         assert_eq!(r.policies.kv_type, KvType::F16, "bf16/q8_0 are off by default");
         let r = resolve(&PolicyConfig::default(), &[], &DEV, &all_probes(false)).unwrap();
-        assert!(!r.policies.flash_attn && !r.policies.f16_weights);
+        assert!(!r.policies.flash_attn);
+        assert_eq!(r.policies.matmul_weights, WeightStorage::F32);
         assert_eq!(r.policies.kv_type, KvType::F32);
     }
 
@@ -286,7 +290,21 @@ mod tests {
         assert!(!r.policies.flash_attn);
         assert_eq!(r.policies.kv_type, KvType::F32);
         assert_eq!(r.denied_ops, vec!["FLASH_ATTN_EXT".to_string()]);
+        assert_eq!(r.policies.denied_ops[0].rule.as_str(), "deny rule 1 (device \"Vulkan*\"): test");
         assert!(r.policies.native_leaky_relu);
+    }
+
+    #[test]
+    fn weight_storage_follows_the_setting() {
+        let storage = |setting: Policy, supported: bool| {
+            let cfg = PolicyConfig { f16_weights: setting, ..Default::default() };
+            resolve(&cfg, &[], &DEV, &all_probes(supported)).map(|r| r.policies.matmul_weights)
+        };
+        assert_eq!(storage(Policy::Auto, true), Ok(WeightStorage::AsStored));
+        assert_eq!(storage(Policy::Auto, false), Ok(WeightStorage::F32));
+        assert_eq!(storage(Policy::On, true), Ok(WeightStorage::F16));
+        assert_eq!(storage(Policy::Off, true), Ok(WeightStorage::F32));
+        assert!(storage(Policy::On, false).is_err());
     }
 
     #[test]

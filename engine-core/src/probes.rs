@@ -87,11 +87,7 @@ pub fn run_one(device: Device, name: &str) -> ProbeResult {
             let input = ctx.new_tensor(ggml_sys::TYPE_F32, &[100, 512])?;
             Ok((ctx.conv_transpose_1d(kernel, input, 8, 0, 1)?, "CONV_TRANSPOSE_1D k16 s8 512->256ch, 100 frames".into()))
         }),
-        PINNED_HOST_BUFFER => result(
-            name,
-            device.host_buffer_type().is_some(),
-            "device offers a pinned host buffer type".into(),
-        ),
+        PINNED_HOST_BUFFER => result(name, device.host_buffer_type().is_some(), "device offers a pinned host buffer type".into()),
         other => result(other, false, "unknown probe".into()),
     }
 }
@@ -99,11 +95,7 @@ pub fn run_one(device: Device, name: &str) -> ProbeResult {
 fn mul_mat(ctx: &Context, a_ty: Type, b_ty: Type) -> ggml_sys::Result<(Tensor<'_>, String)> {
     let a = ctx.new_tensor(a_ty, &[256, 256])?;
     let b = ctx.new_tensor(b_ty, &[256, 32])?;
-    let detail = format!(
-        "MUL_MAT src0 {} [256,256] x src1 {} [256,32]",
-        ggml_sys::type_name(a_ty),
-        ggml_sys::type_name(b_ty)
-    );
+    let detail = format!("MUL_MAT src0 {} [256,256] x src1 {} [256,32]", ggml_sys::type_name(a_ty), ggml_sys::type_name(b_ty));
     Ok((ctx.mul_mat(a, b)?, detail))
 }
 
@@ -118,9 +110,7 @@ fn flash_attn_node(ctx: &Context, kv_ty: Type, head_dim: i64) -> ggml_sys::Resul
 fn flash_attn(device: Device, name: &str, kv_ty: Type) -> ProbeResult {
     let mut unsupported = Vec::new();
     for head_dim in HEAD_DIMS {
-        let ok = Context::new_no_alloc(8, 8)
-            .and_then(|ctx| flash_attn_node(&ctx, kv_ty, head_dim).map(|node| device.supports_op(node)))
-            .unwrap_or(false);
+        let ok = Context::new_no_alloc(8, 8).and_then(|ctx| flash_attn_node(&ctx, kv_ty, head_dim).map(|node| device.supports_op(node))).unwrap_or(false);
         if !ok {
             unsupported.push(head_dim.to_string());
         }

@@ -165,8 +165,7 @@ impl Profile {
     }
 
     pub fn embedded_default() -> Profile {
-        Profile::parse(EMBEDDED_DEFAULT, "<embedded default profile>", Path::new("."))
-            .expect("the embedded default profile is valid")
+        Profile::parse(EMBEDDED_DEFAULT, "<embedded default profile>", Path::new(".")).expect("the embedded default profile is valid")
     }
 
     pub fn parse(source: &str, origin: &str, base_dir: &Path) -> Result<Profile, ProfileError> {
@@ -197,7 +196,10 @@ impl Profile {
                         toml::Value::Integer(i) => i.to_string(),
                         v => format!("a {}", v.type_str()),
                     };
-                    return Err(at(d.span(), format!("key `device`: use \"auto\", a device name like \"Vulkan0\", or a device index 0..={}; found {found}", u32::MAX)));
+                    return Err(at(
+                        d.span(),
+                        format!("key `device`: use \"auto\", a device name like \"Vulkan0\", or a device index 0..={}; found {found}", u32::MAX),
+                    ));
                 }
             },
         };
@@ -216,12 +218,7 @@ impl Profile {
                 if !crate::policy::FEATURES.contains(&f.get_ref().as_str()) {
                     return Err(at(
                         f.span(),
-                        format!(
-                            "deny rule {}: unknown feature `{}` (known: {})",
-                            i + 1,
-                            f.get_ref(),
-                            crate::policy::FEATURES.join(", ")
-                        ),
+                        format!("deny rule {}: unknown feature `{}` (known: {})", i + 1, f.get_ref(), crate::policy::FEATURES.join(", ")),
                     ));
                 }
             }
@@ -251,7 +248,13 @@ impl Profile {
             });
         }
 
-        let resolve = |p: &PathBuf| if p.is_absolute() { p.clone() } else { base_dir.join(p) };
+        let resolve = |p: &PathBuf| {
+            if p.is_absolute() {
+                p.clone()
+            } else {
+                base_dir.join(p)
+            }
+        };
         Ok(Profile {
             origin: origin.into(),
             source: source.into(),
@@ -312,7 +315,13 @@ impl Profile {
     }
 
     /// `owner` names who takes the options, for the unknown-key message.
-    fn validate_options(&self, table_name: &str, owner: &str, table: &IndexMap<String, Spanned<toml::Value>>, specs: &[OptionSpec]) -> Result<OptionList, ProfileError> {
+    fn validate_options(
+        &self,
+        table_name: &str,
+        owner: &str,
+        table: &IndexMap<String, Spanned<toml::Value>>,
+        specs: &[OptionSpec],
+    ) -> Result<OptionList, ProfileError> {
         let at = |span: Range<usize>, message: String| {
             let (line, column) = line_col(&self.source, span.start);
             ProfileError { origin: self.origin.clone(), line, column, message }
@@ -327,9 +336,7 @@ impl Profile {
         for spec in specs {
             let value = match table.get(spec.key.as_str()) {
                 None => spec.default.clone(),
-                Some(v) => convert(spec, v.get_ref(), &self.base_dir).map_err(|m| {
-                    at(v.span(), format!("key `{}` in {table_name}: {m}", spec.key))
-                })?,
+                Some(v) => convert(spec, v.get_ref(), &self.base_dir).map_err(|m| at(v.span(), format!("key `{}` in {table_name}: {m}", spec.key)))?,
             };
             out.push(Tuple2(spec.key.clone(), value));
         }

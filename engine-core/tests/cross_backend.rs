@@ -64,7 +64,9 @@ fn compute(handle: &BackendHandle) -> Outputs {
     graph.build_forward(conv);
     let _buffer = backend.alloc_ctx_tensors(&ctx).unwrap();
     let inputs = inputs();
-    for (t, data) in [(a, &inputs.a), (b, &inputs.b), (q, &inputs.q), (k, &inputs.k), (v, &inputs.v), (mask, &inputs.mask), (kernel, &inputs.kernel), (input, &inputs.input)] {
+    for (t, data) in
+        [(a, &inputs.a), (b, &inputs.b), (q, &inputs.q), (k, &inputs.k), (v, &inputs.v), (mask, &inputs.mask), (kernel, &inputs.kernel), (input, &inputs.input)]
+    {
         t.set_f32(data).unwrap();
     }
     backend.compute(&graph).unwrap();
@@ -139,9 +141,7 @@ fn reference() -> Outputs {
 }
 
 fn rel_err(got: &[f32], want: &[f32]) -> f64 {
-    assert_eq!(got.len(), want.len());
-    let scale = want.iter().map(|x| x.abs() as f64).fold(0.0, f64::max).max(1e-12);
-    got.iter().zip(want).map(|(a, b)| (*a as f64 - *b as f64).abs()).fold(0.0, f64::max) / scale
+    engine_core::compare::max_rel_err(got, want).unwrap_or_else(|e| panic!("{e}")) as f64
 }
 
 fn check(label: &str, got: &Outputs, want: &Outputs, tol: [f64; 3]) {
@@ -157,11 +157,8 @@ fn cpu_and_vulkan_agree_with_reference_and_each_other() {
     let want = reference();
     let cpu = compute(&open_device("cpu", vec![("threads", OptionValue::Int(2))]));
     check("cpu vs reference", &cpu, &want, [1e-5, 4e-3, 1e-5]);
-    let vk_options = vec![
-        ("allow_software", OptionValue::Bool(true)),
-        ("pipeline_cache", OptionValue::Bool(false)),
-        ("pipeline_cache_dir", OptionValue::Str("".into())),
-    ];
+    let vk_options =
+        vec![("allow_software", OptionValue::Bool(true)), ("pipeline_cache", OptionValue::Bool(false)), ("pipeline_cache_dir", OptionValue::Str("".into()))];
     let vulkan = compute(&open_device("vulkan", vk_options));
     check("vulkan vs reference", &vulkan, &want, [1e-3, 1e-2, 1e-5]);
     check("vulkan vs cpu", &vulkan, &cpu, [1e-3, 1e-2, 1e-5]);

@@ -101,13 +101,19 @@ fn synthesis_overrides_are_typed() {
     let e = p.synthesis_options("tone", &specs(), &[("threads".into(), "five".into())]).unwrap_err();
     assert_eq!(e.to_string(), "command line: option `threads`: `five` is not an integer");
     let e = p.synthesis_options("tone", &specs(), &[("threads".into(), "18446744073709551616".into())]).unwrap_err();
-    assert_eq!(e.to_string(), "command line: option `threads`: `18446744073709551616` is out of range for an integer option (-9223372036854775808..=9223372036854775807)");
+    assert_eq!(
+        e.to_string(),
+        "command line: option `threads`: `18446744073709551616` is out of range for an integer option (-9223372036854775808..=9223372036854775807)"
+    );
     let e = p.synthesis_options("tone", &specs(), &[("speed".into(), "1".into())]).unwrap_err();
     assert_eq!(e.to_string(), "command line: unknown synthesis option `speed` for the tone model (known: threads, cache_dir)");
     // A profile written for another family names the real cause.
-    let p = parse("[synthesis]
+    let p = parse(
+        "[synthesis]
 temperature = 0.8
-").unwrap();
+",
+    )
+    .unwrap();
     let e = p.synthesis_options("supertonic", &specs(), &[]).unwrap_err();
     assert_eq!(
         e.to_string(),

@@ -39,11 +39,7 @@ fn build() -> Result<(), String> {
     let fingerprint = gb::source_fingerprint(&pristine)?;
     println!("cargo:rustc-env=GGML_SYS_VERSION={version}");
     println!("cargo:rustc-env=GGML_SYS_SOURCE_FINGERPRINT={fingerprint}");
-    println!(
-        "cargo:rustc-env=GGML_SYS_SOURCE_PACKAGE={}-{}",
-        gb::PINNED_CRATE,
-        gb::PINNED_VERSION
-    );
+    println!("cargo:rustc-env=GGML_SYS_SOURCE_PACKAGE={}-{}", gb::PINNED_CRATE, gb::PINNED_VERSION);
     generate_bindings(&src.join("include"), &out.join("bindings.rs"))
 }
 
@@ -56,16 +52,14 @@ fn generate_bindings(include: &Path, out: &Path) -> Result<(), String> {
         .allowlist_var("GGML_.*|GGUF_.*")
         // CPU-backend entry points live in the DL module, not in libggml-base:
         // they are reached through ggml_backend_reg_get_proc_address instead.
-        .blocklist_function("ggml_backend_cpu_.*|ggml_cpu_.*|ggml_graph_compute.*|ggml_graph_plan|ggml_backend_reg_cpu|ggml_backend_init_cpu|ggml_backend_is_cpu")
+        .blocklist_function(
+            "ggml_backend_cpu_.*|ggml_cpu_.*|ggml_graph_compute.*|ggml_graph_plan|ggml_backend_reg_cpu|ggml_backend_init_cpu|ggml_backend_is_cpu",
+        )
         .prepend_enum_name(false)
         .layout_tests(false)
         .derive_default(true);
     for h in headers {
         builder = builder.header(include.join(h).to_string_lossy());
     }
-    builder
-        .generate()
-        .map_err(|e| format!("bindgen: {e}"))?
-        .write_to_file(out)
-        .map_err(|e| e.to_string())
+    builder.generate().map_err(|e| format!("bindgen: {e}"))?.write_to_file(out).map_err(|e| e.to_string())
 }

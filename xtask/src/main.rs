@@ -20,10 +20,8 @@
 use std::path::{Path, PathBuf};
 use std::process::{exit, Command};
 
-const APT_PACKAGES: &[&str] = &[
-    "cmake", "ninja-build", "patch", "libclang-dev", "glslc", "libvulkan-dev", "spirv-headers", "glslang-tools",
-    "mesa-vulkan-drivers",
-];
+const APT_PACKAGES: &[&str] =
+    &["cmake", "ninja-build", "patch", "libclang-dev", "glslc", "libvulkan-dev", "spirv-headers", "glslang-tools", "mesa-vulkan-drivers"];
 
 fn main() {
     let args: Vec<String> = std::env::args().skip(1).collect();
@@ -113,9 +111,28 @@ fn build_all(release: bool) -> Result<(), String> {
 }
 
 fn test(extra: &[String]) -> Result<(), String> {
+    check_style()?;
     build_all(false)?;
     check_bundle()?;
     run_tests(extra)
+}
+
+/// `cargo fmt --check` and `cargo clippy -D warnings` over the workspace: a
+/// change that is not formatted or that clippy warns about does not pass.
+fn check_style() -> Result<(), String> {
+    let run = |args: &[&str]| -> Result<(), String> {
+        let mut cmd = cargo();
+        cmd.args(args);
+        eprintln!("+ {cmd:?}");
+        let status = cmd.status().map_err(|e| e.to_string())?;
+        if status.success() {
+            Ok(())
+        } else {
+            Err(format!("cargo {} failed ({status})", args[0]))
+        }
+    };
+    run(&["fmt", "--all", "--check"])?;
+    run(&["clippy", "--workspace", "--all-targets", "--", "-D", "warnings"])
 }
 
 /// `cargo test` over the same selection as [`build_all`], echoing its output and
@@ -131,9 +148,8 @@ fn run_tests(extra: &[String]) -> Result<(), String> {
         let line = line.map_err(|e| e.to_string())?;
         println!("{line}");
         if let Some(rest) = line.strip_prefix("test result: ") {
-            let count = |word: &str| -> u64 {
-                rest.split([';', '.']).find_map(|part| part.trim().strip_suffix(word).and_then(|n| n.trim().parse().ok())).unwrap_or(0)
-            };
+            let count =
+                |word: &str| -> u64 { rest.split([';', '.']).find_map(|part| part.trim().strip_suffix(word).and_then(|n| n.trim().parse().ok())).unwrap_or(0) };
             passed += count(" passed");
             failed += count(" failed");
             ignored += count(" ignored");
@@ -244,7 +260,8 @@ fn check_bundle_profiles(bundle: &Path) -> Result<(), String> {
         if !text.contains("[model]") {
             continue;
         }
-        let o = bundled(&bundle.join("tts")).arg("--profile").arg(&profile).args(["--text", "Hello.", "--out"]).arg(&out).output().map_err(|e| e.to_string())?;
+        let o =
+            bundled(&bundle.join("tts")).arg("--profile").arg(&profile).args(["--text", "Hello.", "--out"]).arg(&out).output().map_err(|e| e.to_string())?;
         let err = String::from_utf8_lossy(&o.stderr);
         if o.status.success() || !err.contains("[model] files is empty") || !err.contains("pass --model FILE") || out.exists() {
             return Err(format!("bundle: {} should ask for --model, got: {err}", profile.display()));
@@ -434,7 +451,12 @@ fn fuzz(args: &[String]) -> Result<(), String> {
             "--seconds" => seconds = number("--seconds")?,
             "--runs" => runs = number("--runs")?,
             t if FUZZ_TARGETS.iter().any(|(n, _)| *n == t) => targets.push(t.to_string()),
-            other => return Err(format!("fuzz: unknown target or option {other} (targets: {})", FUZZ_TARGETS.iter().map(|(n, _)| *n).collect::<Vec<_>>().join(", "))),
+            other => {
+                return Err(format!(
+                    "fuzz: unknown target or option {other} (targets: {})",
+                    FUZZ_TARGETS.iter().map(|(n, _)| *n).collect::<Vec<_>>().join(", ")
+                ))
+            }
         }
     }
     if targets.is_empty() {
@@ -486,9 +508,16 @@ fn fuzz(args: &[String]) -> Result<(), String> {
         let log = String::from_utf8_lossy(&out.stderr);
         let stat = |key: &str| log.lines().find_map(|l| l.strip_prefix(key).and_then(|v| v.trim().parse::<u64>().ok())).unwrap_or(0);
         let execs = stat("stat::number_of_executed_units:");
-        let found: Vec<String> = std::fs::read_dir(&artifacts).map(|rd| rd.filter_map(|e| e.ok().map(|e| e.file_name().to_string_lossy().to_string())).collect()).unwrap_or_default();
+        let found: Vec<String> = std::fs::read_dir(&artifacts)
+            .map(|rd| rd.filter_map(|e| e.ok().map(|e| e.file_name().to_string_lossy().to_string())).collect())
+            .unwrap_or_default();
         let corpus_size = std::fs::read_dir(&corpus).map(|rd| rd.count()).unwrap_or(0);
-        rows.push(format!("{target:18} {execs:>12} executions {time:>6} s {:>8} exec/s  corpus {corpus_size:>6}  peak RSS {} MiB  findings {}", execs / time.max(1), stat("stat::peak_rss_mb:"), found.len()));
+        rows.push(format!(
+            "{target:18} {execs:>12} executions {time:>6} s {:>8} exec/s  corpus {corpus_size:>6}  peak RSS {} MiB  findings {}",
+            execs / time.max(1),
+            stat("stat::peak_rss_mb:"),
+            found.len()
+        ));
         if !out.status.success() || !found.is_empty() {
             let tail: Vec<&str> = log.lines().rev().take(20).collect::<Vec<_>>().into_iter().rev().collect();
             eprintln!("{}", tail.join("\n"));

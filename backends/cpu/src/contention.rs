@@ -54,8 +54,12 @@ impl FreeCores {
     /// The worker count for the next graph. Without `/proc/loadavg` (not
     /// Linux, or no procfs), the configured count.
     pub fn next_graph(&self) -> usize {
-        let Ok(mut state) = self.state.lock() else { return self.configured };
-        let Some(running) = state.loadavg.as_mut().and_then(read_runnable) else { return self.configured };
+        let Ok(mut state) = self.state.lock() else {
+            return self.configured;
+        };
+        let Some(running) = state.loadavg.as_mut().and_then(read_runnable) else {
+            return self.configured;
+        };
         // The count includes the thread reading it.
         let others = running.saturating_sub(1);
         let slot = state.next;

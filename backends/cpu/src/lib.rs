@@ -3,7 +3,11 @@
 
 mod contention;
 
-use abi_stable::{export_root_module, prefix_type::PrefixTypeTrait, std_types::{RResult, RString, RVec}};
+use abi_stable::{
+    export_root_module,
+    prefix_type::PrefixTypeTrait,
+    std_types::{RResult, RString, RVec},
+};
 use engine_core::abi::{BackendOpenRequest, BackendPlugin, BackendPluginRef, BackendSessionBox, DeviceKind, OptionKind, OptionSpec, OptionValue, PluginInfo};
 use engine_core::backend_kit::{self, BackendFlavor, GgmlSession};
 use ggml_sys::{Backend, Device, Registry};
@@ -63,9 +67,7 @@ fn threads(requested: i64) -> Result<usize, String> {
     match usize::try_from(requested) {
         Ok(0) => Ok(cores),
         Ok(n) if n <= cores => Ok(n),
-        _ => Err(backend_kit::option_error(format!(
-            "threads = {requested}: this machine has {cores} cores; use 0 (one thread per core) or 1..={cores}"
-        ))),
+        _ => Err(backend_kit::option_error(format!("threads = {requested}: this machine has {cores} cores; use 0 (one thread per core) or 1..={cores}"))),
     }
 }
 

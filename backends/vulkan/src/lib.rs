@@ -1,7 +1,11 @@
 //! Vulkan backend plugin: ggml's Vulkan module with this plugin's patches
 //! (Debian 12 headers, optional software devices, persistent pipeline cache).
 
-use abi_stable::{export_root_module, prefix_type::PrefixTypeTrait, std_types::{RResult, RString, RVec}};
+use abi_stable::{
+    export_root_module,
+    prefix_type::PrefixTypeTrait,
+    std_types::{RResult, RString, RVec},
+};
 use engine_core::abi::{BackendOpenRequest, BackendPlugin, BackendPluginRef, BackendSessionBox, DeviceKind, OptionKind, OptionSpec, OptionValue, PluginInfo};
 use engine_core::backend_kit::{self, BackendFlavor, GgmlSession};
 use ggml_sys::{Device, Registry};
@@ -59,9 +63,7 @@ impl BackendFlavor for Vulkan {
 }
 
 fn default_cache_dir() -> Option<PathBuf> {
-    let base = std::env::var_os("XDG_CACHE_HOME")
-        .map(PathBuf::from)
-        .or_else(|| std::env::var_os("HOME").map(|h| PathBuf::from(h).join(".cache")))?;
+    let base = std::env::var_os("XDG_CACHE_HOME").map(PathBuf::from).or_else(|| std::env::var_os("HOME").map(|h| PathBuf::from(h).join(".cache")))?;
     Some(base.join("tts").join("vulkan"))
 }
 

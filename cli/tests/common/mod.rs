@@ -87,7 +87,6 @@ pub fn read_wav(path: &Path) -> (u32, Vec<f32>) {
     (rate, r.samples::<i16>().map(|s| s.unwrap() as f32 / i16::MAX as f32).collect())
 }
 
-
 /// A plugin directory holding the tone fixture model plugin as
 /// `libtts_model_tone.so` beside the named backends, and a GGUF for it.
 pub fn tone_setup(backends: &[&str]) -> (tempfile::TempDir, PathBuf) {

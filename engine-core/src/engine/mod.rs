@@ -21,7 +21,9 @@ pub fn plugin_dirs(profile: &Profile, exe: Option<&Path>) -> Vec<PathBuf> {
     if !profile.plugin_dirs.is_empty() {
         return profile.plugin_dirs.clone();
     }
-    let Some(dir) = exe.and_then(Path::parent) else { return vec![PathBuf::from(".")] };
+    let Some(dir) = exe.and_then(Path::parent) else {
+        return vec![PathBuf::from(".")];
+    };
     let bundled = dir.join("plugins");
     vec![if bundled.is_dir() { bundled } else { dir.to_path_buf() }]
 }
@@ -217,7 +219,9 @@ impl Engine {
         let mut reasons = Vec::new();
         let candidates = if self.profile.fallback { &self.profile.prefer[..] } else { &self.profile.prefer[..1] };
         for name in candidates {
-            let Some((_, state)) = self.backends.iter().find(|(n, _)| n == name) else { continue };
+            let Some((_, state)) = self.backends.iter().find(|(n, _)| n == name) else {
+                continue;
+            };
             let backend = match state {
                 BackendState::Open(b) if !b.devices.is_empty() => b,
                 BackendState::Open(_) => {
@@ -292,14 +296,14 @@ impl Engine {
         };
         let request = ModelLoadRequest {
             files: self.profile.model_files.iter().map(|p| p.display().to_string().into()).collect(),
-            policies: resolution.policies,
+            policies: resolution.policies.clone(),
         };
         let model = match (model_plugin.module.load())(&request, &handle) {
             RResult::ROk(m) => m,
             RResult::RErr(e) => return fail(e.to_string()),
         };
         let info = model.info();
-        Ok(ModelSession { model, _handle: handle, options, backend: backend.name.clone(), device: device.name.to_string(), info })
+        Ok(ModelSession { model, _handle: handle, options, backend: backend.name.clone(), device: device.name.to_string(), info, resolution })
     }
 
     /// Full synthesis path: [`open_model`](Self::open_model), synthesize `text`,
@@ -324,6 +328,8 @@ pub struct ModelSession {
     pub backend: String,
     pub device: String,
     pub info: LoadedModelInfo,
+    /// The policies resolved for the device (what the model was loaded with).
+    pub resolution: policy::Resolution,
 }
 
 impl ModelSession {

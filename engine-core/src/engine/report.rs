@@ -71,4 +71,3 @@ pub struct DevicesReport {
     #[serde(skip_serializing_if = "Option::is_none")]
     pub selection_error: Option<String>,
 }
-

@@ -78,13 +78,7 @@ impl<'a> HparamReader<'a> {
     pub fn counts(&self, key: &str, len: RangeInclusive<usize>, each: RangeInclusive<usize>) -> Result<Vec<usize>, String> {
         let v = self.meta.usizes(key)?;
         if !len.contains(&v.len()) {
-            return Err(format!(
-                "{}: metadata {}.{key} has {} entries (allowed: {})",
-                self.file.path().display(),
-                self.arch,
-                v.len(),
-                show(&len)
-            ));
+            return Err(format!("{}: metadata {}.{key} has {} entries (allowed: {})", self.file.path().display(), self.arch, v.len(), show(&len)));
         }
         match v.iter().find(|x| !each.contains(x)) {
             Some(bad) => Err(self.out_of_range(key, format!("[.., {bad}, ..]"), format!("each {}", show(&each)))),

@@ -2,23 +2,32 @@
 //! serves backend plugins: a guard that keeps panics inside the plugin
 //! ([`guard`]), a metadata reader that range-checks every hyper-parameter
 //! ([`hparams`]), the tensor table a family declares and the loader checks
-//! ([`tensors`]), the weights loaded from a checked file ([`weights`]), and
-//! text helpers both front ends use ([`text`]).
+//! ([`tensors`]), the weights loaded from a checked file ([`weights`]), the
+//! resolved policies as graphs obey them ([`policy`]), the graph builder whose
+//! ops follow them ([`builder`]), stage timings ([`timings`]), and text helpers
+//! both front ends use ([`text`]).
 //!
 //! A model file is untrusted input: a family reads its hparams through
 //! [`hparams::HparamReader`], builds its [`tensors::TensorTable`] from them and
 //! loads [`weights::Weights`] against it, so no value from the file reaches a
 //! ggml graph before it was checked (docs/reliability.md).
 
+pub mod builder;
+pub mod census;
 pub mod guard;
 pub mod hparams;
+pub mod policy;
 pub mod tensors;
 pub mod text;
+pub mod timings;
 pub mod weights;
 
+pub use builder::Builder;
 pub use guard::guarded;
 pub use hparams::HparamReader;
+pub use policy::OpPolicy;
 pub use tensors::{Dim, Storage, TensorTable};
+pub use timings::Timings;
 pub use weights::Weights;
 
 /// `Ok` when `file`'s `general.architecture` is `arch`; else an error naming

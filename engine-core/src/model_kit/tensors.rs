@@ -135,6 +135,11 @@ impl TensorTable {
         self
     }
 
+    /// Names of the matrix-product weights (storage [`Storage::Matrix`]).
+    pub fn matrices(&self) -> impl Iterator<Item = &str> {
+        self.specs.iter().filter(|(_, s)| s.storage == Storage::Matrix).map(|(n, _)| n.as_str())
+    }
+
     pub fn contains(&self, name: &str) -> bool {
         self.specs.contains_key(name)
     }
@@ -159,7 +164,9 @@ impl TensorTable {
                 return Err(format!("{path}: tensor '{name}' is {}, expected {}", ggml_sys::type_name(t.ty()), spec.storage.describe()));
             }
             let ne = t.ne();
-            let mismatch = |bound: &IndexMap<&'static str, usize>| format!("{path}: tensor '{name}' has shape {}, the metadata implies {}", show_shape(&ne), show_dims(&spec.shape, bound));
+            let mismatch = |bound: &IndexMap<&'static str, usize>| {
+                format!("{path}: tensor '{name}' has shape {}, the metadata implies {}", show_shape(&ne), show_dims(&spec.shape, bound))
+            };
             if spec.shape.len() > 4 || ne[spec.shape.len()..].iter().any(|&d| d != 1) {
                 return Err(mismatch(&bound));
             }

@@ -3,6 +3,7 @@
 //! [`Weights::tensor`], which serves only names the table checked.
 
 use super::tensors::TensorTable;
+use crate::abi::WeightStorage;
 use ggml_sys::gguf::GgufTensors;
 use ggml_sys::{Backend, Buffer, Context, Error, Result, Tensor};
 
@@ -16,12 +17,33 @@ pub struct Weights {
 }
 
 impl Weights {
-    /// Checks `gguf` against `table` (unless the caller already did), then loads every tensor; those
+    /// Checks `gguf` against `table` (unless the caller already did), then
+    /// loads every tensor. The table's matrix-product weights are stored as
+    /// `storage` says (F32 ↔ F16; quantized ones as they are); those
     /// `is_matmul_weight` accepts (only ever the first operand of a matrix
     /// product) may go to the device's extra buffers.
-    pub fn load(gguf: GgufTensors, backend: &Backend, mut table: TensorTable, is_matmul_weight: impl Fn(&str) -> bool) -> std::result::Result<Self, String> {
+    pub fn load(
+        mut gguf: GgufTensors,
+        backend: &Backend,
+        mut table: TensorTable,
+        storage: WeightStorage,
+        is_matmul_weight: impl Fn(&str) -> bool,
+    ) -> std::result::Result<Self, String> {
         if !table.is_checked() {
             table.check(&gguf)?;
+        }
+        let target = match storage {
+            WeightStorage::AsStored => None,
+            WeightStorage::F16 => Some(ggml_sys::TYPE_F16),
+            WeightStorage::F32 => Some(ggml_sys::TYPE_F32),
+        };
+        if let Some(to) = target {
+            let float = [ggml_sys::TYPE_F32, ggml_sys::TYPE_F16];
+            for name in table.matrices() {
+                if gguf.ctx.get_tensor(name).is_some_and(|t| float.contains(&t.ty())) {
+                    gguf.store_as(name, to).map_err(|e| e.to_string())?;
+                }
+            }
         }
         let (buffers, in_extra) = gguf.load_into_with_extra(backend, is_matmul_weight).map_err(|e| e.to_string())?;
         Ok(Weights { _buffers: buffers, gguf, table, in_extra_buffers: in_extra })

@@ -14,4 +14,3 @@ pub fn open_device(backend: &str, options: Vec<(&str, OptionValue)>) -> BackendH
     let path = artifact_dir().join(loader::backend_file_name(backend));
     loader::open_backend_device(&path, options, 0).unwrap_or_else(|e| panic!("{e} (run `cargo build --workspace` first)"))
 }
-

@@ -56,9 +56,7 @@ fn cargo_directive(text: &str) {
 }
 
 fn cargo_home() -> PathBuf {
-    std::env::var_os("CARGO_HOME")
-        .map(PathBuf::from)
-        .unwrap_or_else(|| PathBuf::from(std::env::var_os("HOME").unwrap_or_default()).join(".cargo"))
+    std::env::var_os("CARGO_HOME").map(PathBuf::from).unwrap_or_else(|| PathBuf::from(std::env::var_os("HOME").unwrap_or_default()).join(".cargo"))
 }
 
 fn crate_dir_name() -> String {
@@ -82,9 +80,7 @@ fn unpack_cached_crate(scratch: &Path) -> Result<Option<PathBuf>> {
         let archive = index.join(format!("{}.crate", crate_dir_name()));
         if archive.is_file() {
             let file = fs::File::open(&archive).map_err(|e| format!("{}: {e}", archive.display()))?;
-            tar::Archive::new(flate2::read::GzDecoder::new(file))
-                .unpack(scratch)
-                .map_err(|e| format!("unpacking {}: {e}", archive.display()))?;
+            tar::Archive::new(flate2::read::GzDecoder::new(file)).unpack(scratch).map_err(|e| format!("unpacking {}: {e}", archive.display()))?;
             return Ok(Some(scratch.join(crate_dir_name()).join("llama.cpp/ggml")));
         }
     }
@@ -100,11 +96,8 @@ fn fetch_workspace() -> Result<()> {
         return Ok(());
     };
     let cargo = std::env::var("CARGO").unwrap_or_else(|_| "cargo".into());
-    let status = Command::new(cargo)
-        .args(["fetch", "--manifest-path"])
-        .arg(root.join("Cargo.toml"))
-        .status()
-        .map_err(|e| format!("running cargo fetch: {e}"))?;
+    let status =
+        Command::new(cargo).args(["fetch", "--manifest-path"]).arg(root.join("Cargo.toml")).status().map_err(|e| format!("running cargo fetch: {e}"))?;
     if status.success() {
         Ok(())
     } else {
@@ -113,9 +106,7 @@ fn fetch_workspace() -> Result<()> {
 }
 
 fn read_dir_sorted(dir: &Path) -> Vec<PathBuf> {
-    let mut entries: Vec<PathBuf> = fs::read_dir(dir)
-        .map(|rd| rd.filter_map(|e| e.ok().map(|e| e.path())).collect())
-        .unwrap_or_default();
+    let mut entries: Vec<PathBuf> = fs::read_dir(dir).map(|rd| rd.filter_map(|e| e.ok().map(|e| e.path())).collect()).unwrap_or_default();
     entries.sort();
     entries
 }
@@ -126,10 +117,7 @@ fn base_files(src: &Path) -> Vec<PathBuf> {
     let mut files = Vec::new();
     for dir in [src.join("include"), src.join("src")] {
         for path in read_dir_sorted(&dir) {
-            let is_source = matches!(
-                path.extension().and_then(|e| e.to_str()),
-                Some("h" | "c" | "cpp")
-            );
+            let is_source = matches!(path.extension().and_then(|e| e.to_str()), Some("h" | "c" | "cpp"));
             if path.is_file() && is_source {
                 files.push(path);
             }
@@ -162,10 +150,7 @@ pub fn patches_fingerprint(patches: &[PathBuf]) -> Result<String> {
 /// The `*.patch` files of a directory, sorted by name (the series order).
 pub fn patch_series(dir: &Path) -> Vec<PathBuf> {
     cargo_directive(&format!("rerun-if-changed={}", dir.display()));
-    read_dir_sorted(dir)
-        .into_iter()
-        .filter(|p| p.extension().is_some_and(|e| e == "patch"))
-        .collect()
+    read_dir_sorted(dir).into_iter().filter(|p| p.extension().is_some_and(|e| e == "patch")).collect()
 }
 
 /// Copies the pristine tree to `dest` (fresh), adds the `ggml.pc.in` the registry
@@ -302,10 +287,7 @@ fn run(cmd: &mut Command, what: &str) -> Result<()> {
 pub fn artifact_dir() -> Result<PathBuf> {
     let out = PathBuf::from(std::env::var("OUT_DIR").map_err(|e| e.to_string())?);
     // OUT_DIR = <target>/<profile>/build/<pkg>-<hash>/out
-    out.ancestors()
-        .nth(3)
-        .map(Path::to_path_buf)
-        .ok_or_else(|| format!("unexpected OUT_DIR layout: {}", out.display()))
+    out.ancestors().nth(3).map(Path::to_path_buf).ok_or_else(|| format!("unexpected OUT_DIR layout: {}", out.display()))
 }
 
 /// Copies `file` into `dir` under its own name (see [`copy_as`]).
@@ -399,10 +381,7 @@ pub fn cached_build(pristine: &Path, patches: &[PathBuf], allowed_dir: &str, cma
 /// Cargo's target directory (`<target>/<profile>/build/<pkg>-<hash>/out` → `<target>`).
 fn target_dir() -> Result<PathBuf> {
     let out = PathBuf::from(std::env::var("OUT_DIR").map_err(|e| e.to_string())?);
-    out.ancestors()
-        .nth(4)
-        .map(Path::to_path_buf)
-        .ok_or_else(|| format!("unexpected OUT_DIR layout: {}", out.display()))
+    out.ancestors().nth(4).map(Path::to_path_buf).ok_or_else(|| format!("unexpected OUT_DIR layout: {}", out.display()))
 }
 
 /// Everything a backend plugin's build script does: patch, build the module(s),
@@ -423,10 +402,8 @@ pub fn build_backend_module(backend_dir: &str, targets: &[&str], extra_defines: 
     let built = cached_build(&pristine, &patches, &format!("src/{backend_dir}/"), cmake, targets)?;
     let stem = format!("lib{backend_dir}");
     let is_module = |name: &str| name == format!("{stem}.so") || (name.starts_with(&format!("{stem}-")) && name.ends_with(".so"));
-    let modules: Vec<PathBuf> = read_dir_sorted(&built.build.join("bin"))
-        .into_iter()
-        .filter(|p| p.file_name().is_some_and(|n| is_module(&n.to_string_lossy())))
-        .collect();
+    let modules: Vec<PathBuf> =
+        read_dir_sorted(&built.build.join("bin")).into_iter().filter(|p| p.file_name().is_some_and(|n| is_module(&n.to_string_lossy()))).collect();
     if modules.is_empty() {
         return Err(format!("cmake produced no {stem}*.so in {}", built.build.join("bin").display()));
     }

@@ -38,9 +38,7 @@ impl Registry {
 
     pub fn devices(&self) -> Vec<Device> {
         let n = unsafe { sys::ggml_backend_reg_dev_count(self.as_ptr()) };
-        (0..n)
-            .filter_map(|i| NonNull::new(unsafe { sys::ggml_backend_reg_dev_get(self.as_ptr(), i) }).map(Device))
-            .collect()
+        (0..n).filter_map(|i| NonNull::new(unsafe { sys::ggml_backend_reg_dev_get(self.as_ptr(), i) }).map(Device)).collect()
     }
 
     /// A function the module exports by name (`ggml_backend_set_n_threads`, ...).
@@ -52,7 +50,9 @@ impl Registry {
     /// `name=value` build features the module reports (CPU ISA, CUDA archs, ...).
     pub fn features(&self) -> Vec<(String, String)> {
         type GetFeatures = unsafe extern "C" fn(sys::ggml_backend_reg_t) -> *const sys::ggml_backend_feature;
-        let Some(f) = self.proc_address("ggml_backend_get_features") else { return Vec::new() };
+        let Some(f) = self.proc_address("ggml_backend_get_features") else {
+            return Vec::new();
+        };
         let f: GetFeatures = unsafe { std::mem::transmute(f.as_ptr()) };
         let mut out = Vec::new();
         unsafe {
@@ -149,13 +149,17 @@ impl Device {
 
     /// Whether a matrix product with `weight` (type and shape) as its first
     /// operand, stored in a buffer of `buft`, runs on this device.
-    pub fn supports_weight_in(&self, buft: sys::ggml_backend_buffer_type_t, weight: Tensor<'_>) -> bool {
-        let Ok(ctx) = Context::new_no_alloc(4, 0) else { return false };
+    pub(crate) fn supports_weight_in(&self, buft: sys::ggml_backend_buffer_type_t, weight: Tensor<'_>) -> bool {
+        let Ok(ctx) = Context::new_no_alloc(4, 0) else {
+            return false;
+        };
         let ne = weight.ne();
         let (Ok(w), Ok(x)) = (ctx.new_tensor(weight.ty(), &ne), ctx.new_tensor(sys::GGML_TYPE_F32, &[ne[0], 64, ne[2], ne[3]])) else {
             return false;
         };
-        let Ok(op) = ctx.mul_mat(w, x) else { return false };
+        let Ok(op) = ctx.mul_mat(w, x) else {
+            return false;
+        };
         let dummy = unsafe { sys::ggml_backend_buft_alloc_buffer(buft, 0) };
         if dummy.is_null() {
             return false;

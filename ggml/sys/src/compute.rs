@@ -53,7 +53,8 @@ impl ComputeGraph {
         Ok(ComputeGraph { alloc, graph, inputs, outputs, ctx })
     }
 
-    fn graph(&self) -> Graph<'_> {
+    /// The built graph (its nodes, for checks and census).
+    pub fn graph(&self) -> Graph<'_> {
         unsafe { Graph::from_raw(self.graph) }
     }
 
@@ -92,7 +93,9 @@ impl ComputeGraph {
 /// Refuses a graph with a node the device cannot run: a backend computing an
 /// unsupported node aborts the process, a refused graph is an error.
 fn check_supported(backend: &Backend, graph: &Graph<'_>) -> Result<()> {
-    let Some(device) = backend.device() else { return Ok(()) };
+    let Some(device) = backend.device() else {
+        return Ok(());
+    };
     for i in 0..graph.n_nodes() {
         let Some(node) = graph.node(i) else { break };
         if !device.supports_op(node) {

@@ -18,12 +18,9 @@ impl Context {
     /// A metadata-only context able to hold `max_tensors` tensors plus one graph of
     /// `graph_nodes` nodes.
     pub fn new_no_alloc(max_tensors: usize, graph_nodes: usize) -> Result<Self> {
-        let mem = max_tensors * unsafe { sys::ggml_tensor_overhead() }
-            + unsafe { sys::ggml_graph_overhead_custom(graph_nodes, false) };
+        let mem = max_tensors * unsafe { sys::ggml_tensor_overhead() } + unsafe { sys::ggml_graph_overhead_custom(graph_nodes, false) };
         let params = sys::ggml_init_params { mem_size: mem, mem_buffer: std::ptr::null_mut(), no_alloc: true };
-        NonNull::new(unsafe { sys::ggml_init(params) })
-            .map(|ptr| Context { ptr })
-            .ok_or_else(|| crate::Error::Msg("ggml_init failed".into()))
+        NonNull::new(unsafe { sys::ggml_init(params) }).map(|ptr| Context { ptr }).ok_or_else(|| crate::Error::Msg("ggml_init failed".into()))
     }
 
     pub fn as_ptr(&self) -> *mut sys::ggml_context {
@@ -45,9 +42,7 @@ impl Context {
     }
 
     pub(crate) fn wrap(&self, p: *mut sys::ggml_tensor) -> Result<Tensor<'_>> {
-        NonNull::new(p)
-            .map(|ptr| Tensor { ptr, _ctx: PhantomData })
-            .ok_or_else(|| crate::Error::Msg("ggml context out of memory".into()))
+        NonNull::new(p).map(|ptr| Tensor { ptr, _ctx: PhantomData }).ok_or_else(|| crate::Error::Msg("ggml context out of memory".into()))
     }
 
     pub fn mul_mat<'a>(&'a self, a: Tensor<'a>, b: Tensor<'a>) -> Result<Tensor<'a>> {
@@ -59,9 +54,7 @@ impl Context {
     }
 
     pub fn conv_transpose_1d<'a>(&'a self, kernel: Tensor<'a>, input: Tensor<'a>, stride: i32, padding: i32, dilation: i32) -> Result<Tensor<'a>> {
-        self.wrap(unsafe {
-            sys::ggml_conv_transpose_1d(self.as_ptr(), kernel.as_ptr(), input.as_ptr(), stride, padding, dilation)
-        })
+        self.wrap(unsafe { sys::ggml_conv_transpose_1d(self.as_ptr(), kernel.as_ptr(), input.as_ptr(), stride, padding, dilation) })
     }
 
     /// Fused attention: q `[d, n_q, heads]`, k/v `[d, n_kv, heads]`, optional F16 mask
@@ -209,6 +202,16 @@ impl<'ctx> Tensor<'ctx> {
 
     pub fn op(&self) -> sys::ggml_op {
         self.raw().op
+    }
+
+    /// The `i`-th source of a node (`None` past the last).
+    pub fn src(&self, i: usize) -> Option<Tensor<'ctx>> {
+        let p = *self.raw().src.get(i)?;
+        NonNull::new(p).map(|ptr| Tensor { ptr, _ctx: PhantomData })
+    }
+
+    pub fn is_contiguous(&self) -> bool {
+        unsafe { sys::ggml_is_contiguous(self.as_ptr()) }
     }
 
     pub fn n_elements(&self) -> usize {

@@ -373,7 +373,12 @@ impl GgufTensors {
         for t in file.tensors() {
             let end = t.offset.checked_add(t.size);
             if end.is_none_or(|end| end > len) {
-                return err(format!("{} is truncated: tensor '{}' ends at byte {} but the file has {len}", path.display(), t.name, t.offset as u128 + t.size as u128));
+                return err(format!(
+                    "{} is truncated: tensor '{}' ends at byte {} but the file has {len}",
+                    path.display(),
+                    t.name,
+                    t.offset as u128 + t.size as u128
+                ));
             }
         }
         Ok(GgufTensors { file, ctx, memory })
@@ -412,7 +417,8 @@ impl GgufTensors {
         let mut buffers = Vec::new();
         for (buft, tensors) in groups {
             let align = unsafe { sys::ggml_backend_buft_get_alignment(buft) };
-            let size: usize = tensors.iter().map(|t| unsafe { sys::ggml_backend_buft_get_alloc_size(buft, t.as_ptr()) }.div_ceil(align) * align).sum::<usize>() + align;
+            let size: usize =
+                tensors.iter().map(|t| unsafe { sys::ggml_backend_buft_get_alloc_size(buft, t.as_ptr()) }.div_ceil(align) * align).sum::<usize>() + align;
             let raw = unsafe { sys::ggml_backend_buft_alloc_buffer(buft, size) };
             let Some(ptr) = std::ptr::NonNull::new(raw) else {
                 return err(format!("could not allocate {size} bytes of {}", unsafe { crate::cstr_to_string(sys::ggml_backend_buft_name(buft)) }));
@@ -431,24 +437,57 @@ impl GgufTensors {
         Ok((buffers, in_extra))
     }
 
-    /// Reads every tensor's data from the file into its (allocated) buffer.
-    fn read_data(&self) -> Result<()> {
-        use std::io::{Read, Seek, SeekFrom};
-        if self.memory.is_some() {
-            for info in self.file.tensors() {
-                let t = self.ctx.get_tensor(&info.name).ok_or_else(|| crate::Error::Msg(format!("tensor '{}' missing from context", info.name)))?;
-                t.set_bytes(&self.read_bytes(&info.name)?)?;
-            }
+    /// Stores tensor `name` as `to` instead of its file type, before the
+    /// tensors are loaded: F32 ↔ F16 only (what the `f16_weights` policy asks of
+    /// matrix-product weights). The data is converted as it is read.
+    pub fn store_as(&mut self, name: &str, to: crate::Type) -> Result<()> {
+        let t = self.ctx.get_tensor(name).ok_or_else(|| crate::Error::Msg(format!("{}: tensor '{name}' is missing", self.file.path.display())))?;
+        let from = t.ty();
+        if from == to {
             return Ok(());
         }
-        let mut f = std::fs::File::open(&self.file.path).map_err(|e| crate::Error::Msg(format!("{}: {e}", self.file.path.display())))?;
+        let convertible = [crate::TYPE_F32, crate::TYPE_F16];
+        if !convertible.contains(&from) || !convertible.contains(&to) || unsafe { !(*t.as_ptr()).buffer.is_null() } {
+            return err(format!("tensor '{name}' cannot be stored as {} (it is {})", crate::type_name(to), crate::type_name(from)));
+        }
+        unsafe {
+            let raw = &mut *t.as_ptr();
+            raw.type_ = to;
+            raw.nb[0] = sys::ggml_type_size(to);
+            for i in 1..4 {
+                raw.nb[i] = raw.nb[i - 1] * raw.ne[i - 1] as usize;
+            }
+        }
+        Ok(())
+    }
+
+    /// Reads every tensor's data from the file into its (allocated) buffer,
+    /// converting those [`store_as`](Self::store_as) retyped.
+    fn read_data(&self) -> Result<()> {
+        use std::io::{Read, Seek, SeekFrom};
+        let mut file = match self.memory {
+            Some(_) => None,
+            None => Some(std::fs::File::open(&self.file.path).map_err(|e| crate::Error::Msg(format!("{}: {e}", self.file.path.display())))?),
+        };
         let mut bytes = Vec::new();
         for info in self.file.tensors() {
             let t = self.ctx.get_tensor(&info.name).ok_or_else(|| crate::Error::Msg(format!("tensor '{}' missing from context", info.name)))?;
-            bytes.resize(info.size, 0);
-            f.seek(SeekFrom::Start(info.offset as u64)).and_then(|_| f.read_exact(&mut bytes))
-                .map_err(|e| crate::Error::Msg(format!("{}: reading tensor '{}': {e}", self.file.path.display(), info.name)))?;
-            t.set_bytes(&bytes)?;
+            match (&self.memory, file.as_mut()) {
+                // In range: checked when the image was opened.
+                (Some(memory), _) => bytes = memory[info.offset..info.offset + info.size].to_vec(),
+                (None, Some(f)) => {
+                    bytes.resize(info.size, 0);
+                    f.seek(SeekFrom::Start(info.offset as u64))
+                        .and_then(|_| f.read_exact(&mut bytes))
+                        .map_err(|e| crate::Error::Msg(format!("{}: reading tensor '{}': {e}", self.file.path.display(), info.name)))?;
+                }
+                (None, None) => unreachable!("a file is opened when there is no image"),
+            }
+            if t.ty() == info.ty {
+                t.set_bytes(&bytes)?;
+            } else {
+                t.set_bytes(&convert(&bytes, info.ty, t.ty()))?;
+            }
         }
         Ok(())
     }
@@ -456,7 +495,11 @@ impl GgufTensors {
     /// Reads one tensor's raw bytes from the file (for host-side data).
     pub fn read_bytes(&self, name: &str) -> Result<Vec<u8>> {
         use std::io::{Read, Seek, SeekFrom};
-        let info = self.file.tensors().into_iter().find(|t| t.name == name)
+        let info = self
+            .file
+            .tensors()
+            .into_iter()
+            .find(|t| t.name == name)
             .ok_or_else(|| crate::Error::Msg(format!("{}: tensor '{name}' is missing", self.file.path.display())))?;
         if let Some(memory) = &self.memory {
             // In range: checked when the image was opened.
@@ -464,10 +507,27 @@ impl GgufTensors {
         }
         let mut f = std::fs::File::open(&self.file.path).map_err(|e| crate::Error::Msg(e.to_string()))?;
         let mut bytes = vec![0u8; info.size];
-        f.seek(SeekFrom::Start(info.offset as u64)).and_then(|_| f.read_exact(&mut bytes))
+        f.seek(SeekFrom::Start(info.offset as u64))
+            .and_then(|_| f.read_exact(&mut bytes))
             .map_err(|e| crate::Error::Msg(format!("{}: reading tensor '{name}': {e}", self.file.path.display())))?;
         Ok(bytes)
     }
+}
+
+/// F32 ↔ F16 element conversion (ggml's own rounding).
+fn convert(bytes: &[u8], from: crate::Type, to: crate::Type) -> Vec<u8> {
+    let n = bytes.len() / unsafe { sys::ggml_type_size(from) };
+    let mut out = vec![0u8; n * unsafe { sys::ggml_type_size(to) }];
+    if from == crate::TYPE_F32 {
+        let src: Vec<f32> = bytes.chunks_exact(4).map(|c| f32::from_le_bytes([c[0], c[1], c[2], c[3]])).collect();
+        unsafe { sys::ggml_fp32_to_fp16_row(src.as_ptr(), out.as_mut_ptr().cast(), n as i64) };
+    } else {
+        let src: Vec<u16> = bytes.chunks_exact(2).map(|c| u16::from_le_bytes([c[0], c[1]])).collect();
+        let mut dst = vec![0f32; n];
+        unsafe { sys::ggml_fp16_to_fp32_row(src.as_ptr().cast(), dst.as_mut_ptr(), n as i64) };
+        out = dst.iter().flat_map(|v| v.to_le_bytes()).collect();
+    }
+    out
 }
 
 impl Drop for GgufFile {

@@ -32,8 +32,8 @@ pub const SOURCE_FINGERPRINT: &str = env!("GGML_SYS_SOURCE_FINGERPRINT");
 
 pub use sys::ggml_type as Type;
 pub use sys::{
-    GGML_TYPE_BF16 as TYPE_BF16, GGML_TYPE_F16 as TYPE_F16, GGML_TYPE_F32 as TYPE_F32, GGML_TYPE_I32 as TYPE_I32,
-    GGML_TYPE_Q4_0 as TYPE_Q4_0, GGML_TYPE_Q8_0 as TYPE_Q8_0,
+    GGML_TYPE_BF16 as TYPE_BF16, GGML_TYPE_F16 as TYPE_F16, GGML_TYPE_F32 as TYPE_F32, GGML_TYPE_I32 as TYPE_I32, GGML_TYPE_Q4_0 as TYPE_Q4_0,
+    GGML_TYPE_Q8_0 as TYPE_Q8_0,
 };
 
 #[derive(Debug, thiserror::Error)]

@@ -147,9 +147,8 @@ impl Context {
     pub fn conv_1d<'a>(&'a self, kernel: Tensor<'a>, x: Tensor<'a>, stride: i32, dilation: i32) -> Result<Tensor<'a>> {
         let [k, cin, cout, _] = kernel.ne();
         let time_first = self.cont(self.transpose(x)?)?; // [T, C_in]
-        let patches = self.wrap(unsafe {
-            sys::ggml_im2col(self.as_ptr(), kernel.as_ptr(), time_first.as_ptr(), stride, 0, 0, 0, dilation, 0, false, sys::GGML_TYPE_F32)
-        })?; // [C_in·k, T_out]
+        let patches = self
+            .wrap(unsafe { sys::ggml_im2col(self.as_ptr(), kernel.as_ptr(), time_first.as_ptr(), stride, 0, 0, 0, dilation, 0, false, sys::GGML_TYPE_F32) })?; // [C_in·k, T_out]
         let t_out = patches.ne()[1];
         let patches = self.reshape(patches, &[k * cin, t_out])?;
         self.mul_mat(self.reshape(kernel, &[k * cin, cout])?, patches)
@@ -160,9 +159,8 @@ impl Context {
     /// Returns `[T_out, C_out]`; patches gathered in F32.
     pub fn conv_1d_time_first<'a>(&'a self, kernel: Tensor<'a>, x: Tensor<'a>, stride: i32, pad: i32, dilation: i32) -> Result<Tensor<'a>> {
         let [k, cin, cout, _] = kernel.ne();
-        let patches = self.wrap(unsafe {
-            sys::ggml_im2col(self.as_ptr(), kernel.as_ptr(), x.as_ptr(), stride, 0, pad, 0, dilation, 0, false, sys::GGML_TYPE_F32)
-        })?; // [C_in·k, T_out]
+        let patches =
+            self.wrap(unsafe { sys::ggml_im2col(self.as_ptr(), kernel.as_ptr(), x.as_ptr(), stride, 0, pad, 0, dilation, 0, false, sys::GGML_TYPE_F32) })?; // [C_in·k, T_out]
         let t_out = patches.ne()[1];
         let patches = self.reshape(patches, &[k * cin, t_out])?;
         self.mul_mat(patches, self.reshape(kernel, &[k * cin, cout])?)

@@ -90,7 +90,9 @@ impl T3Hparams {
             cond_prompt_len: m.count("cond_prompt_len", ranges::PROMPT)?,
         };
         m.require(hp.n_embd.is_multiple_of(hp.n_head), || format!("n_embd {} does not split into {} heads", hp.n_embd, hp.n_head))?;
-        m.require(hp.cond_prompt_len + 2 < hp.n_ctx, || format!("the voice prompt ({} tokens) leaves no room in the context of {}", hp.cond_prompt_len, hp.n_ctx))?;
+        m.require(hp.cond_prompt_len + 2 < hp.n_ctx, || {
+            format!("the voice prompt ({} tokens) leaves no room in the context of {}", hp.cond_prompt_len, hp.n_ctx)
+        })?;
         Ok(hp)
     }
 
@@ -286,7 +288,10 @@ impl S3GenHparams {
         // Waveform samples per mel frame bound every HiFT buffer (480 officially).
         let per_frame = h.upsample_rates.iter().try_fold(h.hop, |acc, &r| acc.checked_mul(r));
         m.require(per_frame.is_some_and(|n| n <= MAX_SAMPLES_PER_FRAME), || {
-            format!("HiFT makes {} samples per mel frame (upsample rates x hop; at most {MAX_SAMPLES_PER_FRAME})", per_frame.map_or("too many".into(), |n| n.to_string()))
+            format!(
+                "HiFT makes {} samples per mel frame (upsample rates x hop; at most {MAX_SAMPLES_PER_FRAME})",
+                per_frame.map_or("too many".into(), |n| n.to_string())
+            )
         })?;
         m.require(h.hop <= h.n_fft && h.n_fft.is_multiple_of(2), || format!("hift.n_fft {} must be even and at least hift.hop {}", h.n_fft, h.hop))?;
         // "Same" convolutions pad (k - 1) / 2 on each side: their kernels must be odd.

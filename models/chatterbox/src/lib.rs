@@ -9,7 +9,6 @@
 //! [`graph`] (shared builder helpers). This file is the plugin surface: option
 //! specs and the ABI glue.
 
-pub mod graph;
 pub mod hparams;
 pub mod model;
 pub mod s3gen;
@@ -25,14 +24,13 @@ use abi_stable::{
     std_types::{RResult, RString, RVec},
 };
 use engine_core::abi::{
-    find_option, BackendHandle, KvType, LoadedModelInfo, Model, ModelBox, ModelFamilyInfo, ModelLoadRequest, ModelPlugin, ModelPluginRef, Model_TO,
-    OptionKind, OptionList, OptionSpec, OptionValue, PluginInfo, ResolvedPolicies, StageTiming, SynthesisOutput, SynthesisRequest,
+    find_option, BackendHandle, LoadedModelInfo, Model, ModelBox, ModelFamilyInfo, ModelLoadRequest, ModelPlugin, ModelPluginRef, Model_TO, OptionKind,
+    OptionList, OptionSpec, OptionValue, PluginInfo, SynthesisOutput, SynthesisRequest,
 };
 use engine_core::backend_kit::spec;
-use engine_core::model_kit::guarded;
+use engine_core::model_kit::{guarded, OpPolicy};
 use model::{Chatterbox, SynthesisParams};
 use sampler::SamplingParams;
-use t3::{AttentionConfig, AttentionPath};
 
 #[export_root_module]
 pub fn get_library() -> ModelPluginRef {
@@ -63,7 +61,12 @@ extern "C" fn option_specs() -> RVec<OptionSpec> {
         spec("max_chars", OptionKind::Int, OptionValue::Int(300), "split text longer than this at sentence ends (0 = never split)"),
         spec("crossfade_ms", OptionKind::Float, OptionValue::Float(20.0), "crossfade between chunks, 0..=500 ms"),
         spec("cfm_steps", OptionKind::Int, OptionValue::Int(-1), "Euler steps of the mel decoder, 1..=10 (-1 = the model's default: 2)"),
-        spec("draws", OptionKind::Path, OptionValue::Str("".into()), "debug: a directory of recorded random draws (t3_uniforms, cfm_z, sine_phase, sine_noise .npy) to inject"),
+        spec(
+            "draws",
+            OptionKind::Path,
+            OptionValue::Str("".into()),
+            "debug: a directory of recorded random draws (t3_uniforms, cfm_z, sine_phase, sine_noise .npy) to inject",
+        ),
     ])
 }
 
@@ -84,7 +87,13 @@ fn float(options: &OptionList, key: &str, default: f64) -> f64 {
 
 /// Synthesis options from the host's validated list; ranges checked here.
 pub fn params_from_options(options: &OptionList) -> Result<SynthesisParams, String> {
-    let in_range = |key: &str, v: f64, lo: f64, hi: f64| if (lo..=hi).contains(&v) { Ok(v) } else { Err(format!("{key} must be in {lo}..={hi}, got {v}")) };
+    let in_range = |key: &str, v: f64, lo: f64, hi: f64| {
+        if (lo..=hi).contains(&v) {
+            Ok(v)
+        } else {
+            Err(format!("{key} must be in {lo}..={hi}, got {v}"))
+        }
+    };
     let seed = int(options, "seed", 0);
     let seed = u64::try_from(seed).map_err(|_| format!("seed must be non-negative, got {seed}"))?;
     let temperature = in_range("temperature", float(options, "temperature", 0.8), 0.0, 5.0)? as f32;
@@ -122,19 +131,37 @@ pub fn params_from_options(options: &OptionList) -> Result<SynthesisParams, Stri
     })
 }
 
-/// The attention path and cache type the resolved policies allow.
-pub fn attention_from_policies(p: &ResolvedPolicies) -> AttentionConfig {
-    if !p.flash_attn {
-        return AttentionConfig::REFERENCE;
-    }
-    let kv_type = match p.kv_type {
-        KvType::F32 => ggml_sys::TYPE_F32,
-        KvType::F16 => ggml_sys::TYPE_F16,
-        KvType::Bf16 => ggml_sys::TYPE_BF16,
-        KvType::Q8_0 => ggml_sys::TYPE_Q8_0,
-    };
-    AttentionConfig { path: AttentionPath::Flash, kv_type }
-}
+/// Every ggml op a Chatterbox graph may use, under any policy (the census
+/// test checks the graphs against it): a deny rule on one of these without a
+/// kit fallback is a load error.
+pub const GRAPH_OPS: &[&str] = &[
+    "ADD",
+    "CONCAT",
+    "CONT",
+    "CONV_TRANSPOSE_1D",
+    "CPY",
+    "DIV",
+    "FLASH_ATTN_EXT",
+    "GET_ROWS",
+    "IM2COL",
+    "LEAKY_RELU",
+    "MUL",
+    "MUL_MAT",
+    "NORM",
+    "PAD",
+    "PAD_REFLECT_1D",
+    "PERMUTE",
+    "REPEAT",
+    "RESHAPE",
+    "SCALE",
+    "SET_ROWS",
+    "SIN",
+    "SOFT_MAX",
+    "SQR",
+    "TRANSPOSE",
+    "UNARY",
+    "VIEW",
+];
 
 /// The load-time checks of either Chatterbox file (T3 with its tokenizer, or
 /// S3Gen) on a file image in memory (no device, no weights loaded): what the
@@ -158,8 +185,8 @@ extern "C" fn load(request: &ModelLoadRequest, handle: &BackendHandle) -> RResul
     engine_core::logging::init_from_env();
     guarded("chatterbox", || {
         let files: Vec<std::path::PathBuf> = request.files.iter().map(|f| f.as_str().into()).collect();
-        let attention = attention_from_policies(&request.policies);
-        let model = Chatterbox::load(&files, &handle.ggml_backend(), attention)?;
+        let policy = OpPolicy::from_resolved(&request.policies);
+        let model = Chatterbox::load(&files, &handle.ggml_backend(), &policy)?;
         tracing::info!(variant = model.variant(), attention = ?model.t3.attention(), "chatterbox model loaded");
         Ok(Model_TO::from_value(Plugin { model }, TD_Opaque))
     })
@@ -174,11 +201,7 @@ impl Model for Plugin {
         guarded("chatterbox", || {
             let params = params_from_options(&request.options).map_err(|e| format!("chatterbox: {e}"))?;
             let s = self.model.synthesize(request.text.as_str(), &params).map_err(|e| format!("chatterbox: {e}"))?;
-            Ok(SynthesisOutput {
-                samples: s.samples.into(),
-                sample_rate: self.model.sample_rate(),
-                timings: s.timings.entries.into_iter().map(|(stage, ms)| StageTiming { stage: stage.into(), ms }).collect(),
-            })
+            Ok(SynthesisOutput { samples: s.samples.into(), sample_rate: self.model.sample_rate(), timings: s.timings.into_stage_timings() })
         })
     }
 }

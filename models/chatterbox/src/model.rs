@@ -7,12 +7,12 @@ use crate::hparams::{S3GenHparams, T3Hparams, S3GEN_ARCH, T3_ARCH};
 use crate::s3gen::source::{apply_trim_fade, SourceNoise};
 use crate::s3gen::{S3Gen, S3GenConditioning};
 use crate::sampler::{SamplingParams, UniformSource, Xoshiro256};
-use crate::t3::{self, AttentionConfig, T3Conditioning, TokenChoice, T3};
+use crate::t3::{self, T3Conditioning, TokenChoice, T3};
 use crate::text::{self, TextTokenizer};
+use engine_core::model_kit::{OpPolicy, Timings};
 use ggml_sys::gguf::GgufFile;
 use ggml_sys::Backend;
 use std::path::{Path, PathBuf};
-use std::time::Instant;
 
 /// Random draws recorded from a reference run, injected instead of seeded
 /// ones (parity debugging): `t3_uniforms.npy` (one per speech token),
@@ -74,29 +74,16 @@ pub struct SynthesisParams {
 
 impl Default for SynthesisParams {
     fn default() -> Self {
-        SynthesisParams { sampling: SamplingParams::default(), max_new_tokens: 1000, min_new_tokens: 0, seed: 0, max_chars: 300, crossfade_ms: 20.0, cfm_steps: None, draws: None }
-    }
-}
-
-/// Milliseconds per stage, in order.
-#[derive(Debug, Default, Clone)]
-pub struct Timings {
-    pub entries: Vec<(String, f64)>,
-}
-
-impl Timings {
-    fn add(&mut self, stage: &str, ms: f64) {
-        match self.entries.iter_mut().find(|(s, _)| s == stage) {
-            Some((_, v)) => *v += ms,
-            None => self.entries.push((stage.to_string(), ms)),
+        SynthesisParams {
+            sampling: SamplingParams::default(),
+            max_new_tokens: 1000,
+            min_new_tokens: 0,
+            seed: 0,
+            max_chars: 300,
+            crossfade_ms: 20.0,
+            cfm_steps: None,
+            draws: None,
         }
-    }
-
-    fn time<T>(&mut self, stage: &str, f: impl FnOnce() -> T) -> T {
-        let start = Instant::now();
-        let out = f();
-        self.add(stage, start.elapsed().as_secs_f64() * 1e3);
-        out
     }
 }
 
@@ -125,16 +112,23 @@ fn open_metadata(path: &Path) -> Result<(GgufFile, String), String> {
 impl Chatterbox {
     /// Loads the T3 file and the S3Gen file, given in either order, onto
     /// `backend` (borrowed: the caller keeps it alive longer than the model).
-    pub fn load(files: &[PathBuf], backend: &Backend, attention: AttentionConfig) -> Result<Self, String> {
+    pub fn load(files: &[PathBuf], backend: &Backend, policy: &OpPolicy) -> Result<Self, String> {
+        policy.check_denials("chatterbox", crate::GRAPH_OPS)?;
         let [a, b] = files else {
             let names: Vec<String> = files.iter().map(|f| f.display().to_string()).collect();
-            return Err(format!("chatterbox takes two GGUF files (T3 and S3Gen); {} given{}", files.len(), if names.is_empty() { String::new() } else { format!(": {}", names.join(", ")) }));
+            return Err(format!(
+                "chatterbox takes two GGUF files (T3 and S3Gen); {} given{}",
+                files.len(),
+                if names.is_empty() { String::new() } else { format!(": {}", names.join(", ")) }
+            ));
         };
         let (meta_a, meta_b) = (open_metadata(a)?, open_metadata(b)?);
         let ((t3_path, t3_meta), (s3_path, s3_meta)) = match (meta_a.1.as_str(), meta_b.1.as_str()) {
             (T3_ARCH, S3GEN_ARCH) => ((a, meta_a.0), (b, meta_b.0)),
             (S3GEN_ARCH, T3_ARCH) => ((b, meta_b.0), (a, meta_a.0)),
-            (x, y) => return Err(format!("chatterbox needs one '{T3_ARCH}' and one '{S3GEN_ARCH}' file, got '{x}' ({}) and '{y}' ({})", a.display(), b.display())),
+            (x, y) => {
+                return Err(format!("chatterbox needs one '{T3_ARCH}' and one '{S3GEN_ARCH}' file, got '{x}' ({}) and '{y}' ({})", a.display(), b.display()))
+            }
         };
         // The pairing is checked on metadata, before any weights load.
         let t3_hp = T3Hparams::load(&t3_meta)?;
@@ -149,8 +143,8 @@ impl Chatterbox {
             ));
         }
         let borrow = || unsafe { Backend::from_raw(backend.as_ptr()) }.expect("backend is not null");
-        let t3 = T3::load(t3_path, borrow(), attention)?;
-        let s3gen = S3Gen::load(s3_path, borrow())?;
+        let t3 = T3::load(t3_path, borrow(), policy)?;
+        let s3gen = S3Gen::load(s3_path, borrow(), policy)?;
         if (t3.hp.start_speech_token as usize) < s3gen.hp.speech_vocab {
             return Err(format!("T3's start token {} lies inside S3Gen's speech vocabulary ({})", t3.hp.start_speech_token, s3gen.hp.speech_vocab));
         }
@@ -204,12 +198,19 @@ impl Chatterbox {
         }
         // Every token after the first costs one decode step.
         let steps: usize = speech_tokens.iter().map(|t| t.len().saturating_sub(1)).sum();
-        let decode_ms = timings.entries.iter().find(|(s, _)| s == "t3.decode").map_or(0.0, |(_, v)| *v);
+        let decode_ms = timings.get("t3.decode").unwrap_or(0.0);
         timings.add("t3.ms_per_token", decode_ms / steps.max(1) as f64);
         Ok(Synthesis { samples, timings, speech_tokens })
     }
 
-    fn synthesize_chunk(&mut self, ids: &[i32], params: &SynthesisParams, seed: u64, draws: Option<&RecordedDraws>, timings: &mut Timings) -> Result<(Vec<f32>, Vec<u32>), String> {
+    fn synthesize_chunk(
+        &mut self,
+        ids: &[i32],
+        params: &SynthesisParams,
+        seed: u64,
+        draws: Option<&RecordedDraws>,
+        timings: &mut Timings,
+    ) -> Result<(Vec<f32>, Vec<u32>), String> {
         let mut choice = if params.sampling.is_greedy() {
             TokenChoice::Greedy
         } else {

@@ -19,24 +19,14 @@ pub struct SamplingParams {
 
 impl Default for SamplingParams {
     fn default() -> Self {
-        SamplingParams {
-            temperature: 0.8,
-            top_k: 1000,
-            top_p: 0.95,
-            repetition_penalty: 1.2,
-        }
+        SamplingParams { temperature: 0.8, top_k: 1000, top_p: 0.95, repetition_penalty: 1.2 }
     }
 }
 
 impl SamplingParams {
     /// Greedy decoding: no processor changes the argmax.
     pub fn greedy() -> Self {
-        SamplingParams {
-            temperature: 0.0,
-            top_k: 0,
-            top_p: 1.0,
-            repetition_penalty: 1.0,
-        }
+        SamplingParams { temperature: 0.0, top_k: 0, top_p: 1.0, repetition_penalty: 1.0 }
     }
 
     pub fn is_greedy(&self) -> bool {
@@ -57,10 +47,7 @@ pub fn apply_top_k(logits: &mut [f32], k: usize) {
     let mut sorted = logits.to_vec();
     let (_, kth, _) = sorted.select_nth_unstable_by(k - 1, |a, b| b.total_cmp(a));
     let threshold = *kth;
-    logits
-        .iter_mut()
-        .filter(|v| **v < threshold)
-        .for_each(|v| *v = f32::NEG_INFINITY);
+    logits.iter_mut().filter(|v| **v < threshold).for_each(|v| *v = f32::NEG_INFINITY);
 }
 
 /// Nucleus filter as `transformers` computes it: sort ascending, cumulative
@@ -123,17 +110,7 @@ pub fn process(logits: &[f32], history: &[u32], params: &SamplingParams) -> Vec<
 
 /// Index of the largest value (the first one on ties, as torch's argmax).
 pub fn argmax(values: &[f32]) -> usize {
-    values
-        .iter()
-        .enumerate()
-        .fold((0, f32::NEG_INFINITY), |(bi, bv), (i, &v)| {
-            if v > bv {
-                (i, v)
-            } else {
-                (bi, bv)
-            }
-        })
-        .0
+    values.iter().enumerate().fold((0, f32::NEG_INFINITY), |(bi, bv), (i, &v)| if v > bv { (i, v) } else { (bi, bv) }).0
 }
 
 /// Inverse-CDF draw: the first id whose cumulative probability (ids in
@@ -170,9 +147,7 @@ impl UniformSource {
         match self {
             UniformSource::Seeded(rng) => Ok(rng.next_f32()),
             UniformSource::Recorded { values, next } => {
-                let v = values.get(*next).copied().ok_or_else(|| {
-                    format!("the recorded draws ran out after {} tokens", values.len())
-                })?;
+                let v = values.get(*next).copied().ok_or_else(|| format!("the recorded draws ran out after {} tokens", values.len()))?;
                 *next += 1;
                 Ok(v)
             }
@@ -239,16 +214,7 @@ mod tests {
     fn top_k_keeps_ties_and_top_p_keeps_at_least_one() {
         let mut l = vec![1.0, 3.0, 3.0, 2.0, 0.5];
         apply_top_k(&mut l, 2);
-        assert_eq!(
-            l,
-            vec![
-                f32::NEG_INFINITY,
-                3.0,
-                3.0,
-                f32::NEG_INFINITY,
-                f32::NEG_INFINITY
-            ]
-        );
+        assert_eq!(l, vec![f32::NEG_INFINITY, 3.0, 3.0, f32::NEG_INFINITY, f32::NEG_INFINITY]);
         let mut l = vec![0.0, 10.0, 0.0];
         apply_top_p(&mut l, 0.01);
         assert_eq!(l, vec![f32::NEG_INFINITY, 10.0, f32::NEG_INFINITY]);
@@ -269,8 +235,6 @@ mod tests {
         assert_eq!(draw_with_uniform(&p, 0.7499), 2);
         assert_eq!(draw_with_uniform(&p, 0.75), 3);
         let mut r = Xoshiro256::new(7);
-        assert!((0..1000)
-            .map(|_| r.next_f32())
-            .all(|u| (0.0..1.0).contains(&u)));
+        assert!((0..1000).map(|_| r.next_f32()).all(|u| (0.0..1.0).contains(&u)));
     }
 }

@@ -16,23 +16,9 @@ pub fn normalize_punctuation(text: &str) -> String {
     }
     let mut chars = text.chars();
     let first = chars.next().expect("not empty");
-    let mut text = if first.is_lowercase() {
-        first.to_uppercase().chain(chars).collect()
-    } else {
-        text.to_string()
-    };
+    let mut text = if first.is_lowercase() { first.to_uppercase().chain(chars).collect() } else { text.to_string() };
     text = text.split_whitespace().collect::<Vec<_>>().join(" ");
-    for (from, to) in [
-        ("…", ", "),
-        (":", ","),
-        ("—", "-"),
-        ("–", "-"),
-        (" ,", ","),
-        ("“", "\""),
-        ("”", "\""),
-        ("‘", "'"),
-        ("’", "'"),
-    ] {
+    for (from, to) in [("…", ", "), (":", ","), ("—", "-"), ("–", "-"), (" ,", ","), ("“", "\""), ("”", "\""), ("‘", "'"), ("’", "'")] {
         text = text.replace(from, to);
     }
     let mut text = text.trim_end_matches(' ').to_string();
@@ -117,23 +103,17 @@ impl TextTokenizer {
         // malformed JSON inside a component (found by the chatterbox_model fuzz
         // target): check the syntax first.
         serde_json::from_str::<serde::de::IgnoredAny>(json).map_err(|e| format!("the embedded tokenizer is not valid JSON: {e}"))?;
-        let tokenizer = Tokenizer::from_bytes(json.as_bytes())
-            .map_err(|e| format!("the embedded tokenizer JSON does not load: {e}"))?;
+        let tokenizer = Tokenizer::from_bytes(json.as_bytes()).map_err(|e| format!("the embedded tokenizer JSON does not load: {e}"))?;
         let size = tokenizer.get_vocab_size(true);
         if size != vocab {
-            return Err(format!(
-                "the embedded tokenizer has {size} tokens, T3's text vocabulary {vocab}"
-            ));
+            return Err(format!("the embedded tokenizer has {size} tokens, T3's text vocabulary {vocab}"));
         }
         Ok(TextTokenizer { tokenizer })
     }
 
     /// Token ids of already normalised text; no BOS/EOS (Turbo adds none).
     pub fn encode(&self, text: &str) -> Result<Vec<i32>, String> {
-        let enc = self
-            .tokenizer
-            .encode(text, false)
-            .map_err(|e| format!("tokenizing {text:?}: {e}"))?;
+        let enc = self.tokenizer.encode(text, false).map_err(|e| format!("tokenizing {text:?}: {e}"))?;
         Ok(enc.get_ids().iter().map(|&i| i as i32).collect())
     }
 }
@@ -146,10 +126,7 @@ mod tests {
     fn punctuation_follows_the_reference() {
         assert_eq!(normalize_punctuation(""), EMPTY_TEXT_REPLACEMENT);
         assert_eq!(normalize_punctuation("hello   world"), "Hello world.");
-        assert_eq!(
-            normalize_punctuation("wait… what: “this” — it’s fine"),
-            "Wait,  what, \"this\" - it's fine."
-        );
+        assert_eq!(normalize_punctuation("wait… what: “this” — it’s fine"), "Wait,  what, \"this\" - it's fine.");
         assert_eq!(normalize_punctuation("ok ,then!"), "Ok,then!");
         assert_eq!(normalize_punctuation("Done ?  "), "Done ?");
         assert_eq!(normalize_punctuation("ßtraße"), "SStraße.");
@@ -157,23 +134,11 @@ mod tests {
 
     #[test]
     fn long_text_splits_at_sentences_then_clauses_then_words() {
-        assert_eq!(
-            split_sentences("One. Two! Three?", 0),
-            vec!["One. Two! Three?"]
-        );
-        assert_eq!(
-            split_sentences("First one here. Second one. Third.", 16),
-            vec!["First one here.", "Second one.", "Third."]
-        );
+        assert_eq!(split_sentences("One. Two! Three?", 0), vec!["One. Two! Three?"]);
+        assert_eq!(split_sentences("First one here. Second one. Third.", 16), vec!["First one here.", "Second one.", "Third."]);
         assert_eq!(split_sentences("Aa. Bb. Cc.", 7), vec!["Aa. Bb.", "Cc."]);
-        assert_eq!(
-            split_sentences("alpha beta, gamma delta epsilon", 12),
-            vec!["alpha beta,", "gamma delta", "epsilon"]
-        );
-        assert_eq!(
-            split_sentences("3.5 is a number. Yes.", 18),
-            vec!["3.5 is a number.", "Yes."]
-        );
+        assert_eq!(split_sentences("alpha beta, gamma delta epsilon", 12), vec!["alpha beta,", "gamma delta", "epsilon"]);
+        assert_eq!(split_sentences("3.5 is a number. Yes.", 18), vec!["3.5 is a number.", "Yes."]);
         assert!(split_sentences("   ", 10).is_empty());
         // A word longer than the limit is cut, not passed whole.
         let long = "a".repeat(200);

@@ -6,21 +6,28 @@ mod common;
 
 use common::suites::{self, CPU};
 use common::{check, npy, npy_i64, open};
+use engine_core::model_kit::OpPolicy;
 use ggml_sys::{TYPE_F16, TYPE_F32};
 use tts_model_chatterbox::sampler::{self, SamplingParams};
-use tts_model_chatterbox::t3::{AttentionConfig, AttentionPath, T3};
+use tts_model_chatterbox::t3::T3;
+
+/// The two paths every stage is proven on: composed ops and explicit
+/// attention (what deny rules fall back to), and every native op with fused attention.
+fn both_paths() -> [OpPolicy; 2] {
+    [OpPolicy::reference(), OpPolicy::native(TYPE_F32)]
+}
 
 #[test]
 fn t3_on_both_attention_paths() {
-    suites::t3("cpu", AttentionConfig::REFERENCE, &CPU);
-    suites::t3("cpu", AttentionConfig { path: AttentionPath::Flash, kv_type: TYPE_F32 }, &CPU);
+    for policy in both_paths() {
+        suites::t3("cpu", &policy, &CPU);
+    }
 }
 
 #[test]
 fn t3_with_an_f16_cache_drifts_little() {
     let handle = open("cpu");
-    let attention = AttentionConfig { path: AttentionPath::Flash, kv_type: TYPE_F16 };
-    let mut t3 = T3::load(&common::t3_file(), handle.ggml_backend(), attention).unwrap();
+    let mut t3 = T3::load(&common::t3_file(), handle.ggml_backend(), &OpPolicy::native(TYPE_F16)).unwrap();
     let e = suites::teacher_forced(&mut t3);
     println!("  T3 teacher-forced logits (flash, F16 K/V): rel err {e:.3e} (tolerance 1e-2)");
     assert!(e <= 1e-2, "F16 cache drift {e:.3e}");
@@ -49,22 +56,30 @@ fn sampler_stages_match_the_reference_rows() {
 
 #[test]
 fn flow_encoder() {
-    suites::encoder("cpu", &CPU);
+    for policy in both_paths() {
+        suites::encoder("cpu", &policy, &CPU);
+    }
 }
 
 #[test]
 fn cfm_steps_and_integration() {
-    suites::cfm("cpu", &CPU);
+    for policy in both_paths() {
+        suites::cfm("cpu", &policy, &CPU);
+    }
 }
 
 #[test]
 fn hift_with_injected_source_noise() {
-    suites::hift("cpu", &CPU);
+    for policy in both_paths() {
+        suites::hift("cpu", &policy, &CPU);
+    }
 }
 
 #[test]
 fn text_to_waveform_with_recorded_draws() {
-    suites::pipeline("cpu", AttentionConfig::REFERENCE, &CPU);
+    for policy in both_paths() {
+        suites::pipeline("cpu", &policy, &CPU);
+    }
 }
 
 /// The suite, report only, on a conversion made on demand: full size, or
@@ -77,12 +92,12 @@ fn text_to_waveform_with_recorded_draws() {
 #[ignore]
 fn report_on_another_conversion() {
     let backend = std::env::var("TTS_BACKEND").unwrap_or_else(|_| "cpu".into());
-    let fused = AttentionConfig { path: AttentionPath::Flash, kv_type: TYPE_F32 };
-    suites::t3(&backend, AttentionConfig::REFERENCE, &suites::REPORT);
-    suites::t3(&backend, fused, &suites::REPORT);
-    suites::encoder(&backend, &suites::REPORT);
-    suites::cfm(&backend, &suites::REPORT);
-    suites::hift(&backend, &suites::REPORT);
+    for policy in both_paths() {
+        suites::t3(&backend, &policy, &suites::REPORT);
+        suites::encoder(&backend, &policy, &suites::REPORT);
+        suites::cfm(&backend, &policy, &suites::REPORT);
+        suites::hift(&backend, &policy, &suites::REPORT);
+    }
 }
 
 /// The voice prefix stays in the cache between texts; another voice replaces
@@ -90,7 +105,7 @@ fn report_on_another_conversion() {
 #[test]
 fn t3_voice_prefix_is_reused_and_replaced() {
     let handle = open("cpu");
-    let mut t3 = T3::load(&common::t3_file(), handle.ggml_backend(), AttentionConfig::REFERENCE).unwrap();
+    let mut t3 = T3::load(&common::t3_file(), handle.ggml_backend(), &OpPolicy::reference()).unwrap();
     let e = suites::teacher_forced(&mut t3);
     assert!(e <= CPU.logits, "first voice: {e:.3e}");
     let mut other = t3.builtin_voice().unwrap();

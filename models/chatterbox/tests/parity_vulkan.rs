@@ -7,17 +7,20 @@
 mod common;
 
 use common::suites::{self, Tolerances};
+use engine_core::model_kit::OpPolicy;
 use ggml_sys::TYPE_F32;
-use tts_model_chatterbox::t3::{AttentionConfig, AttentionPath};
 
 const VULKAN: Tolerances = Tolerances { logits: 2e-3, encoder: 2e-3, cfm: 5e-3, hift_body: 5e-3, waveform: 5e-3, waveform_from_mel: None, exact_tokens: false };
 
 #[test]
 fn parity_suite_on_vulkan() {
-    suites::t3("vulkan", AttentionConfig::REFERENCE, &VULKAN);
-    suites::t3("vulkan", AttentionConfig { path: AttentionPath::Flash, kv_type: TYPE_F32 }, &VULKAN);
-    suites::encoder("vulkan", &VULKAN);
-    suites::cfm("vulkan", &VULKAN);
-    suites::hift("vulkan", &VULKAN);
-    suites::pipeline("vulkan", AttentionConfig::REFERENCE, &VULKAN);
+    // Every stage on both paths: composed ops and explicit attention (what a
+    // deny rule falls back to), then the device's native ops and fused attention.
+    for policy in [OpPolicy::reference(), OpPolicy::native(TYPE_F32)] {
+        suites::t3("vulkan", &policy, &VULKAN);
+        suites::encoder("vulkan", &policy, &VULKAN);
+        suites::cfm("vulkan", &policy, &VULKAN);
+        suites::hift("vulkan", &policy, &VULKAN);
+        suites::pipeline("vulkan", &policy, &VULKAN);
+    }
 }

@@ -4,13 +4,13 @@
 mod common;
 
 use common::{open, reference_dir};
+use engine_core::model_kit::OpPolicy;
 use tts_model_chatterbox::model::{Chatterbox, SynthesisParams};
-use tts_model_chatterbox::t3::AttentionConfig;
 
 fn load(handle: &engine_core::abi::BackendHandle) -> Chatterbox {
     let dir = common::fixture_dir();
     let files = [dir.join("t3-turbo.gguf"), dir.join("s3gen-meanflow.gguf")];
-    Chatterbox::load(&files, &handle.ggml_backend(), AttentionConfig::REFERENCE).unwrap()
+    Chatterbox::load(&files, &handle.ggml_backend(), &OpPolicy::reference()).unwrap()
 }
 
 #[test]
@@ -42,13 +42,14 @@ fn bad_inputs_fail_with_one_line_errors() {
     let long = "word ".repeat(200);
     let e = model.synthesize(&long, &SynthesisParams { max_chars: 0, ..params.clone() }).err().unwrap();
     assert!(e.starts_with("the text is too long for T3: "), "{e}");
-    let e = model.synthesize("Hello. World.", &SynthesisParams { max_chars: 8, draws: Some(reference_dir().join("pipeline")), ..params.clone() }).err().unwrap();
+    let e =
+        model.synthesize("Hello. World.", &SynthesisParams { max_chars: 8, draws: Some(reference_dir().join("pipeline")), ..params.clone() }).err().unwrap();
     assert_eq!(e, "recorded draws cover one chunk; the text splits into 2 (raise max_chars)");
 
     let dir = common::fixture_dir();
     let t3 = dir.join("t3-turbo.gguf");
-    let e = Chatterbox::load(&[t3.clone(), t3.clone()], &handle.ggml_backend(), AttentionConfig::REFERENCE).err().unwrap();
+    let e = Chatterbox::load(&[t3.clone(), t3.clone()], &handle.ggml_backend(), &OpPolicy::reference()).err().unwrap();
     assert!(e.starts_with("chatterbox needs one 'chatterbox' and one 'chatterbox-s3gen' file, got 'chatterbox'"), "{e}");
-    let e = Chatterbox::load(&[t3.clone()], &handle.ggml_backend(), AttentionConfig::REFERENCE).err().unwrap();
+    let e = Chatterbox::load(std::slice::from_ref(&t3), &handle.ggml_backend(), &OpPolicy::reference()).err().unwrap();
     assert_eq!(e, format!("chatterbox takes two GGUF files (T3 and S3Gen); 1 given: {}", t3.display()));
 }

@@ -19,25 +19,13 @@ struct Case {
 fn normalisation_and_token_ids_match_the_reference() {
     let file = GgufFile::open(&common::fixture_dir().join("t3-turbo.gguf")).unwrap();
     let json = file.get_str("chatterbox.tokenizer_json").unwrap();
-    let tokenizer = TextTokenizer::from_json(
-        &json,
-        file.get_u32("chatterbox.text_vocab").unwrap() as usize,
-    )
-    .unwrap();
-    let cases: Vec<Case> = serde_json::from_str(
-        &std::fs::read_to_string(common::reference_dir().join("text_cases.json")).unwrap(),
-    )
-    .unwrap();
+    let tokenizer = TextTokenizer::from_json(&json, file.get_u32("chatterbox.text_vocab").unwrap() as usize).unwrap();
+    let cases: Vec<Case> = serde_json::from_str(&std::fs::read_to_string(common::reference_dir().join("text_cases.json")).unwrap()).unwrap();
     assert!(cases.len() >= 10);
     for c in &cases {
         let normalized = normalize_punctuation(&c.text);
         assert_eq!(normalized, c.normalized, "normalising {:?}", c.text);
-        assert_eq!(
-            tokenizer.encode(&normalized).unwrap(),
-            c.ids,
-            "token ids of {:?}",
-            c.normalized
-        );
+        assert_eq!(tokenizer.encode(&normalized).unwrap(), c.ids, "token ids of {:?}", c.normalized);
     }
 }
 
@@ -46,8 +34,5 @@ fn a_tokenizer_of_another_size_is_rejected() {
     let file = GgufFile::open(&common::fixture_dir().join("t3-turbo.gguf")).unwrap();
     let json = file.get_str("chatterbox.tokenizer_json").unwrap();
     let e = TextTokenizer::from_json(&json, 50276).err().unwrap();
-    assert_eq!(
-        e,
-        "the embedded tokenizer has 384 tokens, T3's text vocabulary 50276"
-    );
+    assert_eq!(e, "the embedded tokenizer has 384 tokens, T3's text vocabulary 50276");
 }

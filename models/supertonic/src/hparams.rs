@@ -178,7 +178,8 @@ impl Hparams {
             "v2" => Version::V2,
             _ => Version::V3,
         };
-        let cfg = if r.flag("ve.cfg")? { Some((r.real("ve.cfg_cond_scale", ranges::CFG_SCALE)?, r.real("ve.cfg_uncond_scale", ranges::CFG_SCALE)?)) } else { None };
+        let cfg =
+            if r.flag("ve.cfg")? { Some((r.real("ve.cfg_cond_scale", ranges::CFG_SCALE)?, r.real("ve.cfg_uncond_scale", ranges::CFG_SCALE)?)) } else { None };
         let chunk_chars = r.count("text.chunk_chars", ranges::CHUNK_CHARS)?;
         let languages = r.strings("text.languages", ranges::LANGUAGES)?;
         let hp = Hparams {
@@ -250,7 +251,9 @@ impl Hparams {
         for l in std::iter::once(&self.text.default_language).chain(&self.text.short_chunk_languages) {
             r.require(self.text.languages.contains(l), || format!("language '{l}' is not among {ARCH}.text.languages ({})", self.text.languages.join(", ")))?;
         }
-        r.require((self.version == Version::V3) == self.ve.cfg.is_some(), || format!("{ARCH}.ve.cfg must be set exactly for v3 models (this is {})", self.version.as_str()))?;
+        r.require((self.version == Version::V3) == self.ve.cfg.is_some(), || {
+            format!("{ARCH}.ve.cfg must be set exactly for v3 models (this is {})", self.version.as_str())
+        })?;
         r.require(self.version != Version::V1 || !self.text.wrap_open_close, || "v1 models take no language wrap".into())?;
         for (key, c, heads) in [("dp.attn", self.dp.char_dim, self.dp.attn.heads), ("te.attn", self.te.char_dim, self.te.attn.heads)] {
             r.require(c.is_multiple_of(heads), || format!("{ARCH}.{key}.heads = {heads} does not divide the width {c}"))?;

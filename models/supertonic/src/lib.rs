@@ -20,11 +20,11 @@ use abi_stable::{
     std_types::{RResult, RString, RVec},
 };
 use engine_core::abi::{
-    find_option, BackendHandle, LoadedModelInfo, Model, ModelBox, ModelFamilyInfo, ModelLoadRequest, ModelPlugin, ModelPluginRef, Model_TO,
-    OptionKind, OptionList, OptionSpec, OptionValue, PluginInfo, StageTiming, SynthesisOutput, SynthesisRequest,
+    find_option, BackendHandle, LoadedModelInfo, Model, ModelBox, ModelFamilyInfo, ModelLoadRequest, ModelPlugin, ModelPluginRef, Model_TO, OptionKind,
+    OptionList, OptionSpec, OptionValue, PluginInfo, SynthesisOutput, SynthesisRequest,
 };
 use engine_core::backend_kit::spec;
-use engine_core::model_kit::guarded;
+use engine_core::model_kit::{guarded, OpPolicy};
 use model::{NoiseSource, Supertonic, SynthesisParams, VoiceChoice};
 
 #[export_root_module]
@@ -48,7 +48,12 @@ extern "C" fn option_specs() -> RVec<OptionSpec> {
     RVec::from(vec![
         spec("voice", OptionKind::Str, OptionValue::Str("".into()), "embedded voice name (\"\" = the first) or a voice style JSON file"),
         spec("language", OptionKind::Str, OptionValue::Str("".into()), "language code (\"\" = the model's default: en for v1/v2, na for v3)"),
-        spec("steps", OptionKind::Int, OptionValue::Int(-1), "denoising steps, 1..=100 (v3: 1..=50, as the official helper) (-1 = the model's default: 5 for v1/v2, 8 for v3)"),
+        spec(
+            "steps",
+            OptionKind::Int,
+            OptionValue::Int(-1),
+            "denoising steps, 1..=100 (v3: 1..=50, as the official helper) (-1 = the model's default: 5 for v1/v2, 8 for v3)",
+        ),
         spec("speed", OptionKind::Float, OptionValue::Float(1.05), "speaking rate, 0.5..=2.0"),
         spec("seed", OptionKind::Int, OptionValue::Int(42), "noise seed (NumPy legacy randn compatible), 0..=4294967295"),
         spec("noise_npy", OptionKind::Path, OptionValue::Str("".into()), "initial noise from a .npy file instead of the seed"),
@@ -100,6 +105,35 @@ pub fn check_model_bytes(bytes: &[u8]) -> Result<(), String> {
     model::check_file(&gguf).map(|_| ())
 }
 
+/// Every ggml op a Supertonic graph may use, under any policy (the census
+/// test checks the graphs against it): a deny rule on one of these without a
+/// kit fallback is a load error.
+pub const GRAPH_OPS: &[&str] = &[
+    "ADD",
+    "CONCAT",
+    "CONT",
+    "DIV",
+    "FLASH_ATTN_EXT",
+    "GET_ROWS",
+    "IM2COL",
+    "LEAKY_RELU",
+    "MUL",
+    "MUL_MAT",
+    "NORM",
+    "PAD",
+    "PERMUTE",
+    "REPEAT",
+    "RESHAPE",
+    "SCALE",
+    "SOFT_MAX",
+    "SQRT",
+    "SUB",
+    "SUM_ROWS",
+    "TRANSPOSE",
+    "UNARY",
+    "VIEW",
+];
+
 struct Plugin {
     model: Supertonic,
 }
@@ -109,9 +143,14 @@ extern "C" fn load(request: &ModelLoadRequest, handle: &BackendHandle) -> RResul
     guarded("supertonic", || {
         let [path] = request.files.as_slice() else {
             let names: Vec<&str> = request.files.iter().map(|f| f.as_str()).collect();
-            return Err(format!("supertonic takes one GGUF file; {} given{}", names.len(), if names.is_empty() { String::new() } else { format!(": {}", names.join(", ")) }));
+            return Err(format!(
+                "supertonic takes one GGUF file; {} given{}",
+                names.len(),
+                if names.is_empty() { String::new() } else { format!(": {}", names.join(", ")) }
+            ));
         };
-        let model = Supertonic::load(std::path::Path::new(path.as_str()), handle.ggml_backend())?;
+        let policy = OpPolicy::from_resolved(&request.policies);
+        let model = Supertonic::load(std::path::Path::new(path.as_str()), handle.ggml_backend(), &policy)?;
         tracing::info!(version = model.version().as_str(), voices = ?model.voice_names(), extra_buffer_weights = model.weights_in_extra_buffers(), "supertonic model loaded");
         Ok(Model_TO::from_value(Plugin { model }, TD_Opaque))
     })
@@ -126,11 +165,7 @@ impl Model for Plugin {
         guarded("supertonic", || {
             let params = params_from_options(&request.options).map_err(|e| format!("supertonic: {e}"))?;
             let s = self.model.synthesize(request.text.as_str(), &params).map_err(|e| format!("supertonic: {e}"))?;
-            Ok(SynthesisOutput {
-                samples: s.samples.into(),
-                sample_rate: self.model.hp.sample_rate,
-                timings: s.timings.entries.into_iter().map(|(stage, ms)| StageTiming { stage: stage.into(), ms }).collect(),
-            })
+            Ok(SynthesisOutput { samples: s.samples.into(), sample_rate: self.model.hp.sample_rate, timings: s.timings.into_stage_timings() })
         })
     }
 }

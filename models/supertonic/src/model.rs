@@ -6,12 +6,13 @@ use crate::graph::vector_estimator::{self, StepShape};
 use crate::graph::{duration, text_encoder, vocoder, Builder};
 use crate::hparams::{Hparams, Version};
 use crate::noise::NumpyLegacyRng;
+use crate::tensors;
 use crate::text::{self, Encoded, Indexer, UnsupportedChars};
 use crate::voice::{Voice, VoiceShape};
-use crate::tensors;
-use engine_core::model_kit::Weights;
+use engine_core::model_kit::builder::compute_graph;
+use engine_core::model_kit::{OpPolicy, Timings, Weights};
 use ggml_sys::gguf::GgufTensors;
-use ggml_sys::{Backend, ComputeGraph, Context, GraphIo, GraphSlot, Result as GgmlResult};
+use ggml_sys::{Backend, ComputeGraph, GraphIo, GraphSlot, Result as GgmlResult};
 use std::collections::BTreeMap;
 use std::path::Path;
 use std::time::Instant;
@@ -56,21 +57,6 @@ pub struct SynthesisParams {
     pub unsupported_chars: UnsupportedChars,
 }
 
-/// Milliseconds per stage.
-#[derive(Debug, Default, Clone)]
-pub struct Timings {
-    pub entries: Vec<(String, f64)>,
-}
-
-impl Timings {
-    fn record<T>(&mut self, stage: impl Into<String>, f: impl FnOnce() -> T) -> T {
-        let start = Instant::now();
-        let out = f();
-        self.entries.push((stage.into(), start.elapsed().as_secs_f64() * 1e3));
-        out
-    }
-}
-
 pub struct Synthesis {
     pub samples: Vec<f32>,
     pub timings: Timings,
@@ -89,6 +75,7 @@ pub struct Supertonic {
     graphs: GraphCache,
     weights: Weights,
     backend: Backend,
+    policy: OpPolicy,
     pub hp: Hparams,
     indexer: Indexer,
     voices: BTreeMap<String, Voice>,
@@ -114,7 +101,8 @@ pub fn check_file(gguf: &GgufTensors) -> Result<CheckedFile, String> {
     let path = gguf.file.path().display();
     engine_core::model_kit::require_architecture(&gguf.file, crate::hparams::ARCH, "a Supertonic model")?;
     let hp = Hparams::load(&gguf.file)?;
-    let voice_names: Vec<String> = gguf.file.tensors().iter().filter_map(|t| t.name.strip_prefix("voice.")?.strip_suffix(".style_ttl").map(str::to_string)).collect();
+    let voice_names: Vec<String> =
+        gguf.file.tensors().iter().filter_map(|t| t.name.strip_prefix("voice.")?.strip_suffix(".style_ttl").map(str::to_string)).collect();
     if voice_names.is_empty() {
         return err(format!("{path}: the model embeds no voice"));
     }
@@ -144,10 +132,11 @@ fn ggml<T>(r: GgmlResult<T>) -> Result<T, String> {
 }
 
 impl Supertonic {
-    pub fn load(path: &Path, backend: Backend) -> Result<Self, String> {
+    pub fn load(path: &Path, backend: Backend, policy: &OpPolicy) -> Result<Self, String> {
+        policy.check_denials("supertonic", crate::GRAPH_OPS)?;
         let gguf = ggml(GgufTensors::open(path))?;
         let CheckedFile { hp, voice_names, table, indexer } = check_file(&gguf)?;
-        let weights = Weights::load(gguf, &backend, table, is_matmul_weight)?;
+        let weights = Weights::load(gguf, &backend, table, policy.matmul_weights, is_matmul_weight)?;
         let mut voices = BTreeMap::new();
         for name in voice_names {
             let (ttl, dp) = tensors::voice_tensors(&name);
@@ -158,7 +147,30 @@ impl Supertonic {
         let vocoder_prelu = scalar("voc.head.prelu")?;
         let rope_theta = ggml(weights.host_f32("ve.rope.theta"))?;
         let time_freqs = ggml(weights.host_f32("ve.time.freqs"))?;
-        Ok(Supertonic { graphs: GraphCache::default(), weights, backend, hp, indexer, voices, dp_prelu, vocoder_prelu, rope_theta, time_freqs })
+        Ok(Supertonic {
+            graphs: GraphCache::default(),
+            weights,
+            backend,
+            policy: policy.clone(),
+            hp,
+            indexer,
+            voices,
+            dp_prelu,
+            vocoder_prelu,
+            rope_theta,
+            time_freqs,
+        })
+    }
+
+    /// The graphs built so far, by stage (census tests).
+    pub fn graphs(&self) -> Vec<(&'static str, &ComputeGraph)> {
+        let g = &self.graphs;
+        let mut out = Vec::new();
+        out.extend(g.duration.graph().map(|x| ("duration", x)));
+        out.extend(g.text_encoder.graph().map(|x| ("text_encoder", x)));
+        out.extend(g.vector_estimator.graph().map(|x| ("vector_estimator", x)));
+        out.extend(g.vocoder.graph().map(|x| ("vocoder", x)));
+        out
     }
 
     pub fn voice_names(&self) -> Vec<String> {
@@ -172,9 +184,11 @@ impl Supertonic {
     pub fn resolve_voice(&self, choice: &VoiceChoice) -> Result<Voice, String> {
         match choice {
             VoiceChoice::Named(name) if name.is_empty() => Ok(self.voices.values().next().expect("at least one voice").clone()),
-            VoiceChoice::Named(name) => self.voices.get(name).cloned().ok_or_else(|| {
-                format!("unknown voice '{name}' (embedded voices: {}; or give a voice style JSON path)", self.voice_names().join(", "))
-            }),
+            VoiceChoice::Named(name) => self
+                .voices
+                .get(name)
+                .cloned()
+                .ok_or_else(|| format!("unknown voice '{name}' (embedded voices: {}; or give a voice style JSON path)", self.voice_names().join(", "))),
             VoiceChoice::File(path) => Voice::from_json_file(path, &self.voice_shape()),
         }
     }
@@ -217,8 +231,14 @@ impl Supertonic {
         let encoded = self.indexer.encode(&wrapped, policy).map_err(|bad| {
             format!("unsupported characters for this model: {} (set unsupported_chars = \"skip\" to leave them out)", text::describe_chars(&bad))
         })?;
-        if policy == UnsupportedChars::Skip && !encoded.unsupported.is_empty() && !normalized.chars().any(|c| c.is_alphanumeric() && !encoded.unsupported.contains(&c)) {
-            return err(format!("nothing speakable remains of {text:?} without the characters this model lacks: {}", text::describe_chars(&encoded.unsupported)));
+        if policy == UnsupportedChars::Skip
+            && !encoded.unsupported.is_empty()
+            && !normalized.chars().any(|c| c.is_alphanumeric() && !encoded.unsupported.contains(&c))
+        {
+            return err(format!(
+                "nothing speakable remains of {text:?} without the characters this model lacks: {}",
+                text::describe_chars(&encoded.unsupported)
+            ));
         }
         Ok(encoded)
     }
@@ -229,19 +249,17 @@ impl Supertonic {
         text::chunk_text(text, max)
     }
 
-    fn builder<'c>(&self, ctx: &'c Context) -> Builder<'c, '_> {
-        Builder { ctx, weights: &self.weights, ln_eps: self.hp.layer_norm_eps }
-    }
-
-    fn build_graph(&self, f: impl for<'c> FnOnce(&Builder<'c, '_>) -> GgmlResult<GraphIo<'c>>) -> Result<ComputeGraph, String> {
-        ggml(ComputeGraph::build(&self.backend, MAX_NODES, |ctx| f(&self.builder(ctx))))
+    fn build_graph(&self, what: &str, f: impl for<'c> FnOnce(&Builder<'c, '_>) -> GgmlResult<GraphIo<'c>>) -> Result<ComputeGraph, String> {
+        let ln_eps = self.hp.layer_norm_eps;
+        compute_graph(&self.backend, &self.weights, &self.policy, MAX_NODES, what, |kit| f(&Builder { kit, ln_eps }))
     }
 
     /// Duration predictor: seconds (before the speed factor).
     pub fn duration(&mut self, ids: &[i32], voice: &Voice) -> Result<f32, String> {
         let mut cache = std::mem::take(&mut self.graphs.duration);
         let result = (|| {
-            let g = cache.get_or_build(ids.len(), || self.build_graph(|b| duration::build(b, &self.hp.dp, self.dp_prelu, ids.len())))?;
+            let g =
+                cache.get_or_build(ids.len(), || self.build_graph("the duration predictor", |b| duration::build(b, &self.hp.dp, self.dp_prelu, ids.len())))?;
             ggml(g.input("text_ids").and_then(|t| t.set_i32(ids)))?;
             ggml(g.input("style_dp").and_then(|t| t.set_f32(&voice.style_dp)))?;
             ggml(g.compute(&self.backend))?;
@@ -256,7 +274,7 @@ impl Supertonic {
         let mut cache = std::mem::take(&mut self.graphs.text_encoder);
         let result = (|| {
             let (sd, st) = (self.hp.style_dim, self.hp.style_tokens);
-            let g = cache.get_or_build(ids.len(), || self.build_graph(|b| text_encoder::build(b, &self.hp.te, sd, st, ids.len())))?;
+            let g = cache.get_or_build(ids.len(), || self.build_graph("the text encoder", |b| text_encoder::build(b, &self.hp.te, sd, st, ids.len())))?;
             ggml(g.input("text_ids").and_then(|t| t.set_i32(ids)))?;
             ggml(g.input("style_ttl").and_then(|t| t.set_f32(&voice.style_ttl)))?;
             ggml(g.compute(&self.backend))?;
@@ -268,15 +286,23 @@ impl Supertonic {
 
     /// Runs `steps` estimator steps from `noise` (`[L, C]` row-major, ggml
     /// `[C, L]`); `on_step` sees each step's output.
-    pub fn denoise(&mut self, noise: &[f32], text_emb: &[f32], voice: &Voice, steps: usize, mut on_step: impl FnMut(usize, &[f32], f64)) -> Result<Vec<f32>, String> {
+    pub fn denoise(
+        &mut self,
+        noise: &[f32],
+        text_emb: &[f32],
+        voice: &Voice,
+        steps: usize,
+        mut on_step: impl FnMut(usize, &[f32], f64),
+    ) -> Result<Vec<f32>, String> {
         let c = self.hp.latent_channels();
         let latent_len = noise.len() / c;
         let text_len = text_emb.len() / self.hp.te.char_dim;
         let shape = StepShape { latent_len, text_len, total_steps: steps };
-        let dims = vector_estimator::Dims { latent_channels: c, text_dim: self.hp.te.char_dim, style_dim: self.hp.style_dim, style_tokens: self.hp.style_tokens };
+        let dims =
+            vector_estimator::Dims { latent_channels: c, text_dim: self.hp.te.char_dim, style_dim: self.hp.style_dim, style_tokens: self.hp.style_tokens };
         let mut cache = std::mem::take(&mut self.graphs.vector_estimator);
         let result = (|| {
-            let g = cache.get_or_build(shape, || self.build_graph(|b| vector_estimator::build(b, &self.hp.ve, &dims, shape)))?;
+            let g = cache.get_or_build(shape, || self.build_graph("the vector estimator", |b| vector_estimator::build(b, &self.hp.ve, &dims, shape)))?;
             let (cq, sq) = vector_estimator::rope_tables(&self.rope_theta, latent_len);
             let (ck, sk) = vector_estimator::rope_tables(&self.rope_theta, text_len);
             let mut x = noise.to_vec();
@@ -284,7 +310,14 @@ impl Supertonic {
                 let start = Instant::now();
                 // The allocator may reuse an input's memory once the graph has
                 // consumed it, so every input is uploaded for every step.
-                for (name, values) in [("text_emb", text_emb), ("style_ttl", &voice.style_ttl[..]), ("rope_cos_q", &cq), ("rope_sin_q", &sq), ("rope_cos_k", &ck), ("rope_sin_k", &sk)] {
+                for (name, values) in [
+                    ("text_emb", text_emb),
+                    ("style_ttl", &voice.style_ttl[..]),
+                    ("rope_cos_q", &cq),
+                    ("rope_sin_q", &sq),
+                    ("rope_cos_k", &ck),
+                    ("rope_sin_k", &sk),
+                ] {
                     ggml(g.input(name).and_then(|t| t.set_f32(values)))?;
                 }
                 let features = vector_estimator::time_features(&self.time_freqs, self.hp.ve.time_scale, step, steps);
@@ -305,7 +338,7 @@ impl Supertonic {
         let latent_len = latent.len() / self.hp.latent_channels();
         let mut cache = std::mem::take(&mut self.graphs.vocoder);
         let result = (|| {
-            let g = cache.get_or_build(latent_len, || self.build_graph(|b| vocoder::build(b, &self.hp, self.vocoder_prelu, latent_len)))?;
+            let g = cache.get_or_build(latent_len, || self.build_graph("the vocoder", |b| vocoder::build(b, &self.hp, self.vocoder_prelu, latent_len)))?;
             ggml(g.input("latent").and_then(|t| t.set_f32(latent)))?;
             ggml(g.compute(&self.backend))?;
             ggml(g.output("wav").and_then(|t| t.get_f32()))
@@ -352,7 +385,7 @@ impl Supertonic {
             if ids.is_empty() {
                 return err("nothing to speak: the text is empty after normalisation");
             }
-            let seconds = timings.record("duration", || self.duration(ids, &voice))? / params.speed;
+            let seconds = timings.time("duration", || self.duration(ids, &voice))? / params.speed;
             // Every size below follows from this one number: bound it before allocating.
             if !(0.0..=MAX_CHUNK_SECONDS).contains(&seconds) {
                 return err(format!(
@@ -360,7 +393,7 @@ impl Supertonic {
                     chunks[i].chars().count()
                 ));
             }
-            let text_emb = timings.record("text_encoder", || self.text_encoder(ids, &voice))?;
+            let text_emb = timings.time("text_encoder", || self.text_encoder(ids, &voice))?;
             let (_, latent_len) = self.latent_len(seconds);
             let wav = if latent_len == 0 {
                 // Shorter than one sample: nothing to denoise (the official graphs return no samples).
@@ -369,8 +402,10 @@ impl Supertonic {
                 let x0 = noise.next(self.hp.latent_channels(), latent_len)?;
                 let mut step_times = Vec::new();
                 let latent = self.denoise(&x0, &text_emb, &voice, steps, |s, _, ms| step_times.push((format!("vector_estimator.step{s}"), ms)))?;
-                timings.entries.extend(step_times);
-                timings.record("vocoder", || self.vocoder(&latent))?
+                for (stage, ms) in step_times {
+                    timings.add(&stage, ms);
+                }
+                timings.time("vocoder", || self.vocoder(&latent))?
             };
             if i > 0 {
                 samples.extend_from_slice(&silence);

@@ -160,9 +160,8 @@ impl Indexer {
 }
 
 /// Abbreviations after which a period does not end a sentence.
-const ABBREVIATIONS: &[&str] = &[
-    "Mr.", "Mrs.", "Ms.", "Dr.", "Prof.", "Sr.", "Jr.", "Ph.D.", "etc.", "e.g.", "i.e.", "vs.", "Inc.", "Ltd.", "Co.", "Corp.", "St.", "Ave.", "Blvd.",
-];
+const ABBREVIATIONS: &[&str] =
+    &["Mr.", "Mrs.", "Ms.", "Dr.", "Prof.", "Sr.", "Jr.", "Ph.D.", "etc.", "e.g.", "i.e.", "vs.", "Inc.", "Ltd.", "Co.", "Corp.", "St.", "Ave.", "Blvd."];
 
 /// Splits a paragraph into sentences at whitespace ([`is_space`]) after `.`,
 /// `!` or `?`, except after the abbreviations above or a single capital letter
@@ -295,7 +294,6 @@ mod tests {
         assert!(Indexer::new(vec![3; 65536], 3).err().unwrap().contains("maps U+0000 to row 3, but the embeddings have 3 rows"));
     }
 
-
     #[test]
     fn sentence_split_respects_abbreviations() {
         assert_eq!(sentences("Dr. Smith came. He left! Did J. Doe? Yes."), vec!["Dr. Smith came.", "He left!", "Did J. Doe?", "Yes."]);
@@ -305,7 +303,11 @@ mod tests {
     fn a_sentence_past_the_limit_is_cut_between_words() {
         let long = "word ".repeat(400); // 1999 characters, no sentence end
         let chunks = chunk_text(&long, 300);
-        assert!(chunks.len() >= 2 && chunks.iter().all(|c| c.chars().count() <= MAX_SENTENCE_CHARS), "{:?}", chunks.iter().map(|c| c.len()).collect::<Vec<_>>());
+        assert!(
+            chunks.len() >= 2 && chunks.iter().all(|c| c.chars().count() <= MAX_SENTENCE_CHARS),
+            "{:?}",
+            chunks.iter().map(|c| c.len()).collect::<Vec<_>>()
+        );
         assert_eq!(chunks.join(" "), long.trim());
         // Up to the limit the official rule holds: the sentence stays whole.
         let sentence = format!("{}end.", "word ".repeat(100));

@@ -15,4 +15,3 @@ fn cpu_tiny_v2() {
 fn cpu_tiny_v3() {
     run_fixture("cpu", "tiny-v3", &CPU);
 }
-

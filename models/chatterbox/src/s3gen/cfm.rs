@@ -7,8 +7,8 @@
 //! embedding mixes t and r (meanflow). Layout `[channels, frames]`; batch 1 and
 //! every frame valid, so the masks are all ones and are dropped.
 
-use crate::graph::Builder;
 use crate::hparams::{CfmHparams, S3GenHparams};
+use engine_core::model_kit::Builder;
 use ggml_sys::{GraphIo, Result, Tensor, TYPE_F32};
 
 pub const X: &str = "x";
@@ -22,23 +22,7 @@ pub const VELOCITY: &str = "velocity";
 
 const P: &str = "cfm";
 
-/// Whether the device runs the transformer blocks' fused attention on these
-/// head sizes (it refuses some: Vulkan wants heads in multiples of 8); the
-/// explicit product-softmax-product path is used otherwise.
-pub fn fused_attention_supported(backend: &ggml_sys::Backend, c: &CfmHparams) -> bool {
-    let Some(device) = backend.device() else { return true };
-    let Ok(ctx) = ggml_sys::Context::new_no_alloc(8, 0) else { return false };
-    let (hd, nh) = (c.head_dim as i64, c.n_head as i64);
-    let node = (|| -> Result<Tensor<'_>> {
-        let q = ctx.new_tensor(TYPE_F32, &[hd, 64, nh])?;
-        let k = ctx.new_tensor(TYPE_F32, &[hd, 64, nh])?;
-        let v = ctx.new_tensor(TYPE_F32, &[hd, 64, nh])?;
-        ctx.flash_attn_ext(q, k, v, None, 1.0)
-    })();
-    node.is_ok_and(|n| device.supports_op(n))
-}
-
-pub fn build<'c>(b: &Builder<'c, '_>, hp: &S3GenHparams, frames: usize, meanflow: bool, fused_attention: bool) -> Result<GraphIo<'c>> {
+pub fn build<'c>(b: &Builder<'c, '_>, hp: &S3GenHparams, frames: usize, meanflow: bool) -> Result<GraphIo<'c>> {
     let ctx = b.ctx;
     let c = &hp.cfm;
     let (mel, t) = (hp.mel_channels as i64, frames as i64);
@@ -50,7 +34,8 @@ pub fn build<'c>(b: &Builder<'c, '_>, hp: &S3GenHparams, frames: usize, meanflow
     let t_emb = new(T_EMB, &[c.in_channels as i64, 1])?;
     let mut inputs = vec![(X, x), (MU, mu), (SPKS, spks), (COND, cond), (T_EMB, t_emb)];
 
-    let time_mlp = |e: Tensor<'c>| -> Result<Tensor<'c>> { b.linear(ctx.silu(b.linear(e, &format!("{P}.time_mlp.linear_1"))?)?, &format!("{P}.time_mlp.linear_2")) };
+    let time_mlp =
+        |e: Tensor<'c>| -> Result<Tensor<'c>> { b.linear(ctx.silu(b.linear(e, &format!("{P}.time_mlp.linear_1"))?)?, &format!("{P}.time_mlp.linear_2")) };
     let mut temb = time_mlp(t_emb)?;
     if meanflow {
         let r_emb = new(R_EMB, &[c.in_channels as i64, 1])?;
@@ -61,16 +46,16 @@ pub fn build<'c>(b: &Builder<'c, '_>, hp: &S3GenHparams, frames: usize, meanflow
 
     let h = ctx.concat(ctx.concat(ctx.concat(x, mu, 0)?, ctx.repeat_to(spks, [mel, t, 1, 1])?, 0)?, cond, 0)?;
     let h = resnet(b, c, h, temb, &format!("{P}.down_blocks.0.0"))?;
-    let h = transformers(b, c, h, &format!("{P}.down_blocks.0.1"), fused_attention)?;
+    let h = transformers(b, c, h, &format!("{P}.down_blocks.0.1"))?;
     let skip = h;
     let mut h = causal_conv(b, c, h, &format!("{P}.down_blocks.0.2"))?;
     for m in 0..c.n_mid {
         h = resnet(b, c, h, temb, &format!("{P}.mid_blocks.{m}.0"))?;
-        h = transformers(b, c, h, &format!("{P}.mid_blocks.{m}.1"), fused_attention)?;
+        h = transformers(b, c, h, &format!("{P}.mid_blocks.{m}.1"))?;
     }
     let h = ctx.concat(h, skip, 0)?;
     let h = resnet(b, c, h, temb, &format!("{P}.up_blocks.0.0"))?;
-    let h = transformers(b, c, h, &format!("{P}.up_blocks.0.1"), fused_attention)?;
+    let h = transformers(b, c, h, &format!("{P}.up_blocks.0.1"))?;
     let h = causal_conv(b, c, h, &format!("{P}.up_blocks.0.2"))?;
     let h = causal_block(b, c, h, &format!("{P}.final_block"))?;
     let v = conv(b, h, &format!("{P}.final_proj"), 0)?;
@@ -116,35 +101,25 @@ fn resnet<'c>(b: &Builder<'c, '_>, c: &CfmHparams, x: Tensor<'c>, temb: Tensor<'
     ctx.add(h, conv(b, x, &format!("{prefix}.res_conv"), 0)?)
 }
 
-fn transformers<'c>(b: &Builder<'c, '_>, c: &CfmHparams, mut x: Tensor<'c>, prefix: &str, fused: bool) -> Result<Tensor<'c>> {
+fn transformers<'c>(b: &Builder<'c, '_>, c: &CfmHparams, mut x: Tensor<'c>, prefix: &str) -> Result<Tensor<'c>> {
     for i in 0..c.n_transformer {
-        x = transformer_block(b, c, x, &format!("{prefix}.{i}"), fused)?;
+        x = transformer_block(b, c, x, &format!("{prefix}.{i}"))?;
     }
     Ok(x)
 }
 
 /// diffusers BasicTransformerBlock (self-attention only):
 /// `x += Attn(LN1(x))`, `x += W2 gelu(W1 LN3(x))` (exact GELU).
-fn transformer_block<'c>(b: &Builder<'c, '_>, c: &CfmHparams, x: Tensor<'c>, prefix: &str, fused: bool) -> Result<Tensor<'c>> {
+fn transformer_block<'c>(b: &Builder<'c, '_>, c: &CfmHparams, x: Tensor<'c>, prefix: &str) -> Result<Tensor<'c>> {
     let ctx = b.ctx;
     let (hd, nh, t) = (c.head_dim as i64, c.n_head as i64, x.ne()[1]);
     let h = b.layer_norm(x, &format!("{prefix}.norm1"), c.layer_norm_eps)?;
     let proj = |name: &str| -> Result<Tensor<'c>> { ctx.reshape(ctx.mul_mat(b.w(&format!("{prefix}.attn1.{name}.weight"))?, h)?, &[hd, nh, t]) };
     let (q, k, v) = (proj("to_q")?, proj("to_k")?, proj("to_v")?);
     let by_head = |y: Tensor<'c>| ctx.permute(y, [0, 2, 1, 3]); // [hd, t, nh]
-    let scale = 1.0 / (hd as f32).sqrt();
-    let out = if fused {
-        // Every frame is valid (batch 1), so the fused kernel needs no mask; its
-        // tiled CPU path accumulates in F32.
-        ctx.flash_attn_ext(by_head(q)?, by_head(k)?, by_head(v)?, None, scale)? // [hd, nh, t]
-    } else {
-        let scores = ctx.mul_mat(ctx.cont(by_head(k)?)?, ctx.cont(by_head(q)?)?)?; // [t_k, t_q, nh]
-        let probs = ctx.soft_max_ext(scores, None, scale)?;
-        let v_t = ctx.cont(ctx.permute(v, [1, 2, 0, 3])?)?; // [t_k, hd, nh]
-        let o = ctx.mul_mat(v_t, probs)?; // [hd, t_q, nh]
-        ctx.cont(ctx.permute(o, [0, 2, 1, 3])?)? // [hd, nh, t]
-    };
-    let out = ctx.reshape(out, &[hd * nh, t])?;
+                                                                // Every frame is valid (batch 1): no mask. Fused or explicit as the policy
+                                                                // and device allow; the fused CPU path accumulates in F32.
+    let out = b.attention(by_head(q)?, by_head(k)?, by_head(v)?, None, 1.0 / (hd as f32).sqrt())?; // [hd·nh, t]
     let x = ctx.add(x, b.linear(out, &format!("{prefix}.attn1.to_out.0"))?)?;
     let h = b.layer_norm(x, &format!("{prefix}.norm3"), c.layer_norm_eps)?;
     let h = b.linear(ctx.gelu_erf(b.linear(h, &format!("{prefix}.ff.net.0.proj"))?)?, &format!("{prefix}.ff.net.2"))?;

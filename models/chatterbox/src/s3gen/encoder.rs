@@ -7,8 +7,8 @@
 //! the mel channels. Layout `[channels, frames]`; batch 1, every frame valid,
 //! so no masks.
 
-use crate::graph::Builder;
 use crate::hparams::{EncoderHparams, S3GenHparams};
+use engine_core::model_kit::Builder;
 use ggml_sys::{GraphIo, Result, Tensor, TYPE_F32, TYPE_I32};
 
 pub const TOKENS: &str = "tokens";
@@ -49,10 +49,7 @@ pub fn build<'c>(b: &Builder<'c, '_>, hp: &S3GenHparams, n_tokens: usize) -> Res
     }
     let out = b.layer_norm(x, &format!("{P}.after_norm"), e.after_norm_eps)?;
     let mu = b.linear(out, "flow.encoder_proj")?;
-    Ok(GraphIo {
-        inputs: vec![(TOKENS, tokens), (POS_EMB, pos_emb), (UP_POS_EMB, up_pos_emb)],
-        outputs: vec![(ENCODER_OUT, out), (MU, mu)],
-    })
+    Ok(GraphIo { inputs: vec![(TOKENS, tokens), (POS_EMB, pos_emb), (UP_POS_EMB, up_pos_emb)], outputs: vec![(ENCODER_OUT, out), (MU, mu)] })
 }
 
 /// LinearNoSubsampling + the positional module's input scaling: `√d · LN(W x + b)`.
@@ -69,7 +66,7 @@ fn pre_lookahead<'c>(b: &Builder<'c, '_>, e: &EncoderHparams, x: Tensor<'c>) -> 
     let p = format!("{P}.pre_lookahead_layer");
     let h = ctx.pad_ext(x, [[0, 0], [0, e.pre_lookahead as i32], [0, 0], [0, 0]])?;
     let h = ctx.add(ctx.conv_1d(b.w(&format!("{p}.conv1.weight"))?, h, 1, 1)?, b.w(&format!("{p}.conv1.bias"))?)?;
-    let h = ctx.leaky_relu(h, e.leaky_relu_slope)?;
+    let h = b.leaky_relu(h, e.leaky_relu_slope)?;
     let h = ctx.pad_ext(h, [[0, 0], [e.lookahead_conv2_kernel as i32 - 1, 0], [0, 0], [0, 0]])?;
     let h = ctx.add(ctx.conv_1d(b.w(&format!("{p}.conv2.weight"))?, h, 1, 1)?, b.w(&format!("{p}.conv2.bias"))?)?;
     ctx.add(x, h)
@@ -139,4 +136,3 @@ pub fn relative_positions(d: usize, t: usize) -> Vec<f32> {
     }
     out
 }
-

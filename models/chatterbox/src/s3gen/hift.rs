@@ -6,8 +6,8 @@
 //! Layout: time-first `[frames, channels]` (ne0 = time), which is what ggml's
 //! im2col convolution and transposed convolution take.
 
-use crate::graph::Builder;
 use crate::hparams::HiftHparams;
+use engine_core::model_kit::Builder;
 use ggml_sys::{GraphIo, Result, Tensor, TYPE_F32};
 
 pub const MEL: &str = "mel";
@@ -48,7 +48,7 @@ pub fn build_decoder<'c>(b: &Builder<'c, '_>, hp: &HiftHparams, mel_channels: us
     let mut remaining: usize = hp.upsample_rates.iter().product();
     for i in 0..stages {
         let (rate, kernel) = (hp.upsample_rates[i], hp.upsample_kernels[i]);
-        x = ctx.leaky_relu(x, hp.lrelu_slope)?;
+        x = b.leaky_relu(x, hp.lrelu_slope)?;
         x = upsample(b, x, &format!("{P}.ups.{i}"), rate, kernel)?;
         if i == stages - 1 {
             x = ctx.pad_reflect_1d(x, 1, 0)?;
@@ -72,7 +72,7 @@ pub fn build_decoder<'c>(b: &Builder<'c, '_>, hp: &HiftHparams, mel_channels: us
         x = ctx.scale(sum.expect("at least one resblock"), 1.0 / n_res as f32)?;
     }
     // PyTorch's default slope here, not `lrelu_slope`.
-    let x = ctx.leaky_relu(x, 0.01)?;
+    let x = b.leaky_relu(x, 0.01)?;
     let out = conv(b, x, &format!("{P}.conv_post"), 1, hp.conv_post_kernel / 2, 1)?;
     Ok(GraphIo { inputs: vec![(MEL, mel), (SOURCE_STFT, source)], outputs: vec![(CONV_POST, out)] })
 }
@@ -116,14 +116,18 @@ fn conv<'c>(b: &Builder<'c, '_>, x: Tensor<'c>, prefix: &str, stride: usize, pad
 }
 
 fn gcd(a: i64, b: i64) -> i64 {
-    if b == 0 { a } else { gcd(b, a % b) }
+    if b == 0 {
+        a
+    } else {
+        gcd(b, a % b)
+    }
 }
 
 /// ConvTranspose1d with padding (k − rate)/2: the full transposed convolution,
 /// cropped on both sides (ggml's takes no padding).
 fn upsample<'c>(b: &Builder<'c, '_>, x: Tensor<'c>, prefix: &str, rate: usize, kernel: usize) -> Result<Tensor<'c>> {
     let ctx = b.ctx;
-    let full = ctx.conv_transpose_1d(b.w(&format!("{prefix}.weight"))?, x, rate as i32, 0, 1)?;
+    let full = b.conv_transpose_1d(b.w(&format!("{prefix}.weight"))?, x, rate)?;
     let pad = (kernel - rate) / 2;
     let len = x.ne()[0] * rate as i64;
     let [_, c, _, _] = full.ne();

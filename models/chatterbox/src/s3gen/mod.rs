@@ -7,11 +7,11 @@ pub mod encoder;
 pub mod hift;
 pub mod source;
 
-use crate::graph::Builder;
 use crate::hparams::{S3GenHparams, S3GEN_ARCH};
-use engine_core::model_kit::Weights;
+use engine_core::model_kit::builder::compute_graph;
+use engine_core::model_kit::{OpPolicy, Weights};
 use ggml_sys::gguf::GgufTensors;
-use ggml_sys::{Backend, ComputeGraph, GraphSlot};
+use ggml_sys::{Backend, GraphSlot};
 use std::path::Path;
 
 /// Upper bound on nodes of one S3Gen graph.
@@ -54,7 +54,12 @@ fn ggml<T>(r: ggml_sys::Result<T>) -> Result<T, String> {
 }
 
 fn is_matmul_weight(name: &str) -> bool {
-    (name.starts_with("enc.") || name.starts_with("flow.")) && name.ends_with(".weight") && !name.contains("norm") && !name.contains("embed.out.1") && !name.contains("input_embedding") && !name.contains(".conv")
+    (name.starts_with("enc.") || name.starts_with("flow."))
+        && name.ends_with(".weight")
+        && !name.contains("norm")
+        && !name.contains("embed.out.1")
+        && !name.contains("input_embedding")
+        && !name.contains(".conv")
 }
 
 /// Everything checked about an S3Gen file before any weight is read, without
@@ -81,18 +86,16 @@ pub struct S3Gen {
     source_merge: (Vec<f32>, f32),
     /// `spk_embed_affine_layer` (weight, bias), read once for the host-side projection.
     speaker_affine: (Vec<f32>, Vec<f32>),
-    /// Whether the CFM's attention runs fused on this device (see [`cfm::fused_attention_supported`]).
-    cfm_fused_attention: bool,
+    policy: OpPolicy,
 }
 
 impl S3Gen {
-    pub fn load(path: &Path, backend: Backend) -> Result<Self, String> {
+    pub fn load(path: &Path, backend: Backend, policy: &OpPolicy) -> Result<Self, String> {
         let gguf = ggml(GgufTensors::open(path))?;
         let (hp, table) = check_file(&gguf)?;
-        let weights = Weights::load(gguf, &backend, table, is_matmul_weight)?;
+        let weights = Weights::load(gguf, &backend, table, policy.matmul_weights, is_matmul_weight)?;
         let source_merge = (ggml(weights.host_f32("hift.m_source.l_linear.weight"))?, ggml(weights.host_f32("hift.m_source.l_linear.bias"))?[0]);
         let speaker_affine = (ggml(weights.host_f32("flow.spk_embed_affine_layer.weight"))?, ggml(weights.host_f32("flow.spk_embed_affine_layer.bias"))?);
-        let cfm_fused_attention = cfm::fused_attention_supported(&backend, &hp.cfm);
         Ok(S3Gen {
             encoder_graph: GraphSlot::default(),
             cfm_graph: GraphSlot::default(),
@@ -103,8 +106,14 @@ impl S3Gen {
             hp,
             source_merge,
             speaker_affine,
-            cfm_fused_attention,
+            policy: policy.clone(),
         })
+    }
+
+    /// The graphs built so far, by stage (census tests).
+    pub fn graphs(&self) -> Vec<(&'static str, &ggml_sys::ComputeGraph)> {
+        let slots = [("s3gen.encoder", &self.encoder_graph), ("s3gen.cfm", &self.cfm_graph), ("hift.f0", &self.f0_graph), ("hift", &self.hift_graph)];
+        slots.into_iter().filter_map(|(name, slot)| slot.graph().map(|g| (name, g))).collect()
     }
 
     pub fn weights(&self) -> &Weights {
@@ -129,7 +138,9 @@ impl S3Gen {
         if let Some(t) = tokens.iter().find(|&&t| t < 0 || t as usize >= self.hp.speech_vocab) {
             return Err(format!("speech token {t} is outside S3Gen's vocabulary of {}", self.hp.speech_vocab));
         }
-        let graph = self.encoder_graph.get_or_build(n, || ggml(ComputeGraph::build(&self.backend, MAX_NODES, |ctx| encoder::build(&Builder { ctx, weights: &self.weights }, &self.hp, n))))?;
+        let graph = self.encoder_graph.get_or_build(n, || {
+            compute_graph(&self.backend, &self.weights, &self.policy, MAX_NODES, "the S3Gen encoder", |b| encoder::build(&b, &self.hp, n))
+        })?;
         let e = &self.hp.encoder;
         let frames = n * e.up_stride;
         ggml(graph.input(encoder::TOKENS).and_then(|t| t.set_i32(tokens)))?;
@@ -149,8 +160,10 @@ impl S3Gen {
         if x.len() != frames * mel || mu.len() != x.len() || cond.len() != x.len() || spks.len() != mel || frames == 0 {
             return Err(format!("CFM inputs disagree: x {}, mu {}, cond {}, spks {} values for {mel} mel channels", x.len(), mu.len(), cond.len(), spks.len()));
         }
-        let (meanflow, fused) = (self.hp.meanflow, self.cfm_fused_attention);
-        let graph = self.cfm_graph.get_or_build(frames, || ggml(ComputeGraph::build(&self.backend, MAX_NODES, |ctx| cfm::build(&Builder { ctx, weights: &self.weights }, &self.hp, frames, meanflow, fused))))?;
+        let meanflow = self.hp.meanflow;
+        let graph = self.cfm_graph.get_or_build(frames, || {
+            compute_graph(&self.backend, &self.weights, &self.policy, MAX_NODES, "the CFM", |b| cfm::build(&b, &self.hp, frames, meanflow))
+        })?;
         let c = &self.hp.cfm;
         let set = |name: &str, v: &[f32]| ggml(graph.input(name).and_then(|t| t.set_f32(v)));
         set(cfm::X, x)?;
@@ -194,9 +207,9 @@ impl S3Gen {
     pub fn predict_f0(&mut self, mel: &[f32]) -> Result<Vec<f32>, String> {
         let frames = self.mel_frames(mel)?;
         let graph = self.f0_graph.get_or_build(frames, || {
-            ggml(ComputeGraph::build(&self.backend, MAX_NODES, |ctx| {
-                hift::build_f0(&Builder { ctx, weights: &self.weights }, &self.hp.hift, self.hp.mel_channels, frames)
-            }))
+            compute_graph(&self.backend, &self.weights, &self.policy, MAX_NODES, "HiFT's F0 predictor", |b| {
+                hift::build_f0(&b, &self.hp.hift, self.hp.mel_channels, frames)
+            })
         })?;
         ggml(graph.input(hift::MEL).and_then(|t| t.set_f32(mel)))?;
         ggml(graph.compute(&self.backend))?;
@@ -218,9 +231,9 @@ impl S3Gen {
         }
         let stft = source::stft(excitation, hp.n_fft, hp.hop)?;
         let graph = self.hift_graph.get_or_build(frames, || {
-            ggml(ComputeGraph::build(&self.backend, MAX_NODES, |ctx| {
-                hift::build_decoder(&Builder { ctx, weights: &self.weights }, &self.hp.hift, self.hp.mel_channels, frames)
-            }))
+            compute_graph(&self.backend, &self.weights, &self.policy, MAX_NODES, "HiFT", |b| {
+                hift::build_decoder(&b, &self.hp.hift, self.hp.mel_channels, frames)
+            })
         })?;
         ggml(graph.input(hift::MEL).and_then(|t| t.set_f32(mel)))?;
         ggml(graph.input(hift::SOURCE_STFT).and_then(|t| t.set_f32(&stft)))?;

@@ -86,7 +86,13 @@ pub fn stft(x: &[f32], n_fft: usize, hop: usize) -> Result<Vec<f32>, String> {
     }
     let reflect = |i: isize| -> f32 {
         let n = x.len() as isize;
-        let j = if i < 0 { -i } else if i >= n { 2 * (n - 1) - i } else { i };
+        let j = if i < 0 {
+            -i
+        } else if i >= n {
+            2 * (n - 1) - i
+        } else {
+            i
+        };
         x[j as usize]
     };
     let frames = x.len() / hop + 1;

@@ -7,8 +7,8 @@
 //! Layout: activations `[n_embd, n_tokens]`; heads split as `[head_dim, n_head, n]`.
 
 use super::kv_cache::{AttentionPath, KvCache};
-use crate::graph::Builder;
 use crate::hparams::T3Hparams;
+use engine_core::model_kit::Builder;
 use ggml_sys::{Context, GraphIo, Result, Tensor, TYPE_F16, TYPE_F32, TYPE_I32};
 
 /// What a graph feeds the transformer. The prompt
@@ -59,18 +59,10 @@ pub mod input {
 /// Output: speech logits of the last position, `[speech_vocab]`.
 pub const LOGITS: &str = "logits";
 
-pub fn build<'c>(
-    b: &Builder<'c, '_>,
-    hp: &T3Hparams,
-    kv: &KvCache,
-    shape: Shape,
-) -> Result<GraphIo<'c>> {
+pub fn build<'c>(b: &Builder<'c, '_>, hp: &T3Hparams, kv: &KvCache, shape: Shape) -> Result<GraphIo<'c>> {
     let ctx = b.ctx;
     let n = shape.feed.n_tokens() as i64;
-    let mut io = GraphIo {
-        inputs: Vec::new(),
-        outputs: Vec::new(),
-    };
+    let mut io = GraphIo { inputs: Vec::new(), outputs: Vec::new() };
     let mut new_input = |name: &'static str, ty, ne: &[i64]| -> Result<Tensor<'c>> {
         let t = ctx.new_tensor(ty, ne)?.set_name(name);
         io.inputs.push((name, t));
@@ -105,18 +97,10 @@ pub fn build<'c>(
     let positions = new_input(input::POSITIONS, TYPE_I32, &[n])?;
     let kv_rows = new_input(input::KV_ROWS, TYPE_I32, &[n])?;
     let kv_rows_v = match kv.path {
-        AttentionPath::Explicit => Some(new_input(
-            input::KV_ROWS_V,
-            TYPE_I32,
-            &[n * hp.n_embd as i64],
-        )?),
+        AttentionPath::Explicit => Some(new_input(input::KV_ROWS_V, TYPE_I32, &[n * hp.n_embd as i64])?),
         AttentionPath::Flash => None,
     };
-    let mask_ty = if kv.path == AttentionPath::Flash {
-        TYPE_F16
-    } else {
-        TYPE_F32
-    };
+    let mask_ty = if kv.path == AttentionPath::Flash { TYPE_F16 } else { TYPE_F32 };
     let mask = new_input(input::MASK, mask_ty, &[shape.kv_len as i64, n])?;
 
     let mut h = ctx.add(x, ctx.get_rows(b.w("t3.wpe")?, positions)?)?;
@@ -127,19 +111,11 @@ pub fn build<'c>(
         let attn = attention(ctx, hp, kv, l, qkv, kv_rows, kv_rows_v, mask, shape.kv_len)?;
         h = ctx.add(h, b.linear(attn, &format!("{p}.attn.out"))?)?;
         let m = b.layer_norm(h, &format!("{p}.ln2"), hp.layer_norm_eps)?;
-        let ff = b.linear(
-            b.gelu_tanh(b.linear(m, &format!("{p}.ffn.up"))?)?,
-            &format!("{p}.ffn.down"),
-        )?;
+        let ff = b.linear(b.gelu_tanh(b.linear(m, &format!("{p}.ffn.up"))?)?, &format!("{p}.ffn.down"))?;
         h = ctx.add(h, ff)?;
     }
     // Only the last position's logits are used: norm and project one column.
-    let last = ctx.view(
-        h,
-        &[hp.n_embd as i64, 1],
-        &[h.nb()[1]],
-        (n as usize - 1) * h.nb()[1],
-    )?;
+    let last = ctx.view(h, &[hp.n_embd as i64, 1], &[h.nb()[1]], (n as usize - 1) * h.nb()[1])?;
     let last = b.layer_norm(last, "t3.ln_f", hp.layer_norm_eps)?;
     let logits = b.linear(last, "t3.speech_head")?;
     io.outputs.push((LOGITS, logits));
@@ -187,11 +163,7 @@ fn attention<'c>(
             let n_ctx = kv.n_ctx as i64;
             let v_t = ctx.cont(ctx.transpose(part(2)?)?)?; // [n, d]
             let v_flat = ctx.reshape(v_cache, &[1, n_ctx * d])?;
-            let v_all = ctx.set_rows(
-                v_flat,
-                ctx.reshape(v_t, &[1, n * d])?,
-                kv_rows_v.expect("explicit path has V row indices"),
-            )?;
+            let v_all = ctx.set_rows(v_flat, ctx.reshape(v_t, &[1, n * d])?, kv_rows_v.expect("explicit path has V row indices"))?;
             let pos = f * kv.n_ctx;
             let v = ctx.view(v_all, &[kv_len, hd, nh], &[pos, hd as usize * pos], 0)?;
             // A contiguous right operand lets the CPU use its blocked GEMM (tinyBLAS).

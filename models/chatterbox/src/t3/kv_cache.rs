@@ -27,19 +27,10 @@ pub struct KvCache {
 }
 
 impl KvCache {
-    pub fn new(
-        backend: &Backend,
-        n_layer: usize,
-        n_embd: usize,
-        n_ctx: usize,
-        ty: Type,
-        path: AttentionPath,
-    ) -> Result<Self> {
+    pub fn new(backend: &Backend, n_layer: usize, n_embd: usize, n_ctx: usize, ty: Type, path: AttentionPath) -> Result<Self> {
         let ctx = Context::new_no_alloc(2 * n_layer, 0)?;
         for l in 0..n_layer {
-            let _ = ctx
-                .new_tensor(ty, &[n_embd as i64, n_ctx as i64])?
-                .set_name(&format!("k.{l}"));
+            let _ = ctx.new_tensor(ty, &[n_embd as i64, n_ctx as i64])?.set_name(&format!("k.{l}"));
             let v_shape = match path {
                 AttentionPath::Flash => [n_embd as i64, n_ctx as i64],
                 AttentionPath::Explicit => [n_ctx as i64, n_embd as i64],
@@ -50,15 +41,7 @@ impl KvCache {
         // Positions past the written ones are masked, but a masked NaN still
         // poisons a fused kernel's sums: start from zeros.
         buffer.clear(0);
-        Ok(KvCache {
-            buffer,
-            ctx,
-            n_layer,
-            n_embd,
-            n_ctx,
-            ty,
-            path,
-        })
+        Ok(KvCache { buffer, ctx, n_layer, n_embd, n_ctx, ty, path })
     }
 
     /// Zeroes the cache before a new sequence.

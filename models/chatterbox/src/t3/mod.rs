@@ -5,9 +5,10 @@
 pub mod gpt2;
 pub mod kv_cache;
 
-use crate::graph::Builder;
 use crate::hparams::{T3Hparams, T3_ARCH};
 use crate::sampler::{self, SamplingParams, UniformSource};
+use engine_core::model_kit::builder::compute_graph;
+use engine_core::model_kit::OpPolicy;
 use engine_core::model_kit::Weights;
 use ggml_sys::gguf::GgufTensors;
 use ggml_sys::{Backend, ComputeGraph, GraphSlot, Type, TYPE_F32};
@@ -31,10 +32,16 @@ pub struct AttentionConfig {
 }
 
 impl AttentionConfig {
-    pub const REFERENCE: AttentionConfig = AttentionConfig {
-        path: AttentionPath::Explicit,
-        kv_type: TYPE_F32,
-    };
+    pub const REFERENCE: AttentionConfig = AttentionConfig { path: AttentionPath::Explicit, kv_type: TYPE_F32 };
+
+    /// The path and cache type `policy` allows.
+    pub fn from_policy(policy: &OpPolicy) -> Self {
+        if policy.fused_attention {
+            AttentionConfig { path: AttentionPath::Flash, kv_type: policy.kv_type }
+        } else {
+            Self::REFERENCE
+        }
+    }
 }
 
 /// A voice's T3 conditioning.
@@ -92,6 +99,7 @@ pub struct T3 {
     backend: Backend,
     pub hp: T3Hparams,
     attention: AttentionConfig,
+    policy: OpPolicy,
     /// Positions written in the cache by the current sequence.
     n_past: usize,
     /// The voice whose prefix (positions `[0, 1 + prompt tokens)`) the cache
@@ -100,15 +108,13 @@ pub struct T3 {
 }
 
 impl T3 {
-    pub fn load(path: &Path, backend: Backend, attention: AttentionConfig) -> Result<Self, String> {
+    pub fn load(path: &Path, backend: Backend, policy: &OpPolicy) -> Result<Self, String> {
         let gguf = ggml(GgufTensors::open(path))?;
         let (hp, table) = check_file(&gguf)?;
-        let weights = Weights::load(gguf, &backend, table, is_matmul_weight)?;
+        let weights = Weights::load(gguf, &backend, table, policy.matmul_weights, is_matmul_weight)?;
+        let attention = AttentionConfig::from_policy(policy);
         let attention = match attention.path {
-            AttentionPath::Explicit => AttentionConfig {
-                path: AttentionPath::Explicit,
-                kv_type: TYPE_F32,
-            },
+            AttentionPath::Explicit => AttentionConfig { path: AttentionPath::Explicit, kv_type: TYPE_F32 },
             // A block-quantized cache row must split into whole blocks per head.
             AttentionPath::Flash if !hp.head_dim().is_multiple_of(unsafe { ggml_sys::sys::ggml_blck_size(attention.kv_type) } as usize) => {
                 tracing::warn!(head_dim = hp.head_dim(), "heads do not split into K/V cache blocks; using an F16 cache");
@@ -125,6 +131,7 @@ impl T3 {
             backend,
             hp,
             attention,
+            policy: policy.clone(),
             n_past: 0,
             cached_voice: None,
         })
@@ -136,6 +143,15 @@ impl T3 {
             speaker_emb: ggml(self.weights.host_f32(crate::tensors::T3_SPEAKER_EMB))?,
             prompt_speech_tokens: ggml(self.weights.host_i32(crate::tensors::T3_PROMPT_TOKENS))?,
         })
+    }
+
+    /// The graphs built so far, by stage (census tests).
+    pub fn graphs(&self) -> Vec<(&'static str, &ComputeGraph)> {
+        let mut out: Vec<(&'static str, &ComputeGraph)> = Vec::new();
+        out.extend(self.prefix_graph.graph().map(|g| ("t3.prefix", g)));
+        out.extend(self.suffix_graph.graph().map(|g| ("t3.suffix", g)));
+        out.extend(self.step_graphs.values().map(|g| ("t3.step", g)));
+        out
     }
 
     pub fn weights(&self) -> &Weights {
@@ -190,19 +206,8 @@ impl T3 {
         self.step_graphs.clear();
         self.cached_voice = None;
         self.kv = None;
-        let kv = ggml(KvCache::new(
-            &self.backend,
-            self.hp.n_layer,
-            self.hp.n_embd,
-            n_ctx,
-            self.attention.kv_type,
-            self.attention.path,
-        ))?;
-        tracing::debug!(
-            positions = n_ctx,
-            mib = kv.bytes() as f64 / (1 << 20) as f64,
-            "T3 K/V cache"
-        );
+        let kv = ggml(KvCache::new(&self.backend, self.hp.n_layer, self.hp.n_embd, n_ctx, self.attention.kv_type, self.attention.path))?;
+        tracing::debug!(positions = n_ctx, mib = kv.bytes() as f64 / (1 << 20) as f64, "T3 K/V cache");
         self.kv = Some(kv);
         Ok(())
     }
@@ -213,21 +218,13 @@ impl T3 {
     }
 
     /// Uploads the position-dependent inputs for `n` new tokens at `start`.
-    fn set_positions(
-        &self,
-        graph: &ComputeGraph,
-        start: usize,
-        n: usize,
-        kv_len: usize,
-    ) -> Result<(), String> {
+    fn set_positions(&self, graph: &ComputeGraph, start: usize, n: usize, kv_len: usize) -> Result<(), String> {
         let kv = self.kv.as_ref().expect("cache reserved");
         let rows: Vec<i32> = (start..start + n).map(|p| p as i32).collect();
         set_i32(graph, input::POSITIONS, &rows)?;
         set_i32(graph, input::KV_ROWS, &rows)?;
         if kv.path == AttentionPath::Explicit {
-            let v_rows: Vec<i32> = (0..self.hp.n_embd)
-                .flat_map(|e| rows.iter().map(move |&p| (e * kv.n_ctx) as i32 + p))
-                .collect();
+            let v_rows: Vec<i32> = (0..self.hp.n_embd).flat_map(|e| rows.iter().map(move |&p| (e * kv.n_ctx) as i32 + p)).collect();
             set_i32(graph, input::KV_ROWS_V, &v_rows)?;
         }
         let mut mask = vec![f32::NEG_INFINITY; kv_len * n];
@@ -242,27 +239,13 @@ impl T3 {
     /// logits of the first speech token. The voice's part is computed only
     /// when the cache does not hold it already (another voice, or a grown
     /// cache): consecutive texts in one voice pay for their text alone.
-    pub fn prefill(
-        &mut self,
-        cond: &T3Conditioning,
-        text: &[i32],
-        max_new_tokens: usize,
-    ) -> Result<Vec<f32>, String> {
+    pub fn prefill(&mut self, cond: &T3Conditioning, text: &[i32], max_new_tokens: usize) -> Result<Vec<f32>, String> {
         let hp = &self.hp;
         if cond.speaker_emb.len() != hp.speaker_dim {
-            return Err(format!(
-                "the speaker embedding has {} values, T3 takes {}",
-                cond.speaker_emb.len(),
-                hp.speaker_dim
-            ));
+            return Err(format!("the speaker embedding has {} values, T3 takes {}", cond.speaker_emb.len(), hp.speaker_dim));
         }
-        let check_ids = |ids: &[i32], vocab: usize, what: &str| match ids
-            .iter()
-            .find(|&&t| t < 0 || t as usize >= vocab)
-        {
-            Some(t) => Err(format!(
-                "{what} token {t} is outside the vocabulary of {vocab}"
-            )),
+        let check_ids = |ids: &[i32], vocab: usize, what: &str| match ids.iter().find(|&&t| t < 0 || t as usize >= vocab) {
+            Some(t) => Err(format!("{what} token {t} is outside the vocabulary of {vocab}")),
             None => Ok(()),
         };
         check_ids(&cond.prompt_speech_tokens, hp.speech_vocab, "prompt speech")?;
@@ -275,7 +258,7 @@ impl T3 {
         if self.cached_voice.as_ref() != Some(cond) {
             self.cached_voice = None;
             let shape = Shape { feed: Feed::VoicePrefix { prompt_tokens: cond.prompt_speech_tokens.len() }, kv_len: self.span(prefix) };
-            self.prefix_graph.get_or_build(shape, || build_graph(&self.backend, &self.weights, &self.hp, self.kv.as_ref(), shape))?;
+            self.prefix_graph.get_or_build(shape, || build_graph(&self.backend, &self.weights, &self.policy, &self.hp, self.kv.as_ref(), shape))?;
             let graph = self.prefix_graph.graph().expect("built above");
             set_f32(graph, input::SPEAKER, &cond.speaker_emb)?;
             if !cond.prompt_speech_tokens.is_empty() {
@@ -286,7 +269,7 @@ impl T3 {
             self.cached_voice = Some(cond.clone());
         }
         let shape = Shape { feed: suffix, kv_len: self.span(n) };
-        self.suffix_graph.get_or_build(shape, || build_graph(&self.backend, &self.weights, &self.hp, self.kv.as_ref(), shape))?;
+        self.suffix_graph.get_or_build(shape, || build_graph(&self.backend, &self.weights, &self.policy, &self.hp, self.kv.as_ref(), shape))?;
         let graph = self.suffix_graph.graph().expect("built above");
         if !text.is_empty() {
             set_i32(graph, input::TEXT_TOKENS, text)?;
@@ -309,14 +292,11 @@ impl T3 {
             return Err(format!("T3 context is full ({capacity} positions)"));
         }
         if token as usize >= self.hp.speech_vocab {
-            return Err(format!(
-                "speech token {token} is outside the vocabulary of {}",
-                self.hp.speech_vocab
-            ));
+            return Err(format!("speech token {token} is outside the vocabulary of {}", self.hp.speech_vocab));
         }
         let kv_len = self.span(pos + 1);
         if !self.step_graphs.contains_key(&kv_len) {
-            let g = build_graph(&self.backend, &self.weights, &self.hp, self.kv.as_ref(), Shape { feed: Feed::Step, kv_len })?;
+            let g = build_graph(&self.backend, &self.weights, &self.policy, &self.hp, self.kv.as_ref(), Shape { feed: Feed::Step, kv_len })?;
             self.step_graphs.insert(kv_len, g);
         }
         let graph = &self.step_graphs[&kv_len];
@@ -329,9 +309,9 @@ impl T3 {
 }
 
 /// One T3 graph of `shape` over the model's weights and cache.
-fn build_graph(backend: &Backend, weights: &Weights, hp: &T3Hparams, kv: Option<&KvCache>, shape: Shape) -> Result<ComputeGraph, String> {
+fn build_graph(backend: &Backend, weights: &Weights, policy: &OpPolicy, hp: &T3Hparams, kv: Option<&KvCache>, shape: Shape) -> Result<ComputeGraph, String> {
     let kv = kv.expect("cache reserved before building");
-    ggml(ComputeGraph::build(backend, MAX_NODES, |ctx| gpt2::build(&Builder { ctx, weights }, hp, kv, shape)))
+    compute_graph(backend, weights, policy, MAX_NODES, "T3", |b| gpt2::build(&b, hp, kv, shape))
 }
 
 /// How each speech token is chosen.
@@ -373,11 +353,7 @@ pub fn generate(
     let mut tokens: Vec<u32> = Vec::new();
     let steps_started = std::time::Instant::now();
     loop {
-        let history: &[u32] = if tokens.is_empty() {
-            &[t3.hp.start_speech_token]
-        } else {
-            &tokens
-        };
+        let history: &[u32] = if tokens.is_empty() { &[t3.hp.start_speech_token] } else { &tokens };
         // As transformers' MinNewTokensLength: no stop before the minimum.
         if tokens.len() < min_new_tokens {
             if let Some(l) = logits.get_mut(stop as usize) {

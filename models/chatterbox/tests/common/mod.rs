@@ -40,13 +40,7 @@ pub fn reference_dir() -> PathBuf {
 }
 
 fn artifact_dir() -> PathBuf {
-    std::env::current_exe()
-        .unwrap()
-        .parent()
-        .unwrap()
-        .parent()
-        .unwrap()
-        .to_path_buf()
+    std::env::current_exe().unwrap().parent().unwrap().parent().unwrap().to_path_buf()
 }
 
 /// Opens device 0 of a backend plugin built next to the test binary.
@@ -56,8 +50,7 @@ pub fn open(backend: &str) -> BackendHandle {
         "vulkan" => vec![("allow_software", OptionValue::Bool(true))],
         _ => vec![("threads", OptionValue::Int(2))],
     };
-    loader::open_backend_device(&path, options, 0)
-        .unwrap_or_else(|e| panic!("{e} (build the workspace first)"))
+    loader::open_backend_device(&path, options, 0).unwrap_or_else(|e| panic!("{e} (build the workspace first)"))
 }
 
 /// A fixture `.npy` as (shape, f32 values); int64 arrays are converted.
@@ -68,12 +61,7 @@ pub fn npy(name: &str) -> (Vec<u64>, Vec<f32>) {
     let shape = f.shape().to_vec();
     let values = match f.dtype().descr().trim_matches('\'') {
         "<f4" => f.into_vec::<f32>().unwrap(),
-        "<i8" => f
-            .into_vec::<i64>()
-            .unwrap()
-            .into_iter()
-            .map(|v| v as f32)
-            .collect(),
+        "<i8" => f.into_vec::<i64>().unwrap().into_iter().map(|v| v as f32).collect(),
         other => panic!("{}: dtype {other}", path.display()),
     };
     (shape, values)
@@ -83,36 +71,18 @@ pub fn npy(name: &str) -> (Vec<u64>, Vec<f32>) {
 pub fn npy_i64(name: &str) -> Vec<i64> {
     let path = reference_dir().join(format!("{name}.npy"));
     let bytes = std::fs::read(&path).unwrap_or_else(|e| panic!("{}: {e}", path.display()));
-    npyz::NpyFile::new(&bytes[..])
-        .unwrap()
-        .into_vec::<i64>()
-        .unwrap()
+    npyz::NpyFile::new(&bytes[..]).unwrap().into_vec::<i64>().unwrap()
 }
 
+/// The shared NaN-failing, length-checking comparison (`engine_core::compare`).
 pub fn rel_err(ours: &[f32], reference: &[f32]) -> f32 {
-    assert_eq!(ours.len(), reference.len(), "length differs");
-    let scale = reference
-        .iter()
-        .filter(|v| v.is_finite())
-        .fold(0f32, |m, v| m.max(v.abs()))
-        .max(1e-12);
-    ours.iter().zip(reference).fold(0f32, |m, (a, b)| {
-        if a.is_infinite() || b.is_infinite() {
-            assert_eq!(a, b, "infinite values differ");
-            m
-        } else {
-            m.max((a - b).abs())
-        }
-    }) / scale
+    engine_core::compare::max_rel_err(ours, reference).unwrap_or_else(|e| panic!("{e}"))
 }
 
 pub fn check(stage: &str, ours: &[f32], reference: &[f32], tol: f32) -> f32 {
     let e = rel_err(ours, reference);
     println!("  {stage:<24} rel err {e:.3e} (tolerance {tol:.0e})");
-    assert!(
-        e <= tol,
-        "{stage}: relative error {e:.3e} exceeds {tol:.0e}"
-    );
+    assert!(e <= tol, "{stage}: relative error {e:.3e} exceeds {tol:.0e}");
     e
 }
 

@@ -3,11 +3,12 @@
 //! runs end to end from text with the reference's draws injected.
 
 use super::{check, npy, npy_i64, open, reference_dir, rel_err};
+use engine_core::model_kit::OpPolicy;
 use tts_model_chatterbox::model::{read_npy_f32, Chatterbox, SynthesisParams};
 use tts_model_chatterbox::s3gen::source::{apply_trim_fade, SourceNoise};
 use tts_model_chatterbox::s3gen::S3Gen;
 use tts_model_chatterbox::sampler::{SamplingParams, UniformSource};
-use tts_model_chatterbox::t3::{self, AttentionConfig, TokenChoice, T3};
+use tts_model_chatterbox::t3::{self, TokenChoice, T3};
 
 /// Relative tolerances of one backend.
 pub struct Tolerances {
@@ -37,7 +38,8 @@ pub const REPORT: Tolerances = Tolerances {
 };
 
 /// CPU: f32 throughout; the differences are summation order and libm.
-pub const CPU: Tolerances = Tolerances { logits: 1e-4, encoder: 1e-5, cfm: 1e-5, hift_body: 1e-5, waveform: 1e-4, waveform_from_mel: Some(1e-3), exact_tokens: true };
+pub const CPU: Tolerances =
+    Tolerances { logits: 1e-4, encoder: 1e-5, cfm: 1e-5, hift_body: 1e-5, waveform: 1e-4, waveform_from_mel: Some(1e-3), exact_tokens: true };
 
 pub use tts_model_chatterbox::model::transpose;
 
@@ -54,7 +56,10 @@ pub fn teacher_forced(t3: &mut T3) -> f32 {
     let mut worst = 0f32;
     let mut logits = t3.prefill(&cond, &text_ids(), rows).unwrap();
     for r in 0..rows {
-        worst = worst.max(rel_err(&logits, &reference[r * vocab..(r + 1) * vocab]));
+        let e = rel_err(&logits, &reference[r * vocab..(r + 1) * vocab]);
+        if e > worst {
+            worst = e;
+        }
         if r + 1 < rows {
             logits = t3.step(tokens[r] as u32).unwrap();
         }
@@ -62,11 +67,22 @@ pub fn teacher_forced(t3: &mut T3) -> f32 {
     worst
 }
 
-pub fn t3(backend: &str, attention: AttentionConfig, tol: &Tolerances) {
+/// What a policy is called in the suites' reports.
+pub fn describe(policy: &OpPolicy) -> String {
+    format!(
+        "{} attention, {} leaky_relu, {} conv_transpose_1d, weights {}",
+        if policy.fused_attention { "fused" } else { "explicit" },
+        if policy.native_leaky_relu { "native" } else { "composed" },
+        if policy.native_conv_transpose_1d { "native" } else { "decomposed" },
+        policy.matmul_weights.as_str()
+    )
+}
+
+pub fn t3(backend: &str, policy: &OpPolicy, tol: &Tolerances) {
     let handle = open(backend);
-    let mut t3 = T3::load(&super::t3_file(), handle.ggml_backend(), attention).unwrap();
+    let mut t3 = T3::load(&super::t3_file(), handle.ggml_backend(), policy).unwrap();
     let e = teacher_forced(&mut t3);
-    println!("  {backend} {:?}: T3 teacher-forced logits rel err {e:.3e} (tolerance {:.0e})", attention.path, tol.logits);
+    println!("  {backend} ({}): T3 teacher-forced logits rel err {e:.3e} (tolerance {:.0e})", describe(policy), tol.logits);
     assert!(e <= tol.logits, "teacher-forced logits differ by {e:.3e}");
     // A second sequence on the same cache must not see the first one.
     let e2 = teacher_forced(&mut t3);
@@ -86,14 +102,14 @@ pub fn t3(backend: &str, attention: AttentionConfig, tol: &Tolerances) {
     }
 }
 
-fn s3gen(backend: &str) -> (engine_core::abi::BackendHandle, S3Gen) {
+fn s3gen(backend: &str, policy: &OpPolicy) -> (engine_core::abi::BackendHandle, S3Gen) {
     let handle = open(backend);
-    let s3 = S3Gen::load(&super::fixture_dir().join("s3gen-meanflow.gguf"), handle.ggml_backend()).unwrap();
+    let s3 = S3Gen::load(&super::fixture_dir().join("s3gen-meanflow.gguf"), handle.ggml_backend(), policy).unwrap();
     (handle, s3)
 }
 
-pub fn encoder(backend: &str, tol: &Tolerances) {
-    let (_handle, mut s3) = s3gen(backend);
+pub fn encoder(backend: &str, policy: &OpPolicy, tol: &Tolerances) {
+    let (_handle, mut s3) = s3gen(backend, policy);
     let voice = s3.builtin_voice().unwrap();
     let mut tokens = voice.prompt_token.clone();
     tokens.extend(npy_i64("s3gen_tokens").into_iter().map(|v| v as i32));
@@ -105,8 +121,8 @@ pub fn encoder(backend: &str, tol: &Tolerances) {
     check(&format!("{backend} speaker projection"), &s3.speaker_projection(&voice.embedding).unwrap(), &npy("s3gen_spks").1, tol.encoder);
 }
 
-pub fn cfm(backend: &str, tol: &Tolerances) {
-    let (_handle, mut s3) = s3gen(backend);
+pub fn cfm(backend: &str, policy: &OpPolicy, tol: &Tolerances) {
+    let (_handle, mut s3) = s3gen(backend, policy);
     let mel = s3.hp.mel_channels;
     // Reference layouts: x, cond, v are (1, mel, T); mu is (1, T, mel); ours are [T][mel].
     let channel_major = |name: &str| {
@@ -131,8 +147,8 @@ pub fn cfm(backend: &str, tol: &Tolerances) {
     check(&format!("{backend} CFM output mel"), &ours, &reference, tol.cfm);
 }
 
-pub fn hift(backend: &str, tol: &Tolerances) {
-    let (_handle, mut s3) = s3gen(backend);
+pub fn hift(backend: &str, policy: &OpPolicy, tol: &Tolerances) {
+    let (_handle, mut s3) = s3gen(backend, policy);
     let (shape, mel) = npy("s3gen_mel");
     let mel = transpose(&mel, s3.hp.mel_channels, shape[2] as usize);
     let mut phase = npy("hift_sine_phase").1;
@@ -172,12 +188,12 @@ struct Case {
 }
 
 /// `ChatterboxTurboTTS.generate(text)` with recorded draws against `synthesize(text)`.
-pub fn pipeline(backend: &str, attention: AttentionConfig, tol: &Tolerances) {
+pub fn pipeline(backend: &str, policy: &OpPolicy, tol: &Tolerances) {
     let handle = open(backend);
     let dir = super::fixture_dir();
     // Either order: the loader tells the files apart by architecture.
     let files = [dir.join("s3gen-meanflow.gguf"), super::t3_file()];
-    let mut model = Chatterbox::load(&files, &handle.ggml_backend(), attention).unwrap();
+    let mut model = Chatterbox::load(&files, &handle.ggml_backend(), policy).unwrap();
     let draws = reference_dir().join("pipeline");
     let case: Case = serde_json::from_str(&std::fs::read_to_string(draws.join("case.json")).unwrap()).unwrap();
     let params = SynthesisParams { max_new_tokens: case.max_new_tokens, draws: Some(draws.clone()), ..SynthesisParams::default() };

@@ -3,52 +3,29 @@
 //! and multi-head cross-attention.
 
 use crate::hparams::{AttnEncoderHp, ConvNextHp, CrossAttnHp};
-use engine_core::model_kit::Weights;
-use ggml_sys::{Context, Result, Tensor};
+use engine_core::model_kit;
+use ggml_sys::{Result, Tensor};
 
-/// Graph construction state: the op context, the weights, shared constants.
+/// The kit's builder (policy-aware ops, weights, linear layers) plus the
+/// LayerNorm epsilon every Supertonic stage shares.
 pub struct Builder<'c, 'w> {
-    pub ctx: &'c Context,
-    pub weights: &'w Weights,
+    pub kit: model_kit::Builder<'c, 'w>,
     pub ln_eps: f32,
+}
+
+impl<'c, 'w> std::ops::Deref for Builder<'c, 'w> {
+    type Target = model_kit::Builder<'c, 'w>;
+    fn deref(&self) -> &Self::Target {
+        &self.kit
+    }
 }
 
 const F32: usize = std::mem::size_of::<f32>();
 
 impl<'c> Builder<'c, '_> {
-    /// A weight tensor, usable in this graph (the weights outlive every graph).
-    pub fn w(&self, name: &str) -> Result<Tensor<'c>> {
-        self.weights.tensor(self.ctx, name)
-    }
-
-    /// `W x + b` with `W` stored `[in, out]` (ggml order), `x` `[in, T, B]`.
-    pub fn linear(&self, x: Tensor<'c>, prefix: &str) -> Result<Tensor<'c>> {
-        let y = self.matmul(self.w(&format!("{prefix}.weight"))?, x)?;
-        self.ctx.add(y, self.w(&format!("{prefix}.bias"))?)
-    }
-
-    pub fn linear_no_bias(&self, x: Tensor<'c>, name: &str) -> Result<Tensor<'c>> {
-        self.matmul(self.w(name)?, x)
-    }
-
-    /// `W x` over every frame of every batch item as one matrix product (a
-    /// batch dimension would otherwise split it into one product per item,
-    /// streaming the weights once per item).
-    fn matmul(&self, w: Tensor<'c>, x: Tensor<'c>) -> Result<Tensor<'c>> {
-        let [c, t, b, one] = x.ne();
-        if b == 1 || one != 1 {
-            return self.ctx.mul_mat(w, x);
-        }
-        let flat = self.ctx.reshape(self.ctx.cont(x)?, &[c, t * b])?;
-        let y = self.ctx.mul_mat(w, flat)?;
-        self.ctx.reshape(y, &[y.ne()[0], t, b])
-    }
-
     /// LayerNorm over channels with affine `prefix.weight` / `prefix.bias`.
     pub fn layer_norm(&self, x: Tensor<'c>, prefix: &str) -> Result<Tensor<'c>> {
-        let n = self.ctx.norm(x, self.ln_eps)?;
-        let n = self.ctx.mul(n, self.w(&format!("{prefix}.weight"))?)?;
-        self.ctx.add(n, self.w(&format!("{prefix}.bias"))?)
+        self.kit.layer_norm(x, prefix, self.ln_eps)
     }
 
     /// Replicates the first and last frames: `[C, T, B]` → `[C, left + T + right, B]`.
@@ -124,15 +101,6 @@ impl<'c> Builder<'c, '_> {
         self.ctx.reshape(x, &[d * h, t, b])
     }
 
-    /// softmax(scale · kᵀq) v over heads: q `[D, Tq, H, B]`, k `[D, Tk, H, B]`,
-    /// v `[D, Tk, H, B]` → `[D, Tq, H, B]`. Also returns the probabilities.
-    pub fn attention(&self, q: Tensor<'c>, k: Tensor<'c>, v: Tensor<'c>, scale: f32) -> Result<(Tensor<'c>, Tensor<'c>)> {
-        let scores = self.ctx.mul_mat(k, q)?; // [Tk, Tq, H, B]
-        let probs = self.ctx.soft_max_ext(scores, None, scale)?;
-        let vt = self.ctx.cont(self.ctx.permute(v, [1, 0, 2, 3])?)?; // [Tk, D, H, B]
-        Ok((self.ctx.mul_mat(vt, probs)?, probs))
-    }
-
     /// Multi-head cross-attention over precomputed keys: q from `x`, keys
     /// `[U, S, B]`, values projected from `values_in` `[Cs, S, B]`; output
     /// projected back and added to nothing (callers add their residual).
@@ -140,8 +108,8 @@ impl<'c> Builder<'c, '_> {
         let q = self.split_heads(self.linear(x, &format!("{prefix}.q"))?, hp.heads)?;
         let k = self.split_heads(keys, hp.heads)?;
         let v = self.split_heads(self.linear(values_in, &format!("{prefix}.v"))?, hp.heads)?;
-        let (o, _) = self.attention(q, k, v, hp.scale)?;
-        self.linear(self.merge_heads(o)?, &format!("{prefix}.o"))
+        let o = self.attention(q, k, v, None, hp.scale)?;
+        self.linear(o, &format!("{prefix}.o"))
     }
 
     /// A relative-position table `[D, 2W+1]` (ne0 = D) cut or zero-padded along

@@ -24,7 +24,7 @@ pub fn build<'c>(b: &Builder<'c, '_>, hp: &DurationHp, prelu_slope: f32, text_le
     let sentence = ctx.view(h, &[hp.char_dim as i64, 1], &[h.nb()[1]], 0)?;
     let sentence = b.linear_no_bias(ctx.cont(sentence)?, "dp.proj_out.weight")?;
     let features = ctx.concat(sentence, style, 0)?;
-    let hidden = ctx.leaky_relu(b.linear(features, "dp.pred.0")?, prelu_slope)?;
+    let hidden = b.leaky_relu(b.linear(features, "dp.pred.0")?, prelu_slope)?;
     let duration = ctx.exp(b.linear(hidden, "dp.pred.1")?)?;
     Ok(GraphIo { inputs: vec![("text_ids", ids), ("style_dp", style)], outputs: vec![("duration", duration)] })
 }

@@ -75,8 +75,8 @@ pub fn build<'c>(b: &Builder<'c, '_>, hp: &VectorEstimatorHp, dims: &Dims, shape
         let q = rope(b, b.split_heads(b.linear(h_cond, &format!("{p}.text_attn.q"))?, a.heads)?, cos_q, sin_q)?;
         let k = rope(b, b.split_heads(b.linear(text, &format!("{p}.text_attn.k"))?, a.heads)?, cos_k, sin_k)?;
         let v = b.split_heads(b.linear(text, &format!("{p}.text_attn.v"))?, a.heads)?;
-        let (o, _) = b.attention(q, k, v, a.scale)?;
-        let mut o = b.linear(b.merge_heads(o)?, &format!("{p}.text_attn.o"))?;
+        let o = b.attention(q, k, v, None, a.scale)?;
+        let mut o = b.linear(o, &format!("{p}.text_attn.o"))?;
         if let Some(token) = null_text {
             let o_null = b.linear(b.linear(token, &format!("{p}.text_attn.v"))?, &format!("{p}.text_attn.o"))?;
             let o_null = ctx.repeat_to(o_null, [hp.hidden as i64, l, 1, 1])?;

@@ -28,7 +28,7 @@ pub fn build<'c>(b: &Builder<'c, '_>, hp: &Hparams, prelu_slope: f32, latent_len
     let gain = ctx.div(b.w("voc.bn.weight")?, ctx.sqrt(var)?)?;
     let h = ctx.add(ctx.mul(ctx.sub(h, b.w("voc.bn.mean")?)?, gain)?, b.w("voc.bn.bias")?)?;
     let h = causal_conv(b, h, "voc.head1", v.head_kernel)?;
-    let h = ctx.leaky_relu(h, prelu_slope)?;
+    let h = b.leaky_relu(h, prelu_slope)?;
     let wav = b.linear_no_bias(h, "voc.head2.weight")?;
     Ok(GraphIo { inputs: vec![("latent", latent)], outputs: vec![("wav", wav)] })
 }

@@ -33,7 +33,7 @@ pub const CPU: Tolerances = Tolerances { duration: 1e-4, text_encoder: 1e-4, ve_
 /// Vulkan: its f32 matrix products may round through f16 internally.
 pub const VULKAN: Tolerances = Tolerances { duration: 2e-3, text_encoder: 2e-3, ve_step: 2e-3, ve_loop: 5e-3, vocoder: 2e-3, waveform: 5e-3, trim_samples: 1 };
 
-fn repo_root() -> PathBuf {
+pub fn repo_root() -> PathBuf {
     Path::new(env!("CARGO_MANIFEST_DIR")).join("../..")
 }
 
@@ -41,7 +41,7 @@ fn artifact_dir() -> PathBuf {
     std::env::current_exe().unwrap().parent().unwrap().parent().unwrap().to_path_buf()
 }
 
-fn open(backend: &str) -> BackendHandle {
+pub fn open(backend: &str) -> BackendHandle {
     let path = artifact_dir().join(loader::backend_file_name(backend));
     let options = match backend {
         "vulkan" => vec![("allow_software", OptionValue::Bool(true))],
@@ -63,14 +63,8 @@ fn npy(path: &Path) -> (Vec<u64>, Vec<f32>) {
     (shape, values)
 }
 
-fn rel_err(ours: &[f32], reference: &[f32]) -> f32 {
-    assert_eq!(ours.len(), reference.len(), "length differs");
-    let scale = reference.iter().fold(0f32, |m, v| m.max(v.abs())).max(1e-12);
-    ours.iter().zip(reference).fold(0f32, |m, (a, b)| m.max((a - b).abs())) / scale
-}
-
 fn check(stage: &str, ours: &[f32], reference: &[f32], tol: f32) {
-    let e = rel_err(ours, reference);
+    let e = engine_core::compare::max_rel_err(ours, reference).unwrap_or_else(|e| panic!("{stage}: {e}"));
     println!("  {stage:<16} rel err {e:.3e} (tolerance {tol:.0e})");
     assert!(e <= tol, "{stage}: relative error {e:.3e} exceeds {tol:.0e}");
 }
@@ -92,12 +86,23 @@ struct Case {
 /// parallel test threads corrupted the heap now and then).
 static ONE_AT_A_TIME: std::sync::Mutex<()> = std::sync::Mutex::new(());
 
+/// Runs the fixture's cases on both graph paths: composed ops with explicit
+/// attention (what deny rules fall back to), then native ops with fused attention.
 pub fn run_fixture(backend: &str, config: &str, tol: &Tolerances) {
+    use engine_core::model_kit::OpPolicy;
+    for policy in [OpPolicy::reference(), OpPolicy::native(ggml_sys::TYPE_F32)] {
+        println!("{backend} {config}: fused attention {}, native leaky_relu {}", policy.fused_attention, policy.native_leaky_relu);
+        run_fixture_with(backend, config, tol, &policy);
+    }
+}
+
+fn run_fixture_with(backend: &str, config: &str, tol: &Tolerances, policy: &engine_core::model_kit::OpPolicy) {
     let _serial = ONE_AT_A_TIME.lock().unwrap_or_else(|e| e.into_inner());
     let dir = repo_root().join("tests/fixtures/supertonic").join(config);
     let handle = open(backend);
-    let mut model = Supertonic::load(&dir.join("model.gguf"), handle.ggml_backend()).unwrap_or_else(|e| panic!("{e}"));
-    let mut cases: Vec<PathBuf> = std::fs::read_dir(dir.join("reference")).unwrap().map(|e| e.unwrap().path()).filter(|p| p.join("latent.npy").is_file()).collect();
+    let mut model = Supertonic::load(&dir.join("model.gguf"), handle.ggml_backend(), policy).unwrap_or_else(|e| panic!("{e}"));
+    let mut cases: Vec<PathBuf> =
+        std::fs::read_dir(dir.join("reference")).unwrap().map(|e| e.unwrap().path()).filter(|p| p.join("latent.npy").is_file()).collect();
     cases.sort();
     assert!(!cases.is_empty(), "no reference cases in {}", dir.display());
     check_pipeline_cases(&mut model, &dir, backend, config, tol);
@@ -176,4 +181,3 @@ fn check_pipeline_cases(model: &mut Supertonic, dir: &Path, backend: &str, confi
         check("waveform", &out.samples[..n], &wav[..n], tol.waveform);
     }
 }
-

@@ -1,10 +1,10 @@
 //! A backend plugin from a hypothetical future host: same root-module name, plugin
-//! ABI 2.0.0 and a different layout. The host must refuse it with a clear error.
+//! ABI 9.0.0 and a different layout. The host must refuse it with a clear error.
 #![allow(non_local_definitions)]
 
 use abi_stable::{
-    declare_root_module_statics, export_root_module, library::RootModule, prefix_type::PrefixTypeTrait,
-    sabi_types::VersionStrings, std_types::RString, StableAbi,
+    declare_root_module_statics, export_root_module, library::RootModule, prefix_type::PrefixTypeTrait, sabi_types::VersionStrings, std_types::RString,
+    StableAbi,
 };
 
 #[repr(C)]
@@ -20,7 +20,7 @@ impl RootModule for FutureBackendRef {
     declare_root_module_statics! {FutureBackendRef}
     const BASE_NAME: &'static str = "tts_backend";
     const NAME: &'static str = "tts backend plugin";
-    const VERSION_STRINGS: VersionStrings = VersionStrings::new("2.0.0");
+    const VERSION_STRINGS: VersionStrings = VersionStrings::new("9.0.0");
 }
 
 extern "C" fn describe() -> RString {

@@ -12,9 +12,8 @@ use abi_stable::{
     std_types::{RResult, RString, RVec},
 };
 use engine_core::abi::{
-    find_option, BackendHandle, LoadedModelInfo, Model, ModelBox, ModelFamilyInfo, ModelLoadRequest, ModelPlugin,
-    ModelPluginRef, Model_TO, OptionKind, OptionSpec, OptionValue, PluginInfo, StageTiming, SynthesisOutput,
-    SynthesisRequest,
+    find_option, BackendHandle, LoadedModelInfo, Model, ModelBox, ModelFamilyInfo, ModelLoadRequest, ModelPlugin, ModelPluginRef, Model_TO, OptionKind,
+    OptionSpec, OptionValue, PluginInfo, StageTiming, SynthesisOutput, SynthesisRequest,
 };
 use engine_core::backend_kit::spec;
 use ggml_sys::gguf::GgufFile;

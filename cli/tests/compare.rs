@@ -1,0 +1,126 @@
+//! `tts compare`: two profiles on the same text, the table, the JSON and PNG
+//! reports, `--expect` as a gate, and its bad inputs.
+
+mod common;
+
+use common::*;
+use std::path::{Path, PathBuf};
+
+const TEXT: &str = "Hello there.";
+
+fn compare(dir: &Path, plugins: &Path, a: &Path, b: &Path, extra: &[&str]) -> std::process::Output {
+    let json = dir.join("report.json");
+    let png = dir.join("report.png");
+    let mut args = vec!["compare", "--plugin-dir", plugins.to_str().unwrap(), "--profile", a.to_str().unwrap(), "--profile", b.to_str().unwrap()];
+    args.extend(["--text", TEXT, "--runs", "1", "--json", json.to_str().unwrap(), "--plot", png.to_str().unwrap()]);
+    args.extend(extra);
+    run(&args)
+}
+
+/// A second profile in its own directory (profile_on names its file profile.toml).
+fn profile_in(dir: &Path, name: &str, backend: &str, files: &[PathBuf], extra: &str) -> PathBuf {
+    let sub = dir.join(name);
+    std::fs::create_dir(&sub).unwrap();
+    let path = profile_on(&sub, backend, files);
+    let mut body = std::fs::read_to_string(&path).unwrap();
+    body.push_str(extra);
+    std::fs::write(&path, body).unwrap();
+    path
+}
+
+#[test]
+fn identical_profiles_agree_bit_for_bit_and_write_both_reports() {
+    let plugins = plugins_with(&["cpu"], &["supertonic"]);
+    let dir = tempfile::tempdir().unwrap();
+    let a = profile_in(dir.path(), "a", "cpu", &[supertonic_fixture()], "");
+    let b = profile_in(dir.path(), "b", "cpu", &[supertonic_fixture()], "");
+    let o = compare(dir.path(), plugins.path(), &a, &b, &["--expect", "identical"]);
+    assert!(o.status.success(), "{}", stderr(&o));
+    let table = String::from_utf8_lossy(&o.stdout);
+    assert!(table.contains("agreement: identical;") && table.contains("B / A") && table.contains("vocoder"), "{table}");
+    let report: serde_json::Value = serde_json::from_slice(&std::fs::read(dir.path().join("report.json")).unwrap()).unwrap();
+    assert_eq!(report["agreement"]["identical"], true);
+    assert_eq!(report["agreement"]["max_rel_err"], 0.0);
+    assert_eq!(report["a"]["family"], "supertonic");
+    assert!(report["ratio"]["vocoder"].as_f64().is_some_and(|r| r > 0.0));
+    let png = std::fs::read(dir.path().join("report.png")).unwrap();
+    assert_eq!(&png[..8], b"\x89PNG\r\n\x1a\n");
+}
+
+#[test]
+fn cpu_and_lavapipe_differ_and_the_gate_says_so() {
+    let plugins = plugins_with(&["cpu", "vulkan"], &["supertonic"]);
+    let dir = tempfile::tempdir().unwrap();
+    let a = profile_in(dir.path(), "a", "cpu", &[supertonic_fixture()], "");
+    let b = profile_in(dir.path(), "b", "vulkan", &[supertonic_fixture()], "");
+    let o = compare(dir.path(), plugins.path(), &a, &b, &["--expect", "identical"]);
+    assert_one_line_error(&o, "outputs are not identical: max rel err");
+    let report: serde_json::Value = serde_json::from_slice(&std::fs::read(dir.path().join("report.json")).unwrap()).unwrap();
+    assert_eq!(report["b"]["backend"], "vulkan");
+    let e = report["agreement"]["max_rel_err"].as_f64().unwrap();
+    assert!(e > 0.0 && e < 5e-3, "{e}");
+    assert!(report["agreement"]["snr_db"].as_f64().unwrap() > 40.0);
+    assert!(report["agreement"]["log_mel_cosine"].as_f64().unwrap() > 0.999);
+    // The parity tolerance passes as a gate.
+    let o = compare(dir.path(), plugins.path(), &a, &b, &["--expect", "max-rel=5e-3"]);
+    assert!(o.status.success(), "{}", stderr(&o));
+}
+
+#[test]
+fn one_policy_apart_on_cpu() {
+    let plugins = plugins_with(&["cpu"], &["chatterbox"]);
+    let dir = tempfile::tempdir().unwrap();
+    let a = profile_in(dir.path(), "a", "cpu", &chatterbox_fixture(), "[synthesis]\nmax_new_tokens = 8\n");
+    let b = profile_in(dir.path(), "b", "cpu", &chatterbox_fixture(), "[policies]\nconv_transpose_1d = \"off\"\n[synthesis]\nmax_new_tokens = 8\n");
+    let o = compare(dir.path(), plugins.path(), &a, &b, &["--expect", "max-rel=1e-4"]);
+    assert!(o.status.success(), "{}", stderr(&o));
+    let report: serde_json::Value = serde_json::from_slice(&std::fs::read(dir.path().join("report.json")).unwrap()).unwrap();
+    let on =
+        |side: &str| report[side]["policies"]["decisions"].as_array().unwrap().iter().find(|d| d["feature"] == "conv_transpose_1d").unwrap()["enabled"].clone();
+    assert_eq!((on("a"), on("b")), (serde_json::json!(true), serde_json::json!(false)));
+    assert_eq!(report["agreement"]["same_length"], true);
+}
+
+#[test]
+fn bad_inputs_are_one_line_errors_and_write_nothing() {
+    let plugins = plugins_with(&["cpu"], &["supertonic", "chatterbox"]);
+    let dir = tempfile::tempdir().unwrap();
+    let a = profile_in(dir.path(), "a", "cpu", &[supertonic_fixture()], "");
+    let c = profile_in(dir.path(), "c", "cpu", &chatterbox_fixture(), "");
+    let written = |d: &Path| ["report.json", "report.png"].iter().any(|f| d.join(f).exists());
+
+    let o = compare(dir.path(), plugins.path(), &a, &a, &["--expect", "close"]);
+    assert_one_line_error(&o, "--expect \"close\": use `identical` or `max-rel=X` with X a number >= 0");
+    let o = compare(dir.path(), plugins.path(), &a, &a, &["--expect", "max-rel=-1"]);
+    assert_one_line_error(&o, "--expect \"max-rel=-1\"");
+    assert!(!written(dir.path()));
+
+    let o = compare(dir.path(), plugins.path(), &a, &c, &[]);
+    assert_one_line_error(&o, "the profiles load different model families: ");
+    assert!(!written(dir.path()));
+
+    let missing = dir.path().join("no/such/dir/plot.png");
+    let o = run(&[
+        "compare",
+        "--plugin-dir",
+        plugins.path().to_str().unwrap(),
+        "--profile",
+        a.to_str().unwrap(),
+        "--profile",
+        a.to_str().unwrap(),
+        "--text",
+        TEXT,
+        "--plot",
+        missing.to_str().unwrap(),
+    ]);
+    assert_one_line_error(&o, &format!("--plot {}: directory {} does not exist", missing.display(), missing.parent().unwrap().display()));
+
+    let o = run(&["compare", "--plugin-dir", plugins.path().to_str().unwrap(), "--profile", a.to_str().unwrap(), "--text", TEXT]);
+    assert_one_line_error(&o, "tts compare takes two --profile files; 1 given");
+
+    // A deny rule on an op the model needs and has no fallback for.
+    let denied = profile_in(dir.path(), "d", "cpu", &[supertonic_fixture()], "[[deny]]\ndevice = \"*\"\nops = [\"SOFT_MAX\"]\nreason = \"test\"\n");
+    let o = compare(dir.path(), plugins.path(), &a, &denied, &[]);
+    assert_one_line_error(&o, "SOFT_MAX is denied on this device by deny rule 1 (device \"*\"): test, and supertonic has no fallback for it");
+    assert!(!written(dir.path()));
+}

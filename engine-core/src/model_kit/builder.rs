@@ -1,0 +1,167 @@
+//! The graph builder every model family starts from: weights by table name,
+//! linear layers, LayerNorm, and the ops whose form the policies choose
+//! (attention, leaky ReLU, transposed convolution). A family's own blocks
+//! wrap this builder (`Deref`) and add what only it needs.
+
+use super::policy::OpPolicy;
+use super::weights::Weights;
+use ggml_sys::{Backend, ComputeGraph, Context, Device, GraphIo, Result, Tensor};
+
+pub struct Builder<'c, 'w> {
+    pub ctx: &'c Context,
+    pub weights: &'w Weights,
+    pub policy: &'w OpPolicy,
+    /// Asked whether it runs a fused node before the builder uses one.
+    pub device: Option<Device>,
+}
+
+impl<'c, 'w> Builder<'c, 'w> {
+    pub fn new(ctx: &'c Context, weights: &'w Weights, policy: &'w OpPolicy, device: Option<Device>) -> Self {
+        Builder { ctx, weights, policy, device }
+    }
+
+    /// A weight tensor, usable in this graph (the weights outlive every graph).
+    pub fn w(&self, name: &str) -> Result<Tensor<'c>> {
+        self.weights.tensor(self.ctx, name)
+    }
+
+    /// `W x` for a weight stored `[in, out]` (ggml order) and `x` `[in, T, B]`:
+    /// every frame of every batch item as one product (a batch dimension would
+    /// split it into one product per item, streaming the weights once per item).
+    pub fn matmul(&self, w: Tensor<'c>, x: Tensor<'c>) -> Result<Tensor<'c>> {
+        let [c, t, b, one] = x.ne();
+        if b == 1 || one != 1 {
+            return self.ctx.mul_mat(w, x);
+        }
+        let flat = self.ctx.reshape(self.ctx.cont(x)?, &[c, t * b])?;
+        let y = self.ctx.mul_mat(w, flat)?;
+        self.ctx.reshape(y, &[y.ne()[0], t, b])
+    }
+
+    /// `W x + b` from `prefix.weight` / `prefix.bias`.
+    pub fn linear(&self, x: Tensor<'c>, prefix: &str) -> Result<Tensor<'c>> {
+        let y = self.matmul(self.w(&format!("{prefix}.weight"))?, x)?;
+        self.ctx.add(y, self.w(&format!("{prefix}.bias"))?)
+    }
+
+    /// `W x` from the weight `name`.
+    pub fn linear_no_bias(&self, x: Tensor<'c>, name: &str) -> Result<Tensor<'c>> {
+        self.matmul(self.w(name)?, x)
+    }
+
+    /// LayerNorm over ne0 with affine `prefix.weight` / `prefix.bias`.
+    pub fn layer_norm(&self, x: Tensor<'c>, prefix: &str, eps: f32) -> Result<Tensor<'c>> {
+        let n = self.ctx.norm(x, eps)?;
+        let n = self.ctx.mul(n, self.w(&format!("{prefix}.weight"))?)?;
+        self.ctx.add(n, self.w(&format!("{prefix}.bias"))?)
+    }
+
+    /// GELU, tanh form (GPT-2's `gelu_new`), from elementary ops: ggml's CPU
+    /// `gelu` reads an F16 table, whose ~1e-3 error would break parity.
+    pub fn gelu_tanh(&self, x: Tensor<'c>) -> Result<Tensor<'c>> {
+        const SQRT_2_OVER_PI: f32 = 0.797_884_6;
+        let c = self.ctx;
+        let x3 = c.mul(c.mul(x, x)?, x)?;
+        let inner = c.add(x, c.scale(x3, 0.044715)?)?;
+        let t = c.tanh(c.scale(inner, SQRT_2_OVER_PI)?)?;
+        c.mul(x, c.scale_bias(t, 0.5, 0.5)?)
+    }
+
+    /// Leaky ReLU: the backend's `LEAKY_RELU`, or `relu(x)·(1−s) + s·x`.
+    pub fn leaky_relu(&self, x: Tensor<'c>, slope: f32) -> Result<Tensor<'c>> {
+        if self.policy.native_leaky_relu {
+            return self.ctx.leaky_relu(x, slope);
+        }
+        let c = self.ctx;
+        c.add(c.scale(c.relu(x)?, 1.0 - slope)?, c.scale(x, slope)?)
+    }
+
+    /// Transposed 1-D convolution, no padding, dilation 1: kernel `[K, Cout,
+    /// Cin]`, input `[T, Cin]` → `[(T−1)·stride + K, Cout]`. The backend's
+    /// `CONV_TRANSPOSE_1D`, or: one product gives every tap's contribution
+    /// `Z[k, co, t]`, and the kernel, cut into `m = ⌈K/stride⌉` blocks of
+    /// `stride` taps, adds block j shifted by j frames.
+    pub fn conv_transpose_1d(&self, kernel: Tensor<'c>, x: Tensor<'c>, stride: usize) -> Result<Tensor<'c>> {
+        let c = self.ctx;
+        if self.policy.native_conv_transpose_1d {
+            return c.conv_transpose_1d(kernel, x, stride as i32, 0, 1);
+        }
+        let [k, c_out, c_in, _] = kernel.ne();
+        let t = x.ne()[0];
+        let s = stride as i64;
+        let m = (k + s - 1) / s;
+        // [Cin, K·Cout] (Cin fastest) times [Cin, T] → Z [K·Cout, T].
+        let w = c.reshape(c.cont(c.permute(kernel, [1, 2, 0, 3])?)?, &[c_in, k * c_out])?;
+        let xt = c.cont(c.transpose(x)?)?;
+        let z = c.reshape(c.mul_mat(w, xt)?, &[k, c_out, t])?;
+        let z = if m * s > k { c.pad_ext(z, [[0, (m * s - k) as i32], [0, 0], [0, 0], [0, 0]])? } else { z };
+        let z = c.cont(z)?; // [m·s, Cout, T]
+        let esz = z.nb()[0];
+        let mut sum: Option<Tensor<'c>> = None;
+        for j in 0..m {
+            // Taps j·s .. j·s+s of every frame: [s, Cout, T] → [s, T, Cout], shifted j frames.
+            let block = c.view(z, &[s, c_out, t], &[z.nb()[1], z.nb()[2]], (j * s) as usize * esz)?;
+            let block = c.permute(block, [0, 2, 1, 3])?;
+            let block = c.pad_ext(block, [[0, 0], [j as i32, (m - 1 - j) as i32], [0, 0], [0, 0]])?;
+            sum = Some(match sum {
+                None => block,
+                Some(acc) => c.add(acc, block)?,
+            });
+        }
+        let sum = c.cont(sum.expect("a kernel has at least one tap"))?; // [s, T+m−1, Cout]
+        let frames = s * (t + m - 1);
+        let flat = c.reshape(sum, &[frames, c_out])?;
+        let out_len = (t - 1) * s + k;
+        c.cont(c.view(flat, &[out_len, c_out], &[flat.nb()[1]], 0)?)
+    }
+
+    /// Whether fused attention may run on `k` here. Without a mask, ggml's GPU
+    /// kernels read K/V in whole tiles past the last row (lavapipe segfaulted on
+    /// Supertonic's long text), so an unmasked fused node runs only on the CPU
+    /// or where the K/V length fills whole 256-row tiles; elsewhere the
+    /// explicit path serves.
+    fn fused_attention_safe(&self, k: Tensor<'c>, mask: Option<Tensor<'c>>) -> bool {
+        const KV_TILE: i64 = 256;
+        mask.is_some() || k.ne()[1] % KV_TILE == 0 || self.device.is_none_or(|dev| dev.kind() == ggml_sys::DeviceKind::Cpu)
+    }
+
+    /// Multi-head attention `softmax(scale·kᵀq + mask) v` with q `[D, Tq, H, B]`,
+    /// k and v `[D, Tk, H, B]` (views allowed) → `[D·H, Tq, B]`. Fused where
+    /// the policy allows and the device runs the node, else explicit.
+    pub fn attention(&self, q: Tensor<'c>, k: Tensor<'c>, v: Tensor<'c>, mask: Option<Tensor<'c>>, scale: f32) -> Result<Tensor<'c>> {
+        let c = self.ctx;
+        let [d, tq, h, b] = q.ne();
+        if self.policy.fused_attention && self.fused_attention_safe(k, mask) {
+            let fused = c.flash_attn_ext(q, k, v, mask, scale)?; // [D, H, Tq, B]
+            if self.device.is_none_or(|dev| dev.supports_op(fused)) {
+                return c.reshape(fused, &[d * h, tq, b]);
+            }
+        }
+        let cont = |t: Tensor<'c>| if t.is_contiguous() { Ok(t) } else { c.cont(t) };
+        let scores = c.mul_mat(cont(k)?, cont(q)?)?; // [Tk, Tq, H, B]
+        let probs = c.soft_max_ext(scores, mask, scale)?;
+        let v_t = c.cont(c.permute(v, [1, 0, 2, 3])?)?; // [Tk, D, H, B]
+        let o = c.mul_mat(v_t, probs)?; // [D, Tq, H, B]
+        c.reshape(c.cont(c.permute(o, [0, 2, 1, 3])?)?, &[d * h, tq, b])
+    }
+}
+
+/// Builds and allocates one stage graph through a [`Builder`] on `backend`'s
+/// device, refusing a node a deny rule forbids (`what` names the stage in the
+/// error) or the device cannot run.
+pub fn compute_graph<F>(
+    backend: &Backend,
+    weights: &Weights,
+    policy: &OpPolicy,
+    max_nodes: usize,
+    what: &str,
+    build: F,
+) -> std::result::Result<ComputeGraph, String>
+where
+    F: for<'c> FnOnce(Builder<'c, '_>) -> Result<GraphIo<'c>>,
+{
+    let device = backend.device();
+    let graph = ComputeGraph::build(backend, max_nodes, |ctx| build(Builder::new(ctx, weights, policy, device))).map_err(|e| e.to_string())?;
+    policy.check_graph(&graph.graph(), what)?;
+    Ok(graph)
+}
