@@ -79,6 +79,9 @@ def main():
                         if hog:
                             hog.kill()
                             hog.wait()
+                            # A burstable VM throttles for a while after a busy spell: let the
+                            # next idle cell start idle.
+                            time.sleep(5)
                 rows.append((fixture, "on" if adapt else "off", cells[False], cells[True], cells[True] / cells[False]))
 
     cores = os.cpu_count()
