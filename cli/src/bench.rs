@@ -42,7 +42,8 @@ pub struct BenchReport {
     pub peak_rss_mib: f64,
 }
 
-fn median(mut v: Vec<f64>) -> f64 {
+/// Median of `v` (mean of the middle two for an even count).
+pub fn median(mut v: Vec<f64>) -> f64 {
     v.sort_by(|a, b| a.total_cmp(b));
     let n = v.len();
     if n % 2 == 1 {

@@ -2,7 +2,7 @@
 //! backends, devices, policies or weight files), timed side by side, with how
 //! far the outputs agree and which policies each side resolved.
 
-use crate::bench::SessionInfo;
+use crate::bench::{median, SessionInfo};
 use engine_core::abi::SynthesisOutput;
 use engine_core::compare::{max_rel_err, snr_db};
 use engine_core::engine::ModelSession;
@@ -73,18 +73,6 @@ pub struct CompareReport {
     /// b / a per stage present on both sides.
     pub ratio: IndexMap<String, f64>,
     pub agreement: Agreement,
-}
-
-fn median(mut v: Vec<f64>) -> f64 {
-    v.sort_by(|a, b| a.total_cmp(b));
-    let n = v.len();
-    if n == 0 {
-        0.0
-    } else if n % 2 == 1 {
-        v[n / 2]
-    } else {
-        (v[n / 2 - 1] + v[n / 2]) / 2.0
-    }
 }
 
 /// Runs one side: one untimed warm-up, then `runs` timed syntheses; the

@@ -5,11 +5,10 @@
 
 mod common;
 
-use abi_stable::std_types::RVec;
-use engine_core::abi::{DeniedOp, KvType, ResolvedPolicies, WeightStorage};
-use engine_core::model_kit::census::{census, NodeUse};
+use engine_core::abi::WeightStorage;
+use engine_core::model_kit::census::{all_on_denying, census, stages_with, undeclared, StageNodes};
 use engine_core::model_kit::OpPolicy;
-use ggml_sys::{TYPE_F16, TYPE_F32};
+use ggml_sys::TYPE_F32;
 use std::collections::BTreeSet;
 use tts_model_chatterbox::model::{Chatterbox, SynthesisParams};
 
@@ -19,44 +18,31 @@ fn files() -> [std::path::PathBuf; 2] {
 }
 
 /// Every node of every graph one synthesis builds under `policy`, by stage.
-fn nodes(policy: &OpPolicy) -> Vec<(&'static str, Vec<NodeUse>)> {
+fn nodes(policy: &OpPolicy) -> StageNodes {
     let handle = common::open("cpu");
     let mut model = Chatterbox::load(&files(), &handle.ggml_backend(), policy).unwrap();
     let params = SynthesisParams { max_new_tokens: 6, seed: 3, ..SynthesisParams::default() };
     model.synthesize("Hello there.", &params).unwrap();
-    let mut out: Vec<(&'static str, Vec<NodeUse>)> = model.t3.graphs().into_iter().map(|(s, g)| (s, census(g))).collect();
+    let mut out: StageNodes = model.t3.graphs().into_iter().map(|(s, g)| (s, census(g))).collect();
     out.extend(model.s3gen.graphs().into_iter().map(|(s, g)| (s, census(g))));
     let stages: BTreeSet<&str> = out.iter().map(|(s, _)| *s).collect();
     assert_eq!(stages, ["hift", "hift.f0", "s3gen.cfm", "s3gen.encoder", "t3.prefix", "t3.step", "t3.suffix"].into_iter().collect(), "every stage built");
     out
 }
 
-fn stages_with(nodes: &[(&'static str, Vec<NodeUse>)], op: &str) -> BTreeSet<&'static str> {
-    nodes.iter().filter(|(_, n)| n.iter().any(|u| u.op == op)).map(|(s, _)| *s).collect()
+/// Every op in the graphs is in `GRAPH_OPS` (what load-time deny checks read).
+fn assert_declared(nodes: &StageNodes) {
+    let missing = undeclared(nodes, tts_model_chatterbox::GRAPH_OPS);
+    assert!(missing.is_empty(), "ops GRAPH_OPS does not declare: {missing:?}");
 }
 
-/// Every op in the graphs is in `GRAPH_OPS` (what load-time deny checks read).
-fn assert_declared(nodes: &[(&'static str, Vec<NodeUse>)]) {
-    let declared: BTreeSet<&str> = tts_model_chatterbox::GRAPH_OPS.iter().copied().collect();
-    let undeclared: BTreeSet<String> =
-        nodes.iter().flat_map(|(s, n)| n.iter().filter(|u| !declared.contains(u.op.as_str())).map(move |u| format!("{} ({s})", u.op))).collect();
-    assert!(undeclared.is_empty(), "ops GRAPH_OPS does not declare: {undeclared:?}");
+/// Every feature on, `ops` denied by a census rule.
+fn resolved(ops: &[&str]) -> engine_core::abi::ResolvedPolicies {
+    all_on_denying(ops, "deny rule 1 (device \"CPU\"): census")
 }
 
 fn set(stages: &[&'static str]) -> BTreeSet<&'static str> {
     stages.iter().copied().collect()
-}
-
-fn resolved(denied: &[&str]) -> ResolvedPolicies {
-    ResolvedPolicies {
-        flash_attn: true,
-        kv_type: KvType::F16,
-        matmul_weights: WeightStorage::AsStored,
-        native_leaky_relu: true,
-        conv_transpose_1d: true,
-        pinned_host: false,
-        denied_ops: denied.iter().map(|op| DeniedOp { op: (*op).into(), rule: "deny rule 1 (device \"CPU\"): census".into() }).collect::<RVec<_>>(),
-    }
 }
 
 #[test]
@@ -101,7 +87,6 @@ fn weight_storage_sets_the_matrix_products_operand_type() {
     assert_eq!(weight_types(WeightStorage::F32), ["f32".to_string()].into_iter().collect());
     let narrowed = weight_types(WeightStorage::F16);
     assert!(narrowed.contains("f16"), "{narrowed:?}");
-    let _ = TYPE_F16;
 }
 
 #[test]

@@ -5,9 +5,8 @@
 
 mod common;
 
-use abi_stable::std_types::RVec;
-use engine_core::abi::{DeniedOp, KvType, ResolvedPolicies, WeightStorage};
-use engine_core::model_kit::census::{census, NodeUse};
+use engine_core::abi::WeightStorage;
+use engine_core::model_kit::census::{all_on_denying, census, stages_with, undeclared, StageNodes};
 use engine_core::model_kit::OpPolicy;
 use std::collections::BTreeSet;
 use tts_model_supertonic::model::{NoiseSource, Supertonic, SynthesisParams, VoiceChoice};
@@ -29,11 +28,11 @@ fn params() -> SynthesisParams {
 }
 
 /// Every node of every graph one synthesis builds under `policy`, by stage.
-fn nodes(policy: &OpPolicy) -> Vec<(&'static str, Vec<NodeUse>)> {
+fn nodes(policy: &OpPolicy) -> StageNodes {
     let handle = common::open("cpu");
     let mut model = Supertonic::load(&model_file(), handle.ggml_backend(), policy).unwrap();
     model.synthesize("Hello there.", &params()).unwrap();
-    let out: Vec<(&'static str, Vec<NodeUse>)> = model.graphs().into_iter().map(|(s, g)| (s, census(g))).collect();
+    let out: StageNodes = model.graphs().into_iter().map(|(s, g)| (s, census(g))).collect();
     let stages: BTreeSet<&str> = out.iter().map(|(s, _)| *s).collect();
     assert_eq!(stages, ["duration", "text_encoder", "vector_estimator", "vocoder"].into_iter().collect(), "every stage built");
     assert_declared(&out);
@@ -41,31 +40,18 @@ fn nodes(policy: &OpPolicy) -> Vec<(&'static str, Vec<NodeUse>)> {
 }
 
 /// Every op in the graphs is in `GRAPH_OPS` (what load-time deny checks read).
-fn assert_declared(nodes: &[(&'static str, Vec<NodeUse>)]) {
-    let declared: BTreeSet<&str> = tts_model_supertonic::GRAPH_OPS.iter().copied().collect();
-    let undeclared: BTreeSet<String> =
-        nodes.iter().flat_map(|(s, n)| n.iter().filter(|u| !declared.contains(u.op.as_str())).map(move |u| format!("{} ({s})", u.op))).collect();
-    assert!(undeclared.is_empty(), "ops GRAPH_OPS does not declare: {undeclared:?}");
+fn assert_declared(nodes: &StageNodes) {
+    let missing = undeclared(nodes, tts_model_supertonic::GRAPH_OPS);
+    assert!(missing.is_empty(), "ops GRAPH_OPS does not declare: {missing:?}");
 }
 
-fn stages_with(nodes: &[(&'static str, Vec<NodeUse>)], op: &str) -> BTreeSet<&'static str> {
-    nodes.iter().filter(|(_, n)| n.iter().any(|u| u.op == op)).map(|(s, _)| *s).collect()
+/// Every feature on, `ops` denied by a census rule.
+fn resolved(ops: &[&str]) -> engine_core::abi::ResolvedPolicies {
+    all_on_denying(ops, "deny rule 1 (device \"CPU\"): census")
 }
 
 fn set(stages: &[&'static str]) -> BTreeSet<&'static str> {
     stages.iter().copied().collect()
-}
-
-fn resolved(denied: &[&str]) -> ResolvedPolicies {
-    ResolvedPolicies {
-        flash_attn: true,
-        kv_type: KvType::F16,
-        matmul_weights: WeightStorage::AsStored,
-        native_leaky_relu: true,
-        conv_transpose_1d: true,
-        pinned_host: false,
-        denied_ops: denied.iter().map(|op| DeniedOp { op: (*op).into(), rule: "deny rule 1 (device \"CPU\"): census".into() }).collect::<RVec<_>>(),
-    }
 }
 
 #[test]
