@@ -49,6 +49,20 @@ pub struct Side {
     pub samples: usize,
     #[serde(skip)]
     pub output: Vec<f32>,
+    /// The model's token streams (Chatterbox: speech tokens), by name.
+    #[serde(skip)]
+    pub tokens: IndexMap<String, Vec<u32>>,
+}
+
+/// Whether one token stream is the same on both sides, and where it parts.
+#[derive(Serialize)]
+pub struct TokenAgreement {
+    pub name: String,
+    pub identical: bool,
+    pub a_len: usize,
+    pub b_len: usize,
+    /// Index of the first token that differs (or where the shorter stream ends).
+    pub first_difference: Option<usize>,
 }
 
 #[derive(Serialize)]
@@ -62,6 +76,8 @@ pub struct Agreement {
     pub log_mel_cosine: Option<f64>,
     /// Why a figure is missing (non-finite samples, other sample rates).
     pub note: Option<String>,
+    /// Token streams both sides report.
+    pub tokens: Vec<TokenAgreement>,
 }
 
 #[derive(Serialize)]
@@ -107,10 +123,23 @@ pub fn run_side(profile: &Path, session: &mut ModelSession, text: &str, runs: us
         sample_rate: out.sample_rate,
         samples: out.samples.len(),
         output: out.samples.to_vec(),
+        tokens: out.tokens.iter().map(|t| (t.name.to_string(), t.tokens.to_vec())).collect(),
     })
 }
 
+fn token_agreement(a: &Side, b: &Side) -> Vec<TokenAgreement> {
+    a.tokens
+        .iter()
+        .filter_map(|(name, ta)| {
+            let tb = b.tokens.get(name)?;
+            let first = ta.iter().zip(tb).position(|(x, y)| x != y).or((ta.len() != tb.len()).then(|| ta.len().min(tb.len())));
+            Some(TokenAgreement { name: name.clone(), identical: first.is_none(), a_len: ta.len(), b_len: tb.len(), first_difference: first })
+        })
+        .collect()
+}
+
 pub fn agreement(a: &Side, b: &Side) -> Agreement {
+    let tokens = token_agreement(a, b);
     let identical =
         a.sample_rate == b.sample_rate && a.output.len() == b.output.len() && a.output.iter().zip(&b.output).all(|(x, y)| x.to_bits() == y.to_bits());
     let same_length = a.output.len() == b.output.len();
@@ -122,6 +151,7 @@ pub fn agreement(a: &Side, b: &Side) -> Agreement {
             snr_db: None,
             log_mel_cosine: None,
             note: Some(format!("sample rates differ ({} and {} Hz)", a.sample_rate, b.sample_rate)),
+            tokens,
         };
     }
     let n = a.output.len().min(b.output.len());
@@ -132,7 +162,7 @@ pub fn agreement(a: &Side, b: &Side) -> Agreement {
         (Ok(_), false) => Some(format!("lengths differ ({} and {} samples); figures over the first {n}", a.output.len(), b.output.len())),
         _ => None,
     };
-    Agreement { identical, same_length, max_rel_err: rel.ok(), snr_db: snr_db(y, x).ok(), log_mel_cosine: log_mel_cosine(x, y, a.sample_rate), note }
+    Agreement { identical, same_length, max_rel_err: rel.ok(), snr_db: snr_db(y, x).ok(), log_mel_cosine: log_mel_cosine(x, y, a.sample_rate), note, tokens }
 }
 
 /// Cosine similarity of the log-mel spectrograms of `a` and `b` (same length).
@@ -263,6 +293,13 @@ pub fn render(r: &CompareReport) -> String {
         fmt_opt(g.snr_db.map(|d| if d.is_infinite() { "inf dB".to_string() } else { format!("{d:.1} dB") })),
         fmt_opt(g.log_mel_cosine.map(|c| format!("{c:.6}"))),
     ));
+    for t in &g.tokens {
+        let at = |side: &Side, i: usize| side.tokens.get(&t.name).and_then(|v| v.get(i)).map_or("end".to_string(), |v| v.to_string());
+        out.push_str(&match t.first_difference {
+            None => format!("  {}: identical ({} tokens)\n", t.name, t.a_len),
+            Some(i) => format!("  {}: differ from token {i} (A {}, B {}; {} / {} tokens)\n", t.name, at(&r.a, i), at(&r.b, i), t.a_len, t.b_len),
+        });
+    }
     if let Some(note) = &g.note {
         out.push_str(&format!("  note: {note}\n"));
     }
@@ -334,7 +371,7 @@ pub fn plot(r: &CompareReport, path: &Path) -> Result<(), String> {
             .y_label_area_size(70)
             .build_cartesian_2d(0.0..n as f64 / rate, -dpeak..dpeak)
             .map_err(e)?;
-        chart.configure_mesh().x_desc("s").draw().map_err(e)?;
+        chart.configure_mesh().x_desc("s").y_label_formatter(&|v| format!("{v:.1e}")).draw().map_err(e)?;
         let env = envelope(&diff);
         chart.draw_series(env.iter().map(|&(t, lo, hi)| PathElement::new(vec![(t, lo), (t, hi)], BLACK))).map_err(e)?;
         let stages: Vec<&String> = r.a.stages_ms.keys().chain(r.b.stages_ms.keys().filter(|k| !r.a.stages_ms.contains_key(*k))).collect();
@@ -344,30 +381,32 @@ pub fn plot(r: &CompareReport, path: &Path) -> Result<(), String> {
             .margin(10)
             .x_label_area_size(40)
             .y_label_area_size(60)
-            .build_cartesian_2d(0.0..stages.len().max(1) as f64, 0.0..top)
+            .build_cartesian_2d(-0.5..stages.len().max(1) as f64 - 0.5, 0.0..top)
             .map_err(e)?;
+        // Stage i's bars straddle x = i, where its tick and name sit.
         let names: Vec<String> = stages.iter().map(|s| s.to_string()).collect();
         chart
             .configure_mesh()
             .disable_x_mesh()
-            .x_labels(stages.len().max(1) * 2)
+            .x_labels(stages.len().max(1))
             .x_label_formatter(&|x| {
-                let i = x.floor() as usize;
-                if (x - i as f64 - 0.5).abs() < 0.26 {
-                    names.get(i).cloned().unwrap_or_default()
+                let i = x.round();
+                if (x - i).abs() < 1e-6 && i >= 0.0 {
+                    names.get(i as usize).cloned().unwrap_or_default()
                 } else {
                     String::new()
                 }
             })
+            .y_desc("ms")
             .draw()
             .map_err(e)?;
         for (i, stage) in stages.iter().enumerate() {
             let x = i as f64;
             if let Some(v) = r.a.stages_ms.get(*stage) {
-                chart.draw_series(std::iter::once(Rectangle::new([(x + 0.1, 0.0), (x + 0.5, *v)], BLUE.mix(0.7).filled()))).map_err(e)?;
+                chart.draw_series(std::iter::once(Rectangle::new([(x - 0.4, 0.0), (x, *v)], BLUE.mix(0.7).filled()))).map_err(e)?;
             }
             if let Some(v) = r.b.stages_ms.get(*stage) {
-                chart.draw_series(std::iter::once(Rectangle::new([(x + 0.5, 0.0), (x + 0.9, *v)], RED.mix(0.7).filled()))).map_err(e)?;
+                chart.draw_series(std::iter::once(Rectangle::new([(x, 0.0), (x + 0.4, *v)], RED.mix(0.7).filled()))).map_err(e)?;
             }
         }
         root.present().map_err(e)?;

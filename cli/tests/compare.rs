@@ -79,6 +79,62 @@ fn one_policy_apart_on_cpu() {
         |side: &str| report[side]["policies"]["decisions"].as_array().unwrap().iter().find(|d| d["feature"] == "conv_transpose_1d").unwrap()["enabled"].clone();
     assert_eq!((on("a"), on("b")), (serde_json::json!(true), serde_json::json!(false)));
     assert_eq!(report["agreement"]["same_length"], true);
+    // The vocoder's path does not touch T3: the speech tokens are the same.
+    let tokens = &report["agreement"]["tokens"][0];
+    assert_eq!((tokens["name"].as_str(), tokens["identical"].as_bool()), (Some("speech_tokens"), Some(true)), "{tokens}");
+    let n = tokens["a_len"].as_u64().unwrap();
+    assert!(n > 0 && tokens["b_len"] == n, "{tokens}");
+    assert!(String::from_utf8_lossy(&o.stdout).contains(&format!("speech_tokens: identical ({n} tokens)")));
+}
+
+#[test]
+fn token_streams_part_where_the_seeds_do() {
+    let plugins = plugins_with(&["cpu"], &["chatterbox"]);
+    let dir = tempfile::tempdir().unwrap();
+    let a = profile_in(
+        dir.path(),
+        "a",
+        "cpu",
+        &chatterbox_fixture(),
+        "[synthesis]
+max_new_tokens = 12
+seed = 1
+",
+    );
+    let b = profile_in(
+        dir.path(),
+        "b",
+        "cpu",
+        &chatterbox_fixture(),
+        "[synthesis]
+max_new_tokens = 12
+seed = 2
+",
+    );
+    let o = compare(dir.path(), plugins.path(), &a, &b, &[]);
+    assert!(o.status.success(), "{}", stderr(&o));
+    let report: serde_json::Value = serde_json::from_slice(&std::fs::read(dir.path().join("report.json")).unwrap()).unwrap();
+    let tokens = &report["agreement"]["tokens"][0];
+    assert_eq!(tokens["identical"], false, "{tokens}");
+    let i = tokens["first_difference"].as_u64().expect("a first difference") as usize;
+    assert!(i < 12, "{tokens}");
+    let table = String::from_utf8_lossy(&o.stdout);
+    assert!(table.contains(&format!("speech_tokens: differ from token {i} (A ")), "{table}");
+    let o = compare(dir.path(), plugins.path(), &a, &b, &["--expect", "identical"]);
+    assert_one_line_error(&o, "outputs are not identical");
+}
+
+#[test]
+fn pinned_host_staging_changes_no_bit_on_lavapipe() {
+    let plugins = plugins_with(&["vulkan"], &["supertonic"]);
+    let dir = tempfile::tempdir().unwrap();
+    let a = profile_in(dir.path(), "a", "vulkan", &[supertonic_fixture()], "[policies]\npinned_host = \"on\"\n");
+    let b = profile_in(dir.path(), "b", "vulkan", &[supertonic_fixture()], "[policies]\npinned_host = \"off\"\n");
+    let o = compare(dir.path(), plugins.path(), &a, &b, &["--expect", "identical"]);
+    assert!(o.status.success(), "{}", stderr(&o));
+    let report: serde_json::Value = serde_json::from_slice(&std::fs::read(dir.path().join("report.json")).unwrap()).unwrap();
+    let on = |side: &str| report[side]["policies"]["decisions"].as_array().unwrap().iter().find(|d| d["feature"] == "pinned_host").unwrap()["enabled"].clone();
+    assert_eq!((on("a"), on("b")), (serde_json::json!(true), serde_json::json!(false)));
 }
 
 #[test]

@@ -19,7 +19,7 @@ use abi_stable::{
 use std::ffi::c_void;
 
 /// Version of this ABI. Plugins built against another major version are refused.
-pub const PLUGIN_ABI_VERSION: &str = "2.0.0";
+pub const PLUGIN_ABI_VERSION: &str = "3.0.0";
 
 /// Identity of a plugin file.
 #[repr(C)]
@@ -338,6 +338,15 @@ pub struct StageTiming {
     pub ms: f64,
 }
 
+/// A discrete intermediate result that two runs either share exactly or not
+/// (Chatterbox: T3's speech tokens); `tts compare` reports where they part.
+#[repr(C)]
+#[derive(StableAbi, Debug, Clone, PartialEq)]
+pub struct TokenTrace {
+    pub name: RString,
+    pub tokens: RVec<u32>,
+}
+
 #[repr(C)]
 #[derive(StableAbi, Debug, Clone)]
 pub struct SynthesisOutput {
@@ -345,6 +354,8 @@ pub struct SynthesisOutput {
     pub samples: RVec<f32>,
     pub sample_rate: u32,
     pub timings: RVec<StageTiming>,
+    /// Token streams of the run, if the model has any.
+    pub tokens: RVec<TokenTrace>,
 }
 
 /// A loaded model, bound to the backend it was loaded on.
@@ -376,11 +387,6 @@ impl RootModule for ModelPluginRef {
     const BASE_NAME: &'static str = "tts_model";
     const NAME: &'static str = "tts model plugin";
     const VERSION_STRINGS: VersionStrings = VersionStrings::new(PLUGIN_ABI_VERSION);
-}
-
-/// The engine-core crate version, for `tts --version`.
-pub fn engine_core_version() -> &'static str {
-    env!("CARGO_PKG_VERSION")
 }
 
 /// Plugin info filled from this build (plugins call this with their own name).

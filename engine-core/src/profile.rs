@@ -275,11 +275,6 @@ impl Profile {
         &self.origin
     }
 
-    /// Backends named under `[backends.*]`.
-    pub fn configured_backends(&self) -> impl Iterator<Item = &str> {
-        self.backend_options.keys().map(String::as_str)
-    }
-
     /// Validates `[backends.<name>]` against a plugin's option specs, filling defaults.
     pub fn backend_options(&self, backend: &str, specs: &[OptionSpec]) -> Result<OptionList, ProfileError> {
         let empty = IndexMap::new();

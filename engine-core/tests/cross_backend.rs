@@ -10,7 +10,7 @@
 
 mod common;
 
-use common::open_device;
+use common::{one_at_a_time, open_device};
 use engine_core::abi::{BackendHandle, OptionValue};
 use ggml_sys::{Context, TYPE_F16, TYPE_F32};
 
@@ -154,6 +154,7 @@ fn check(label: &str, got: &Outputs, want: &Outputs, tol: [f64; 3]) {
 
 #[test]
 fn cpu_and_vulkan_agree_with_reference_and_each_other() {
+    let _serial = one_at_a_time();
     let want = reference();
     let cpu = compute(&open_device("cpu", vec![("threads", OptionValue::Int(2))]));
     check("cpu vs reference", &cpu, &want, [1e-5, 4e-3, 1e-5]);
@@ -162,4 +163,60 @@ fn cpu_and_vulkan_agree_with_reference_and_each_other() {
     let vulkan = compute(&open_device("vulkan", vk_options));
     check("vulkan vs reference", &vulkan, &want, [1e-3, 1e-2, 1e-5]);
     check("vulkan vs cpu", &vulkan, &cpu, [1e-3, 1e-2, 1e-5]);
+}
+
+/// A graph with F32, F16 and I32 inputs and F32/F16 outputs, computed with
+/// uploads and downloads direct and through host staging (`pinned_host`):
+/// the results must be bit-identical, and bad uploads fail alike.
+fn staged_vs_direct(handle: &BackendHandle, buft: ggml_sys::BufferType) {
+    use ggml_sys::{ComputeGraph, GraphIo, TYPE_I32};
+    let backend = handle.ggml_backend();
+    let build = || {
+        ComputeGraph::build(&backend, 32, |ctx| {
+            let table = ctx.new_tensor(TYPE_F32, &[K as i64, M as i64])?;
+            let rows = ctx.new_tensor(TYPE_I32, &[N as i64])?;
+            let x = ctx.new_tensor(TYPE_F16, &[K as i64, N as i64])?;
+            let picked = ctx.get_rows(table, rows)?;
+            let product = ctx.mul_mat(table, ctx.add(picked, ctx.cast(x, TYPE_F32)?)?)?;
+            let half = ctx.cast(product, TYPE_F16)?;
+            Ok(GraphIo { inputs: vec![("table", table), ("rows", rows), ("x", x)], outputs: vec![("product", product), ("half", half)] })
+        })
+        .unwrap()
+    };
+    let rows: Vec<i32> = (0..N as i32).map(|i| (i * 7) % M as i32).collect();
+    let run = |g: &ComputeGraph| {
+        g.set_f32("table", &values(K * M, 11)).unwrap();
+        g.set_i32("rows", &rows).unwrap();
+        g.set_f32("x", &values(K * N, 12)).unwrap();
+        g.compute(&backend).unwrap();
+        (g.get_f32("product").unwrap(), g.get_f32("half").unwrap())
+    };
+    let direct = build();
+    let mut staged = build();
+    staged.stage_in(buft).unwrap();
+    assert!(staged.is_staged() && !direct.is_staged());
+    let (a, b) = (run(&direct), run(&staged));
+    assert!(a.0.iter().zip(&b.0).all(|(x, y)| x.to_bits() == y.to_bits()), "staged product differs");
+    assert!(a.1.iter().zip(&b.1).all(|(x, y)| x.to_bits() == y.to_bits()), "staged f16 output differs");
+    assert!(a.0.iter().any(|v| *v != 0.0));
+    // A second round through the same staging slots.
+    assert_eq!(run(&staged).0, b.0);
+    for g in [&direct, &staged] {
+        assert_eq!(g.set_f32("x", &[1.0; 3]).unwrap_err().to_string(), format!("tensor 'x' has {} elements, got 3", K * N));
+        assert_eq!(g.set_i32("table", &[1; 3]).unwrap_err().to_string(), "tensor 'table' is not I32");
+        assert_eq!(g.set_f32("nope", &[]).unwrap_err().to_string(), "graph has no input 'nope'");
+    }
+}
+
+#[test]
+fn host_staging_changes_no_bit() {
+    let _serial = one_at_a_time();
+    let cpu = open_device("cpu", vec![("threads", OptionValue::Int(2))]);
+    // The CPU device offers no pinned memory; its own buffer type is host memory.
+    staged_vs_direct(&cpu, cpu.ggml_backend().buffer_type());
+    let vk_options =
+        vec![("allow_software", OptionValue::Bool(true)), ("pipeline_cache", OptionValue::Bool(false)), ("pipeline_cache_dir", OptionValue::Str("".into()))];
+    let vulkan = open_device("vulkan", vk_options);
+    let pinned = vulkan.ggml_backend().device().and_then(|d| d.host_buffer_type()).expect("Vulkan offers pinned host memory");
+    staged_vs_direct(&vulkan, pinned);
 }

@@ -135,10 +135,6 @@ impl Engine {
         }
     }
 
-    pub fn profile(&self) -> &Profile {
-        &self.profile
-    }
-
     fn resolve(&self, backend: &OpenBackend, device: &DeviceInfo) -> (Vec<ProbeResult>, Result<Resolution, String>) {
         let probes: Vec<ProbeResult> = match backend.session.probe(device.index) {
             RResult::ROk(p) => p.into_iter().collect(),

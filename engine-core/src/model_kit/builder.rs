@@ -148,20 +148,17 @@ impl<'c, 'w> Builder<'c, 'w> {
 
 /// Builds and allocates one stage graph through a [`Builder`] on `backend`'s
 /// device, refusing a node a deny rule forbids (`what` names the stage in the
-/// error) or the device cannot run.
-pub fn compute_graph<F>(
-    backend: &Backend,
-    weights: &Weights,
-    policy: &OpPolicy,
-    max_nodes: usize,
-    what: &str,
-    build: F,
-) -> std::result::Result<ComputeGraph, String>
+/// error) or the device cannot run. With the `pinned_host` policy, inputs and
+/// outputs travel through the device's pinned host memory.
+pub fn compute_graph<F>(backend: &Backend, weights: &Weights, policy: &OpPolicy, max_nodes: usize, what: &str, build: F) -> super::Result<ComputeGraph>
 where
     F: for<'c> FnOnce(Builder<'c, '_>) -> Result<GraphIo<'c>>,
 {
     let device = backend.device();
-    let graph = ComputeGraph::build(backend, max_nodes, |ctx| build(Builder::new(ctx, weights, policy, device))).map_err(|e| e.to_string())?;
+    let mut graph = ComputeGraph::build(backend, max_nodes, |ctx| build(Builder::new(ctx, weights, policy, device)))?;
     policy.check_graph(&graph.graph(), what)?;
+    if let Some(pinned) = device.filter(|_| policy.pinned_host).and_then(|d| d.host_buffer_type()) {
+        graph.stage_in(pinned)?;
+    }
     Ok(graph)
 }

@@ -35,11 +35,11 @@ fn install_hook() {
 
 /// Runs a plugin entry's body: its error, or a panic turned into
 /// `"<who>: internal error (a bug, please report it): <message> at <file:line>"`.
-pub fn guarded<T>(who: &str, body: impl FnOnce() -> Result<T, String>) -> RResult<T, RString> {
+pub fn guarded<T>(who: &str, body: impl FnOnce() -> super::Result<T>) -> RResult<T, RString> {
     install_hook();
     match std::panic::catch_unwind(AssertUnwindSafe(body)) {
         Ok(Ok(v)) => RResult::ROk(v),
-        Ok(Err(e)) => RResult::RErr(e.replace('\n', " ").into()),
+        Ok(Err(e)) => RResult::RErr(e.to_string().replace('\n', " ").into()),
         Err(_) => {
             let message = LAST_PANIC.with(|p| p.borrow_mut().take()).unwrap_or_else(|| "unknown panic".into());
             RResult::RErr(format!("{who}: internal error (a bug, please report it): {message}").into())
@@ -57,7 +57,7 @@ mod tests {
         let e = r.unwrap_err().to_string();
         assert!(e.starts_with("tone: internal error (a bug, please report it): index out of bounds second line at "), "{e}");
         assert!(!e.contains('\n'));
-        let r: RResult<u8, RString> = guarded("tone", || Err("bad\ninput".into()));
+        let r: RResult<u8, RString> = guarded("tone", || Err(super::super::Error::msg("bad\ninput")));
         assert_eq!(r.unwrap_err().as_str(), "bad input");
         assert_eq!(guarded("tone", || Ok(7u8)).unwrap(), 7);
     }

@@ -3,6 +3,7 @@
 //! for it, so a zero head count, a NaN scale or a 2³⁰ dimension is an error
 //! that names the key, not a crash, a hang or silence later.
 
+use super::error::{Error, Result};
 use ggml_sys::gguf::{GgufFile, Metadata};
 use std::ops::RangeInclusive;
 
@@ -38,21 +39,17 @@ impl<'a> HparamReader<'a> {
         HparamReader { meta: Metadata::new(file, arch), file, arch: arch.to_string() }
     }
 
-    pub fn file(&self) -> &GgufFile {
-        self.file
-    }
-
-    fn out_of_range(&self, key: &str, value: impl std::fmt::Display, range: String) -> String {
-        format!("{}: metadata {}.{key} = {value} is out of range ({range})", self.file.path().display(), self.arch)
+    fn out_of_range(&self, key: &str, value: impl std::fmt::Display, range: String) -> Error {
+        Error::msg(format!("{}: metadata {}.{key} = {value} is out of range ({range})", self.file.path().display(), self.arch))
     }
 
     /// An error about the file (relations between keys and tensors).
-    pub fn error(&self, message: impl std::fmt::Display) -> String {
-        format!("{}: {message}", self.file.path().display())
+    pub fn error(&self, message: impl std::fmt::Display) -> Error {
+        Error::msg(format!("{}: {message}", self.file.path().display()))
     }
 
     /// `Err(self.error(message))` unless `ok`.
-    pub fn require(&self, ok: bool, message: impl FnOnce() -> String) -> Result<(), String> {
+    pub fn require(&self, ok: bool, message: impl FnOnce() -> String) -> Result<()> {
         if ok {
             Ok(())
         } else {
@@ -60,12 +57,8 @@ impl<'a> HparamReader<'a> {
         }
     }
 
-    pub fn has(&self, key: &str) -> bool {
-        self.meta.has(key)
-    }
-
     /// A u32 count or size within `range`.
-    pub fn count(&self, key: &str, range: RangeInclusive<usize>) -> Result<usize, String> {
+    pub fn count(&self, key: &str, range: RangeInclusive<usize>) -> Result<usize> {
         let v = self.meta.u32(key)? as usize;
         if range.contains(&v) {
             Ok(v)
@@ -75,10 +68,10 @@ impl<'a> HparamReader<'a> {
     }
 
     /// A u32 array with `len` entries, each within `each`.
-    pub fn counts(&self, key: &str, len: RangeInclusive<usize>, each: RangeInclusive<usize>) -> Result<Vec<usize>, String> {
+    pub fn counts(&self, key: &str, len: RangeInclusive<usize>, each: RangeInclusive<usize>) -> Result<Vec<usize>> {
         let v = self.meta.usizes(key)?;
         if !len.contains(&v.len()) {
-            return Err(format!("{}: metadata {}.{key} has {} entries (allowed: {})", self.file.path().display(), self.arch, v.len(), show(&len)));
+            return Err(format!("{}: metadata {}.{key} has {} entries (allowed: {})", self.file.path().display(), self.arch, v.len(), show(&len)).into());
         }
         match v.iter().find(|x| !each.contains(x)) {
             Some(bad) => Err(self.out_of_range(key, format!("[.., {bad}, ..]"), format!("each {}", show(&each)))),
@@ -87,7 +80,7 @@ impl<'a> HparamReader<'a> {
     }
 
     /// A finite f32 within `range` (NaN is never within a range).
-    pub fn real(&self, key: &str, range: RangeInclusive<f32>) -> Result<f32, String> {
+    pub fn real(&self, key: &str, range: RangeInclusive<f32>) -> Result<f32> {
         let v = self.meta.f32(key)?;
         if range.contains(&v) {
             Ok(v)
@@ -97,7 +90,7 @@ impl<'a> HparamReader<'a> {
     }
 
     /// A token id below `vocab`.
-    pub fn token(&self, key: &str, vocab: usize) -> Result<u32, String> {
+    pub fn token(&self, key: &str, vocab: usize) -> Result<u32> {
         let v = self.meta.u32(key)?;
         if (v as usize) < vocab {
             Ok(v)
@@ -106,31 +99,31 @@ impl<'a> HparamReader<'a> {
         }
     }
 
-    pub fn string(&self, key: &str) -> Result<String, String> {
-        self.meta.str(key)
+    pub fn string(&self, key: &str) -> Result<String> {
+        Ok(self.meta.str(key)?)
     }
 
     /// One of `allowed`.
-    pub fn choice(&self, key: &str, allowed: &[&str]) -> Result<String, String> {
+    pub fn choice(&self, key: &str, allowed: &[&str]) -> Result<String> {
         let v = self.meta.str(key)?;
         if allowed.contains(&v.as_str()) {
             Ok(v)
         } else {
-            Err(format!("{}: metadata {}.{key} = '{v}' is not one of: {}", self.file.path().display(), self.arch, allowed.join(", ")))
+            Err(format!("{}: metadata {}.{key} = '{v}' is not one of: {}", self.file.path().display(), self.arch, allowed.join(", ")).into())
         }
     }
 
-    pub fn strings(&self, key: &str, len: RangeInclusive<usize>) -> Result<Vec<String>, String> {
+    pub fn strings(&self, key: &str, len: RangeInclusive<usize>) -> Result<Vec<String>> {
         let v = self.meta.strs(key)?;
         if len.contains(&v.len()) {
             Ok(v)
         } else {
-            Err(format!("{}: metadata {}.{key} has {} entries (allowed: {})", self.file.path().display(), self.arch, v.len(), show(&len)))
+            Err(format!("{}: metadata {}.{key} has {} entries (allowed: {})", self.file.path().display(), self.arch, v.len(), show(&len)).into())
         }
     }
 
-    pub fn flag(&self, key: &str) -> Result<bool, String> {
-        self.meta.bool(key)
+    pub fn flag(&self, key: &str) -> Result<bool> {
+        Ok(self.meta.bool(key)?)
     }
 }
 

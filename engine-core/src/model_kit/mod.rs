@@ -4,8 +4,9 @@
 //! ([`hparams`]), the tensor table a family declares and the loader checks
 //! ([`tensors`]), the weights loaded from a checked file ([`weights`]), the
 //! resolved policies as graphs obey them ([`policy`]), the graph builder whose
-//! ops follow them ([`builder`]), stage timings ([`timings`]), and text helpers
-//! both front ends use ([`text`]).
+//! ops follow them ([`builder`]), stage timings ([`timings`]), text helpers
+//! both front ends use ([`text`]), typed synthesis options ([`options`]),
+//! `.npy` arrays ([`npy`]) and the one error type all of it returns ([`error`]).
 //!
 //! A model file is untrusted input: a family reads its hparams through
 //! [`hparams::HparamReader`], builds its [`tensors::TensorTable`] from them and
@@ -14,8 +15,11 @@
 
 pub mod builder;
 pub mod census;
+pub mod error;
 pub mod guard;
 pub mod hparams;
+pub mod npy;
+pub mod options;
 pub mod policy;
 pub mod tensors;
 pub mod text;
@@ -23,8 +27,10 @@ pub mod timings;
 pub mod weights;
 
 pub use builder::Builder;
+pub use error::{Error, Result};
 pub use guard::guarded;
 pub use hparams::HparamReader;
+pub use options::OptionReader;
 pub use policy::OpPolicy;
 pub use tensors::{Dim, Storage, TensorTable};
 pub use timings::Timings;
@@ -32,11 +38,11 @@ pub use weights::Weights;
 
 /// `Ok` when `file`'s `general.architecture` is `arch`; else an error naming
 /// the file, what it holds and what was expected (`what`: "a Chatterbox T3 model").
-pub fn require_architecture(file: &ggml_sys::gguf::GgufFile, arch: &str, what: &str) -> Result<(), String> {
-    let found = file.get_str("general.architecture").map_err(|e| e.to_string())?;
+pub fn require_architecture(file: &ggml_sys::gguf::GgufFile, arch: &str, what: &str) -> Result<()> {
+    let found = file.get_str("general.architecture")?;
     if found == arch {
         Ok(())
     } else {
-        Err(format!("{}: architecture '{found}' is not {what} ('{arch}')", file.path().display()))
+        Err(Error::msg(format!("{}: architecture '{found}' is not {what} ('{arch}')", file.path().display())))
     }
 }

@@ -3,6 +3,7 @@
 //! forbids. Every model plugin builds through [`super::Builder`], whose ops
 //! read this, so obeying a profile is structural rather than per model.
 
+use super::error::Result;
 use crate::abi::{KvType, ResolvedPolicies, WeightStorage};
 use ggml_sys::{Graph, Type};
 
@@ -59,9 +60,10 @@ impl OpPolicy {
         }
     }
 
-    /// Every native op and fused attention with `kv_type` K/V.
+    /// Every native op, fused attention with `kv_type` K/V, and pinned host
+    /// staging where the device offers it.
     pub fn native(kv_type: Type) -> Self {
-        OpPolicy { fused_attention: true, kv_type, native_leaky_relu: true, native_conv_transpose_1d: true, ..Self::reference() }
+        OpPolicy { fused_attention: true, kv_type, native_leaky_relu: true, native_conv_transpose_1d: true, pinned_host: true, ..Self::reference() }
     }
 
     /// The rule that forbids `op`, if one does.
@@ -71,7 +73,7 @@ impl OpPolicy {
 
     /// Refuses a graph with a node a deny rule forbids (an op the kit has no
     /// fallback for): one line naming the op, the rule and the graph.
-    pub fn check_graph(&self, graph: &Graph<'_>, what: &str) -> Result<(), String> {
+    pub fn check_graph(&self, graph: &Graph<'_>, what: &str) -> Result<()> {
         if self.denied.is_empty() {
             return Ok(());
         }
@@ -79,7 +81,7 @@ impl OpPolicy {
             let Some(node) = graph.node(i) else { break };
             let op = ggml_sys::op_name(node.op());
             if let Some(rule) = self.denial(&op) {
-                return Err(format!("{op} is denied on this device by {rule}, and {what} has no fallback for it"));
+                return Err(format!("{op} is denied on this device by {rule}, and {what} has no fallback for it").into());
             }
         }
         Ok(())
@@ -92,11 +94,11 @@ pub const OPS_WITH_FALLBACK: [&str; 3] = ["FLASH_ATTN_EXT", "LEAKY_RELU", "CONV_
 impl OpPolicy {
     /// At load: refuses a deny rule on an op the family's graphs use
     /// (`graph_ops`) and the kit has no fallback for, naming op and rule.
-    pub fn check_denials(&self, family: &str, graph_ops: &[&str]) -> Result<(), String> {
+    pub fn check_denials(&self, family: &str, graph_ops: &[&str]) -> Result<()> {
         for (op, rule) in &self.denied {
             let used = graph_ops.iter().any(|o| o.eq_ignore_ascii_case(op));
             if used && !OPS_WITH_FALLBACK.iter().any(|o| o.eq_ignore_ascii_case(op)) {
-                return Err(format!("{op} is denied on this device by {rule}, and {family} has no fallback for it"));
+                return Err(format!("{op} is denied on this device by {rule}, and {family} has no fallback for it").into());
             }
         }
         Ok(())

@@ -4,6 +4,7 @@
 //! a file before any weight is read, so a swapped dimension or an unexpected
 //! type is a one-line error, never a `GGML_ASSERT` inside a graph.
 
+use super::error::Result;
 use ggml_sys::gguf::GgufTensors;
 use ggml_sys::Type;
 use indexmap::IndexMap;
@@ -144,43 +145,35 @@ impl TensorTable {
         self.specs.contains_key(name)
     }
 
-    pub fn len(&self) -> usize {
-        self.specs.len()
-    }
-
-    pub fn is_empty(&self) -> bool {
-        self.specs.is_empty()
-    }
-
     /// Checks a file: every table entry present with its shape and an allowed
     /// type, no tensor the table does not know, free dimensions bound
     /// consistently and within range (read them with [`dim`](Self::dim)).
-    pub fn check(&mut self, gguf: &GgufTensors) -> Result<(), String> {
+    pub fn check(&mut self, gguf: &GgufTensors) -> Result<()> {
         let path = gguf.file.path().display().to_string();
         let mut bound: IndexMap<&'static str, usize> = IndexMap::new();
         for (name, spec) in &self.specs {
             let t = gguf.ctx.get_tensor(name).ok_or_else(|| format!("{path}: tensor '{name}' is missing"))?;
             if !spec.storage.allows(t.ty()) {
-                return Err(format!("{path}: tensor '{name}' is {}, expected {}", ggml_sys::type_name(t.ty()), spec.storage.describe()));
+                return Err(format!("{path}: tensor '{name}' is {}, expected {}", ggml_sys::type_name(t.ty()), spec.storage.describe()).into());
             }
             let ne = t.ne();
             let mismatch = |bound: &IndexMap<&'static str, usize>| {
                 format!("{path}: tensor '{name}' has shape {}, the metadata implies {}", show_shape(&ne), show_dims(&spec.shape, bound))
             };
             if spec.shape.len() > 4 || ne[spec.shape.len()..].iter().any(|&d| d != 1) {
-                return Err(mismatch(&bound));
+                return Err(mismatch(&bound).into());
             }
             for (i, dim) in spec.shape.iter().enumerate() {
                 match *dim {
-                    Dim::Is(n) if ne[i] != n as i64 => return Err(mismatch(&bound)),
+                    Dim::Is(n) if ne[i] != n as i64 => return Err(mismatch(&bound).into()),
                     Dim::Is(_) => {}
                     Dim::Free(free) => match bound.get(free) {
-                        Some(&n) if ne[i] != n as i64 => return Err(mismatch(&bound)),
+                        Some(&n) if ne[i] != n as i64 => return Err(mismatch(&bound).into()),
                         Some(_) => {}
                         None => {
                             let range = self.free.get(free).cloned().unwrap_or(1..=65536);
                             if !range.contains(&(ne[i] as usize)) || ne[i] < 0 {
-                                return Err(format!("{path}: tensor '{name}' gives {free} = {} (allowed: {}..={})", ne[i], range.start(), range.end()));
+                                return Err(format!("{path}: tensor '{name}' gives {free} = {} (allowed: {}..={})", ne[i], range.start(), range.end()).into());
                             }
                             bound.insert(free, ne[i] as usize);
                         }
@@ -191,7 +184,7 @@ impl TensorTable {
         for t in gguf.ctx.tensors() {
             let name = t.name();
             if !self.specs.contains_key(&name) && !self.carried.iter().any(|p| name.starts_with(p.as_str())) {
-                return Err(format!("{path}: unexpected tensor '{name}' (not part of this model's layout; docs/gguf.md)"));
+                return Err(format!("{path}: unexpected tensor '{name}' (not part of this model's layout; docs/gguf.md)").into());
             }
         }
         self.bound = bound;

@@ -28,7 +28,7 @@ impl Weights {
         mut table: TensorTable,
         storage: WeightStorage,
         is_matmul_weight: impl Fn(&str) -> bool,
-    ) -> std::result::Result<Self, String> {
+    ) -> super::Result<Self> {
         if !table.is_checked() {
             table.check(&gguf)?;
         }
@@ -41,21 +41,12 @@ impl Weights {
             let float = [ggml_sys::TYPE_F32, ggml_sys::TYPE_F16];
             for name in table.matrices() {
                 if gguf.ctx.get_tensor(name).is_some_and(|t| float.contains(&t.ty())) {
-                    gguf.store_as(name, to).map_err(|e| e.to_string())?;
+                    gguf.store_as(name, to)?;
                 }
             }
         }
-        let (buffers, in_extra) = gguf.load_into_with_extra(backend, is_matmul_weight).map_err(|e| e.to_string())?;
+        let (buffers, in_extra) = gguf.load_into_with_extra(backend, is_matmul_weight)?;
         Ok(Weights { _buffers: buffers, gguf, table, in_extra_buffers: in_extra })
-    }
-
-    pub fn gguf(&self) -> &GgufTensors {
-        &self.gguf
-    }
-
-    /// The size a free dimension of the table took in this file.
-    pub fn dim(&self, name: &str) -> usize {
-        self.table.dim(name).unwrap_or_else(|| panic!("free dimension '{name}' is not declared in the tensor table"))
     }
 
     fn checked(&self, name: &str) -> Result<Tensor<'_>> {
@@ -69,11 +60,6 @@ impl Weights {
     /// weights and dropped before them, so the rebinding is sound.
     pub fn tensor<'c>(&self, ctx: &'c Context, name: &str) -> Result<Tensor<'c>> {
         Ok(unsafe { self.checked(name)?.rebind(ctx) })
-    }
-
-    /// Shape (ggml order) of a weight.
-    pub fn shape(&self, name: &str) -> Result<[i64; 4]> {
-        Ok(self.checked(name)?.ne())
     }
 
     /// An F32 weight's values, read on the host.

@@ -132,7 +132,7 @@ impl Device {
 
     /// Extra buffer types of the device (CPU: repacked and AMX layouts for
     /// quantized matrices), through the registry's optional proc.
-    pub fn extra_buffer_types(&self) -> Vec<sys::ggml_backend_buffer_type_t> {
+    pub(crate) fn extra_buffer_types(&self) -> Vec<sys::ggml_backend_buffer_type_t> {
         type GetExtra = unsafe extern "C" fn(sys::ggml_backend_dev_t) -> *mut sys::ggml_backend_buffer_type_t;
         let Some(f) = self.registry().and_then(|r| r.proc_address("ggml_backend_dev_get_extra_bufts")) else {
             return Vec::new();
@@ -174,9 +174,8 @@ impl Device {
     }
 
     /// The pinned host buffer type, if the device offers one.
-    pub fn host_buffer_type(&self) -> Option<sys::ggml_backend_buffer_type_t> {
-        let p = unsafe { sys::ggml_backend_dev_host_buffer_type(self.as_ptr()) };
-        (!p.is_null()).then_some(p)
+    pub fn host_buffer_type(&self) -> Option<BufferType> {
+        NonNull::new(unsafe { sys::ggml_backend_dev_host_buffer_type(self.as_ptr()) }).map(BufferType)
     }
 
     pub fn init(&self, params: Option<&str>) -> Result<Backend> {
@@ -267,13 +266,9 @@ impl Backend {
     }
 
     /// The backend's default buffer type.
-    pub fn buffer_type(&self) -> sys::ggml_backend_buffer_type_t {
-        unsafe { sys::ggml_backend_get_default_buffer_type(self.as_ptr()) }
-    }
-
-    /// Waits for queued work to finish.
-    pub fn synchronize(&self) {
-        unsafe { sys::ggml_backend_synchronize(self.as_ptr()) }
+    pub fn buffer_type(&self) -> BufferType {
+        let p = unsafe { sys::ggml_backend_get_default_buffer_type(self.as_ptr()) };
+        BufferType(NonNull::new(p).expect("every backend has a default buffer type"))
     }
 
     pub fn compute(&self, graph: &Graph<'_>) -> Result<()> {
@@ -294,6 +289,37 @@ impl Drop for Backend {
     }
 }
 
+/// A kind of backend memory: a device's own, host memory, or pinned host
+/// memory a device copies from directly. Buffer types are static in ggml.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub struct BufferType(NonNull<sys::ggml_backend_buffer_type>);
+
+unsafe impl Send for BufferType {}
+unsafe impl Sync for BufferType {}
+
+impl BufferType {
+    pub fn as_ptr(&self) -> sys::ggml_backend_buffer_type_t {
+        self.0.as_ptr()
+    }
+
+    /// Whether the host can address its buffers.
+    pub fn is_host(&self) -> bool {
+        unsafe { sys::ggml_backend_buft_is_host(self.as_ptr()) }
+    }
+
+    pub fn alignment(&self) -> usize {
+        unsafe { sys::ggml_backend_buft_get_alignment(self.as_ptr()) }
+    }
+
+    /// A buffer of `size` bytes.
+    pub fn alloc(&self, size: usize) -> Result<Buffer> {
+        match NonNull::new(unsafe { sys::ggml_backend_buft_alloc_buffer(self.as_ptr(), size) }) {
+            Some(p) => Ok(Buffer::from_raw(p)),
+            None => err(format!("could not allocate {size} bytes of {}", unsafe { crate::cstr_to_string(sys::ggml_backend_buft_name(self.as_ptr())) })),
+        }
+    }
+}
+
 /// A backend buffer holding tensor data.
 pub struct Buffer {
     ptr: NonNull<sys::ggml_backend_buffer>,
@@ -308,6 +334,11 @@ impl Buffer {
 
     pub fn size(&self) -> usize {
         unsafe { sys::ggml_backend_buffer_get_size(self.ptr.as_ptr()) }
+    }
+
+    /// Host address of the buffer's memory (null for device memory).
+    pub(crate) fn base(&self) -> *mut u8 {
+        unsafe { sys::ggml_backend_buffer_get_base(self.ptr.as_ptr()) }.cast()
     }
 
     /// Sets every byte of the buffer to `value`.
@@ -333,7 +364,7 @@ unsafe impl Send for GraphAllocator {}
 
 impl GraphAllocator {
     pub fn new(backend: &Backend) -> Result<Self> {
-        match NonNull::new(unsafe { sys::ggml_gallocr_new(backend.buffer_type()) }) {
+        match NonNull::new(unsafe { sys::ggml_gallocr_new(backend.buffer_type().as_ptr()) }) {
             Some(ptr) => Ok(GraphAllocator { ptr }),
             None => err("ggml_gallocr_new failed"),
         }
@@ -346,11 +377,6 @@ impl GraphAllocator {
         } else {
             err("could not allocate the compute graph's buffer")
         }
-    }
-
-    /// Bytes held by the allocator's buffer.
-    pub fn size(&self) -> usize {
-        unsafe { sys::ggml_gallocr_get_buffer_size(self.ptr.as_ptr(), 0) }
     }
 }
 

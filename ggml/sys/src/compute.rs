@@ -2,8 +2,8 @@
 //! allocator holding the intermediates, and named input and output tensors.
 //! Model plugins keep one per stage and shape and only upload new inputs.
 
-use crate::backend::{Backend, GraphAllocator};
-use crate::context::{Context, Graph, Tensor};
+use crate::backend::{Backend, Buffer, BufferType, GraphAllocator};
+use crate::context::{decode_f32, encode_f32, Context, Graph, Tensor};
 use crate::{err, sys, Result};
 use std::ptr::NonNull;
 
@@ -14,8 +14,9 @@ pub struct GraphIo<'c> {
 }
 
 pub struct ComputeGraph {
-    // Field order matters: the allocator and pointers die before the context.
-    alloc: GraphAllocator,
+    // Field order matters: the staging buffer, allocator and pointers die before the context.
+    staging: Option<HostStaging>,
+    _alloc: GraphAllocator,
     graph: NonNull<sys::ggml_cgraph>,
     inputs: Vec<(&'static str, NonNull<sys::ggml_tensor>)>,
     outputs: Vec<(&'static str, NonNull<sys::ggml_tensor>)>,
@@ -36,10 +37,18 @@ impl ComputeGraph {
         let (graph, inputs, outputs) = {
             let io = build(&ctx)?;
             let mut graph = ctx.new_graph(max_nodes)?;
-            for (_, t) in &io.inputs {
+            // Unnamed inputs and outputs take their I/O name, so errors name them.
+            let name = |n: &str, t: Tensor<'_>| {
+                if t.name().is_empty() {
+                    t.set_name(n);
+                }
+            };
+            for (n, t) in &io.inputs {
+                name(n, *t);
                 t.set_input();
             }
-            for (_, t) in &io.outputs {
+            for (n, t) in &io.outputs {
+                name(n, *t);
                 t.set_output();
                 graph.build_forward(*t);
             }
@@ -50,7 +59,7 @@ impl ComputeGraph {
         check_supported(backend, &built)?;
         let mut alloc = GraphAllocator::new(backend)?;
         alloc.alloc(&built)?;
-        Ok(ComputeGraph { alloc, graph, inputs, outputs, ctx })
+        Ok(ComputeGraph { staging: None, _alloc: alloc, graph, inputs, outputs, ctx })
     }
 
     /// The built graph (its nodes, for checks and census).
@@ -76,18 +85,103 @@ impl ComputeGraph {
         }
     }
 
+    /// Routes uploads and downloads of every input and output through one
+    /// buffer of `buft`, a host buffer type (a device's pinned memory): values
+    /// are converted straight into memory the device copies from directly,
+    /// instead of into a temporary that the backend copies again. Refused for a
+    /// buffer type the host cannot address.
+    pub fn stage_in(&mut self, buft: BufferType) -> Result<()> {
+        self.staging = None;
+        if !buft.is_host() {
+            return err("staging needs a host buffer type");
+        }
+        let align = buft.alignment().max(64);
+        let mut slots = Vec::new();
+        let mut size = 0usize;
+        for (_, p) in self.inputs.iter().chain(&self.outputs) {
+            if slots.iter().any(|(q, _)| q == p) {
+                continue;
+            }
+            slots.push((*p, size));
+            size += unsafe { sys::ggml_nbytes(p.as_ptr()) }.div_ceil(align) * align;
+        }
+        let buffer = buft.alloc(size.max(align))?;
+        let base = buffer.base();
+        if base.is_null() || base.align_offset(4) != 0 {
+            return err("host staging buffer has no usable base address");
+        }
+        self.staging = Some(HostStaging { _buffer: buffer, base, slots });
+        Ok(())
+    }
+
+    /// Whether uploads and downloads go through a host staging buffer.
+    pub fn is_staged(&self) -> bool {
+        self.staging.is_some()
+    }
+
+    /// The staging address of `t`, when staged.
+    fn staged(&self, t: &Tensor<'_>) -> Option<*mut u8> {
+        let s = self.staging.as_ref()?;
+        s.slots.iter().find(|(p, _)| p.as_ptr() == t.as_ptr()).map(|(_, off)| unsafe { s.base.add(*off) })
+    }
+
+    /// Uploads f32 values into the input `name` (converted to its type).
+    pub fn set_f32(&self, name: &str, values: &[f32]) -> Result<()> {
+        let t = self.input(name)?;
+        let Some(dst) = self.staged(&t) else {
+            return t.set_f32(values);
+        };
+        t.check_f32_upload(values.len())?;
+        // The slot holds n_bytes of this tensor; nothing else refers to it
+        // while the copy runs (the graph is not shared between threads).
+        unsafe {
+            encode_f32(values, t.ty(), dst)?;
+            sys::ggml_backend_tensor_set(t.as_ptr(), dst.cast(), 0, t.n_bytes());
+        }
+        Ok(())
+    }
+
+    /// Uploads I32 values into the input `name`.
+    pub fn set_i32(&self, name: &str, values: &[i32]) -> Result<()> {
+        let t = self.input(name)?;
+        let Some(dst) = self.staged(&t) else {
+            return t.set_i32(values);
+        };
+        if t.ty() != sys::GGML_TYPE_I32 || values.len() != t.n_elements() {
+            return t.set_i32(values); // its error names the mismatch
+        }
+        t.check_buffer()?;
+        unsafe {
+            std::ptr::copy_nonoverlapping(values.as_ptr(), dst.cast::<i32>(), values.len());
+            sys::ggml_backend_tensor_set(t.as_ptr(), dst.cast(), 0, t.n_bytes());
+        }
+        Ok(())
+    }
+
+    /// Downloads the output `name` as f32.
+    pub fn get_f32(&self, name: &str) -> Result<Vec<f32>> {
+        let t = self.output(name)?;
+        let Some(src) = self.staged(&t) else {
+            return t.get_f32();
+        };
+        t.check_buffer()?;
+        unsafe {
+            sys::ggml_backend_tensor_get(t.as_ptr(), src.cast(), 0, t.n_bytes());
+            decode_f32(src, t.ty(), t.n_elements())
+        }
+    }
+
     pub fn compute(&self, backend: &Backend) -> Result<()> {
         backend.compute(&self.graph())
     }
+}
 
-    pub fn n_nodes(&self) -> usize {
-        self.graph().n_nodes()
-    }
-
-    /// Bytes of the intermediate buffer.
-    pub fn buffer_size(&self) -> usize {
-        self.alloc.size()
-    }
+/// A host buffer holding one slot per graph input and output.
+struct HostStaging {
+    _buffer: Buffer,
+    base: *mut u8,
+    /// Each tensor's slot offset from `base` (aligned, `ggml_nbytes` long).
+    slots: Vec<(NonNull<sys::ggml_tensor>, usize)>,
 }
 
 /// Refuses a graph with a node the device cannot run: a backend computing an

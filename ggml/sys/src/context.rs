@@ -234,61 +234,79 @@ impl<'ctx> Tensor<'ctx> {
 
     /// Uploads host values, converting from f32 to the tensor's type (F32, F16, BF16).
     pub fn set_f32(&self, values: &[f32]) -> Result<()> {
-        if values.len() != self.n_elements() {
-            return err(format!("tensor '{}' has {} elements, got {}", self.name(), self.n_elements(), values.len()));
+        self.check_f32_upload(values.len())?;
+        // u32 words: every supported type's element fits their alignment.
+        let mut words = vec![0u32; self.n_bytes().div_ceil(4)];
+        unsafe {
+            encode_f32(values, self.ty(), words.as_mut_ptr().cast())?;
+            sys::ggml_backend_tensor_set(self.as_ptr(), words.as_ptr().cast(), 0, self.n_bytes());
         }
+        Ok(())
+    }
+
+    /// Checks that `n` f32 values can be uploaded into this tensor.
+    pub(crate) fn check_f32_upload(&self, n: usize) -> Result<()> {
+        if n != self.n_elements() {
+            return err(format!("tensor '{}' has {} elements, got {n}", self.name(), self.n_elements()));
+        }
+        self.check_buffer()?;
+        encoded_size(self.ty(), n).map(|_| ())
+    }
+
+    pub(crate) fn check_buffer(&self) -> Result<()> {
         if self.raw().buffer.is_null() {
             return err(format!("tensor '{}' has no backend buffer", self.name()));
         }
-        let bytes = convert_from_f32(values, self.ty())?;
-        unsafe { sys::ggml_backend_tensor_set(self.as_ptr(), bytes.as_ptr().cast(), 0, bytes.len()) };
         Ok(())
     }
 
     /// Downloads the tensor as f32 (F32, F16, BF16).
     pub fn get_f32(&self) -> Result<Vec<f32>> {
-        if self.raw().buffer.is_null() {
-            return err(format!("tensor '{}' has no backend buffer", self.name()));
+        self.check_buffer()?;
+        let mut words = vec![0u32; self.n_bytes().div_ceil(4)];
+        unsafe {
+            sys::ggml_backend_tensor_get(self.as_ptr(), words.as_mut_ptr().cast(), 0, self.n_bytes());
+            decode_f32(words.as_ptr().cast(), self.ty(), self.n_elements())
         }
-        let mut bytes = vec![0u8; self.n_bytes()];
-        unsafe { sys::ggml_backend_tensor_get(self.as_ptr(), bytes.as_mut_ptr().cast(), 0, bytes.len()) };
-        convert_to_f32(&bytes, self.ty(), self.n_elements())
     }
 }
 
-fn convert_from_f32(values: &[f32], ty: Type) -> Result<Vec<u8>> {
+/// Bytes of `n` values of `ty` when encoded from f32; an error for types
+/// f32 values cannot be written as.
+fn encoded_size(ty: Type, n: usize) -> Result<usize> {
+    match ty {
+        sys::GGML_TYPE_F32 => Ok(4 * n),
+        sys::GGML_TYPE_F16 | sys::GGML_TYPE_BF16 => Ok(2 * n),
+        other => err(format!("cannot upload f32 values into a {} tensor", crate::type_name(other))),
+    }
+}
+
+/// Writes `values` as `ty` at `dst`.
+///
+/// # Safety
+/// `dst` is 4-byte aligned and valid for `encoded_size(ty, values.len())` bytes.
+pub(crate) unsafe fn encode_f32(values: &[f32], ty: Type, dst: *mut u8) -> Result<()> {
     let n = values.len();
-    unsafe {
-        match ty {
-            sys::GGML_TYPE_F32 => Ok(values.iter().flat_map(|v| v.to_ne_bytes()).collect()),
-            sys::GGML_TYPE_F16 => {
-                let mut out = vec![0u16; n];
-                sys::ggml_fp32_to_fp16_row(values.as_ptr(), out.as_mut_ptr(), n as i64);
-                Ok(out.iter().flat_map(|v| v.to_ne_bytes()).collect())
-            }
-            sys::GGML_TYPE_BF16 => {
-                let mut out = vec![sys::ggml_bf16_t::default(); n];
-                sys::ggml_fp32_to_bf16_row(values.as_ptr(), out.as_mut_ptr(), n as i64);
-                Ok(out.iter().flat_map(|v| v.bits.to_ne_bytes()).collect())
-            }
-            other => err(format!("cannot upload f32 values into a {} tensor", crate::type_name(other))),
-        }
+    match ty {
+        sys::GGML_TYPE_F32 => std::ptr::copy_nonoverlapping(values.as_ptr(), dst.cast(), n),
+        sys::GGML_TYPE_F16 => sys::ggml_fp32_to_fp16_row(values.as_ptr(), dst.cast(), n as i64),
+        sys::GGML_TYPE_BF16 => sys::ggml_fp32_to_bf16_row(values.as_ptr(), dst.cast(), n as i64),
+        other => return err(format!("cannot upload f32 values into a {} tensor", crate::type_name(other))),
     }
+    Ok(())
 }
 
-fn convert_to_f32(bytes: &[u8], ty: Type, n: usize) -> Result<Vec<f32>> {
+/// Reads `n` values of `ty` at `src` as f32.
+///
+/// # Safety
+/// `src` is 4-byte aligned and valid for `n` values of `ty`.
+pub(crate) unsafe fn decode_f32(src: *const u8, ty: Type, n: usize) -> Result<Vec<f32>> {
     let mut out = vec![0f32; n];
-    unsafe {
-        match ty {
-            sys::GGML_TYPE_F32 => {
-                for (o, c) in out.iter_mut().zip(bytes.chunks_exact(4)) {
-                    *o = f32::from_ne_bytes([c[0], c[1], c[2], c[3]]);
-                }
-            }
-            sys::GGML_TYPE_F16 => sys::ggml_fp16_to_fp32_row(bytes.as_ptr().cast(), out.as_mut_ptr(), n as i64),
-            sys::GGML_TYPE_BF16 => sys::ggml_bf16_to_fp32_row(bytes.as_ptr().cast(), out.as_mut_ptr(), n as i64),
-            other => return err(format!("cannot download a {} tensor as f32", crate::type_name(other))),
-        }
+    match ty {
+        sys::GGML_TYPE_F32 => std::ptr::copy_nonoverlapping(src.cast::<f32>(), out.as_mut_ptr(), n),
+        sys::GGML_TYPE_F16 => sys::ggml_fp16_to_fp32_row(src.cast(), out.as_mut_ptr(), n as i64),
+        sys::GGML_TYPE_BF16 => sys::ggml_bf16_to_fp32_row(src.cast(), out.as_mut_ptr(), n as i64),
+        other => return err(format!("cannot download a {} tensor as f32", crate::type_name(other))),
     }
     Ok(out)
 }

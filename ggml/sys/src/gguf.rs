@@ -207,10 +207,6 @@ impl GgufFile {
         Ok(id)
     }
 
-    pub fn has_key(&self, key: &str) -> bool {
-        self.key_id(key).is_some()
-    }
-
     pub fn get_str(&self, key: &str) -> Result<String> {
         let id = self.typed_id(key, sys::GGUF_TYPE_STRING)?;
         Ok(unsafe { cstr_to_string(sys::gguf_get_val_str(self.ptr.as_ptr(), id)) })
@@ -299,10 +295,6 @@ impl<'a> Metadata<'a> {
         format!("{}{k}", self.prefix)
     }
 
-    pub fn has(&self, k: &str) -> bool {
-        self.file.has_key(&self.key(k))
-    }
-
     pub fn str(&self, k: &str) -> std::result::Result<String, String> {
         self.file.get_str(&self.key(k)).map_err(|e| e.to_string())
     }
@@ -313,10 +305,6 @@ impl<'a> Metadata<'a> {
 
     pub fn u32(&self, k: &str) -> std::result::Result<u32, String> {
         self.file.get_u32(&self.key(k)).map_err(|e| e.to_string())
-    }
-
-    pub fn usize(&self, k: &str) -> std::result::Result<usize, String> {
-        self.u32(k).map(|v| v as usize)
     }
 
     pub fn usizes(&self, k: &str) -> std::result::Result<Vec<usize>, String> {
@@ -384,13 +372,6 @@ impl GgufTensors {
         Ok(GgufTensors { file, ctx, memory })
     }
 
-    /// Allocates every tensor in one buffer of `backend` and reads the data.
-    pub fn load_into(&self, backend: &crate::Backend) -> Result<crate::Buffer> {
-        let buffer = backend.alloc_ctx_tensors(&self.ctx)?;
-        self.read_data()?;
-        Ok(buffer)
-    }
-
     /// Like [`load_into`](Self::load_into), but the matrices `matmul_weight`
     /// selects go to the first of the device's extra buffer types that runs a
     /// product with them (CPU: AMX or repacked layouts for quantized types); the
@@ -399,7 +380,7 @@ impl GgufTensors {
     pub fn load_into_with_extra(&self, backend: &crate::Backend, matmul_weight: impl Fn(&str) -> bool) -> Result<(Vec<crate::Buffer>, usize)> {
         let device = backend.device();
         let extras = device.as_ref().map(|d| d.extra_buffer_types()).unwrap_or_default();
-        let default = backend.buffer_type();
+        let default = backend.buffer_type().as_ptr();
         let mut groups: Vec<(sys::ggml_backend_buffer_type_t, Vec<crate::Tensor<'_>>)> = Vec::new();
         let mut in_extra = 0;
         for t in self.ctx.tensors() {
@@ -572,11 +553,6 @@ impl GgufWriter {
         self
     }
 
-    pub fn set_bool(&mut self, key: &str, value: bool) -> &mut Self {
-        unsafe { sys::gguf_set_val_bool(self.ptr.as_ptr(), Self::key(key).as_ptr(), value) };
-        self
-    }
-
     pub fn set_u32_array(&mut self, key: &str, values: &[u32]) -> &mut Self {
         unsafe { sys::gguf_set_arr_data(self.ptr.as_ptr(), Self::key(key).as_ptr(), sys::GGUF_TYPE_UINT32, values.as_ptr().cast(), values.len()) };
         self
@@ -647,18 +623,8 @@ impl GgufEditor {
         self
     }
 
-    pub fn set_bool(&mut self, key: &str, value: bool) -> &mut Self {
-        self.kv.set_bool(key, value);
-        self
-    }
-
     pub fn set_u32_array(&mut self, key: &str, values: &[u32]) -> &mut Self {
         self.kv.set_u32_array(key, values);
-        self
-    }
-
-    pub fn remove(&mut self, key: &str) -> &mut Self {
-        unsafe { sys::gguf_remove_key(self.kv.ptr.as_ptr(), GgufWriter::key(key).as_ptr()) };
         self
     }
 

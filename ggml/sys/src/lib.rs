@@ -14,7 +14,7 @@ pub mod context;
 pub mod gguf;
 pub mod ops;
 
-pub use backend::{load_backend_module, Backend, Buffer, Device, DeviceKind, GraphAllocator, Registry};
+pub use backend::{load_backend_module, Backend, Buffer, BufferType, Device, DeviceKind, Registry};
 pub use compute::{ComputeGraph, GraphIo, GraphSlot};
 pub use context::{Context, Graph, Tensor};
 

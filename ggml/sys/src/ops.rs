@@ -123,11 +123,6 @@ impl Context {
         self.wrap(t)
     }
 
-    /// `b` copied into (a view of) `a`, converting types; returns that view.
-    pub fn cpy<'a>(&'a self, a: Tensor<'a>, b: Tensor<'a>) -> Result<Tensor<'a>> {
-        self.wrap(unsafe { sys::ggml_cpy(self.as_ptr(), a.as_ptr(), b.as_ptr()) })
-    }
-
     /// Rows of `b` written into `a` at the row indices in `c` (I64 or I32);
     /// returns the updated view of `a`. The index tensor is an input, so one
     /// graph serves every write position (static K/V caches).
@@ -169,10 +164,5 @@ impl Context {
     /// Reflection padding of ne0 (`left`, `right` < ne0).
     pub fn pad_reflect_1d<'a>(&'a self, a: Tensor<'a>, left: i32, right: i32) -> Result<Tensor<'a>> {
         self.wrap(unsafe { sys::ggml_pad_reflect_1d(self.as_ptr(), a.as_ptr(), left, right) })
-    }
-
-    pub fn new_tensor_like<'a>(&'a self, ty: Type, like: Tensor<'a>) -> Result<Tensor<'a>> {
-        let ne = like.ne();
-        self.new_tensor(ty, &ne)
     }
 }

@@ -4,6 +4,7 @@
 //! every value is checked against its documented range.
 
 use engine_core::model_kit::HparamReader;
+use engine_core::model_kit::Result;
 use ggml_sys::gguf::GgufFile;
 
 /// `general.architecture` of the T3 file.
@@ -64,7 +65,7 @@ pub mod ranges {
 }
 
 impl T3Hparams {
-    pub fn load(file: &GgufFile) -> Result<Self, String> {
+    pub fn load(file: &GgufFile) -> Result<Self> {
         use engine_core::model_kit::hparams::{DIM, EPS, HEADS, LAYERS};
         let m = HparamReader::new(file, T3_ARCH);
         let backbone = match m.string("backbone")?.as_str() {
@@ -199,7 +200,7 @@ pub struct S3GenHparams {
 pub const MAX_SAMPLES_PER_FRAME: usize = 8192;
 
 impl S3GenHparams {
-    pub fn load(file: &GgufFile) -> Result<Self, String> {
+    pub fn load(file: &GgufFile) -> Result<Self> {
         use engine_core::model_kit::hparams::{DILATION, DIM, EPS, HEADS, KERNEL, LAYERS, SAMPLE_RATE};
         let m = HparamReader::new(file, S3GEN_ARCH);
         let encoder = EncoderHparams {
@@ -271,7 +272,7 @@ impl S3GenHparams {
         Ok(hp)
     }
 
-    fn check_relations(&self, m: &HparamReader) -> Result<(), String> {
+    fn check_relations(&self, m: &HparamReader) -> Result<()> {
         m.require(self.meanflow == (self.variant == "meanflow"), || format!("variant '{}' disagrees with meanflow = {}", self.variant, self.meanflow))?;
         m.require(self.cfm.in_channels == 4 * self.mel_channels, || {
             format!("cfm.in_channels {} is not 4 x mel_channels {} (x, mu, speaker, cond)", self.cfm.in_channels, self.mel_channels)

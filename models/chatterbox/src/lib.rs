@@ -24,11 +24,12 @@ use abi_stable::{
     std_types::{RResult, RString, RVec},
 };
 use engine_core::abi::{
-    find_option, BackendHandle, LoadedModelInfo, Model, ModelBox, ModelFamilyInfo, ModelLoadRequest, ModelPlugin, ModelPluginRef, Model_TO, OptionKind,
-    OptionList, OptionSpec, OptionValue, PluginInfo, SynthesisOutput, SynthesisRequest,
+    BackendHandle, LoadedModelInfo, Model, ModelBox, ModelFamilyInfo, ModelLoadRequest, ModelPlugin, ModelPluginRef, Model_TO, OptionKind, OptionList,
+    OptionSpec, OptionValue, PluginInfo, SynthesisOutput, SynthesisRequest, TokenTrace,
 };
 use engine_core::backend_kit::spec;
-use engine_core::model_kit::{guarded, OpPolicy};
+use engine_core::model_kit::Result;
+use engine_core::model_kit::{guarded, Error, OpPolicy, OptionReader};
 use model::{Chatterbox, SynthesisParams};
 use sampler::SamplingParams;
 
@@ -70,55 +71,29 @@ extern "C" fn option_specs() -> RVec<OptionSpec> {
     ])
 }
 
-fn int(options: &OptionList, key: &str, default: i64) -> i64 {
-    match find_option(options, key) {
-        Some(OptionValue::Int(v)) => *v,
-        _ => default,
-    }
-}
-
-fn float(options: &OptionList, key: &str, default: f64) -> f64 {
-    match find_option(options, key) {
-        Some(OptionValue::Float(v)) => *v,
-        Some(OptionValue::Int(v)) => *v as f64,
-        _ => default,
-    }
-}
-
 /// Synthesis options from the host's validated list; ranges checked here.
-pub fn params_from_options(options: &OptionList) -> Result<SynthesisParams, String> {
-    let in_range = |key: &str, v: f64, lo: f64, hi: f64| {
-        if (lo..=hi).contains(&v) {
-            Ok(v)
-        } else {
-            Err(format!("{key} must be in {lo}..={hi}, got {v}"))
-        }
-    };
-    let seed = int(options, "seed", 0);
-    let seed = u64::try_from(seed).map_err(|_| format!("seed must be non-negative, got {seed}"))?;
-    let temperature = in_range("temperature", float(options, "temperature", 0.8), 0.0, 5.0)? as f32;
-    let top_k = int(options, "top_k", 1000);
-    let top_k = usize::try_from(top_k).map_err(|_| format!("top_k must be non-negative, got {top_k}"))?;
-    let top_p = float(options, "top_p", 0.95);
+pub fn params_from_options(options: &OptionList) -> Result<SynthesisParams> {
+    let specs = option_specs();
+    let o = OptionReader::new(options, &specs);
+    let seed = o.int("seed")?;
+    let seed = u64::try_from(seed).map_err(|_| Error::msg(format!("seed must be non-negative, got {seed}")))?;
+    let temperature = o.float_in("temperature", 0.0..=5.0)? as f32;
+    let top_k = o.count("top_k")?;
+    let top_p = o.float("top_p")?;
     if !(top_p > 0.0 && top_p <= 1.0) {
-        return Err(format!("top_p must be in (0, 1], got {top_p}"));
+        return Err(Error::msg(format!("top_p must be in (0, 1], got {top_p}")));
     }
-    let repetition_penalty = in_range("repetition_penalty", float(options, "repetition_penalty", 1.2), 1.0, 10.0)? as f32;
-    let max_new_tokens = in_range("max_new_tokens", int(options, "max_new_tokens", 1000) as f64, 1.0, 8000.0)? as usize;
-    let min_new_tokens = int(options, "min_new_tokens", 0);
-    let min_new_tokens = usize::try_from(min_new_tokens).map_err(|_| format!("min_new_tokens must be non-negative, got {min_new_tokens}"))?;
-    let max_chars = int(options, "max_chars", 300);
-    let max_chars = usize::try_from(max_chars).map_err(|_| format!("max_chars must be non-negative, got {max_chars}"))?;
-    let crossfade_ms = in_range("crossfade_ms", float(options, "crossfade_ms", 20.0), 0.0, 500.0)? as f32;
-    let cfm_steps = match int(options, "cfm_steps", -1) {
+    let repetition_penalty = o.float_in("repetition_penalty", 1.0..=10.0)? as f32;
+    let max_new_tokens = o.int_in("max_new_tokens", 1..=8000)? as usize;
+    let min_new_tokens = o.count("min_new_tokens")?;
+    let max_chars = o.count("max_chars")?;
+    let crossfade_ms = o.float_in("crossfade_ms", 0.0..=500.0)? as f32;
+    let cfm_steps = match o.int("cfm_steps")? {
         -1 => None,
         n if (1..=10).contains(&n) => Some(n as usize),
-        n => return Err(format!("cfm_steps must be in 1..=10 (or -1), got {n}")),
+        n => return Err(Error::msg(format!("cfm_steps must be in 1..=10 (or -1), got {n}"))),
     };
-    let draws = match find_option(options, "draws") {
-        Some(OptionValue::Str(s)) if !s.is_empty() => Some(std::path::PathBuf::from(s.as_str())),
-        _ => None,
-    };
+    let draws = o.path("draws")?;
     Ok(SynthesisParams {
         sampling: SamplingParams { temperature, top_k, top_p, repetition_penalty },
         max_new_tokens,
@@ -166,14 +141,14 @@ pub const GRAPH_OPS: &[&str] = &[
 /// The load-time checks of either Chatterbox file (T3 with its tokenizer, or
 /// S3Gen) on a file image in memory (no device, no weights loaded): what the
 /// fuzz targets drive.
-pub fn check_model_bytes(bytes: &[u8]) -> Result<(), String> {
-    let gguf = ggml_sys::gguf::GgufTensors::from_bytes(bytes, "model.gguf").map_err(|e| e.to_string())?;
-    let arch = gguf.file.get_str("general.architecture").map_err(|e| e.to_string())?;
+pub fn check_model_bytes(bytes: &[u8]) -> Result<()> {
+    let gguf = ggml_sys::gguf::GgufTensors::from_bytes(bytes, "model.gguf")?;
+    let arch = gguf.file.get_str("general.architecture")?;
     if arch == hparams::S3GEN_ARCH {
         return s3gen::check_file(&gguf).map(|_| ());
     }
     let (hp, _) = t3::check_file(&gguf)?;
-    let json = gguf.file.get_str("chatterbox.tokenizer_json").map_err(|e| e.to_string())?;
+    let json = gguf.file.get_str("chatterbox.tokenizer_json")?;
     text::TextTokenizer::from_json(&json, hp.text_vocab).map(|_| ())
 }
 
@@ -201,7 +176,14 @@ impl Model for Plugin {
         guarded("chatterbox", || {
             let params = params_from_options(&request.options).map_err(|e| format!("chatterbox: {e}"))?;
             let s = self.model.synthesize(request.text.as_str(), &params).map_err(|e| format!("chatterbox: {e}"))?;
-            Ok(SynthesisOutput { samples: s.samples.into(), sample_rate: self.model.sample_rate(), timings: s.timings.into_stage_timings() })
+            // One stream over all text chunks: where two runs first differ is what a comparison reports.
+            let speech_tokens = TokenTrace { name: "speech_tokens".into(), tokens: s.speech_tokens.concat().into() };
+            Ok(SynthesisOutput {
+                samples: s.samples.into(),
+                sample_rate: self.model.sample_rate(),
+                timings: s.timings.into_stage_timings(),
+                tokens: RVec::from(vec![speech_tokens]),
+            })
         })
     }
 }

@@ -9,7 +9,8 @@ use crate::s3gen::{S3Gen, S3GenConditioning};
 use crate::sampler::{SamplingParams, UniformSource, Xoshiro256};
 use crate::t3::{self, T3Conditioning, TokenChoice, T3};
 use crate::text::{self, TextTokenizer};
-use engine_core::model_kit::{OpPolicy, Timings};
+use engine_core::model_kit::Result;
+use engine_core::model_kit::{npy, OpPolicy, Timings};
 use ggml_sys::gguf::GgufFile;
 use ggml_sys::Backend;
 use std::path::{Path, PathBuf};
@@ -28,30 +29,20 @@ pub struct RecordedDraws {
 }
 
 impl RecordedDraws {
-    pub fn from_dir(dir: &Path) -> Result<Self, String> {
+    pub fn from_dir(dir: &Path) -> Result<Self> {
         if !dir.is_dir() {
             let what = if dir.exists() { "is not a directory" } else { "does not exist" };
-            return Err(format!("draws: {} {what} (name a directory of recorded .npy draws)", dir.display()));
+            return Err(format!("draws: {} {what} (name a directory of recorded .npy draws)", dir.display()).into());
         }
-        let load = |name: &str| -> Result<Option<Vec<f32>>, String> {
+        let load = |name: &str| -> Result<Option<Vec<f32>>> {
             let path = dir.join(format!("{name}.npy"));
             if path.exists() {
-                read_npy_f32(&path).map(Some)
+                npy::read_f32(&path).map(Some)
             } else {
                 Ok(None)
             }
         };
         Ok(RecordedDraws { t3_uniforms: load("t3_uniforms")?, cfm_z: load("cfm_z")?, sine_phase: load("sine_phase")?, sine_noise: load("sine_noise")? })
-    }
-}
-
-/// A float32 `.npy` file's values.
-pub fn read_npy_f32(path: &Path) -> Result<Vec<f32>, String> {
-    let bytes = std::fs::read(path).map_err(|e| format!("{}: {e}", path.display()))?;
-    let npy = npyz::NpyFile::new(&bytes[..]).map_err(|e| format!("{}: not a .npy file ({e})", path.display()))?;
-    match npy.dtype().descr().trim_matches('\'') {
-        "<f4" => npy.into_vec::<f32>().map_err(|e| format!("{}: {e}", path.display())),
-        other => Err(format!("{}: dtype {other}, expected float32", path.display())),
     }
 }
 
@@ -103,16 +94,16 @@ pub struct Chatterbox {
 }
 
 /// A GGUF file's metadata and its `general.architecture`.
-fn open_metadata(path: &Path) -> Result<(GgufFile, String), String> {
-    let file = GgufFile::open(path).map_err(|e| e.to_string())?;
-    let arch = file.get_str("general.architecture").map_err(|e| e.to_string())?;
+fn open_metadata(path: &Path) -> Result<(GgufFile, String)> {
+    let file = GgufFile::open(path)?;
+    let arch = file.get_str("general.architecture")?;
     Ok((file, arch))
 }
 
 impl Chatterbox {
     /// Loads the T3 file and the S3Gen file, given in either order, onto
     /// `backend` (borrowed: the caller keeps it alive longer than the model).
-    pub fn load(files: &[PathBuf], backend: &Backend, policy: &OpPolicy) -> Result<Self, String> {
+    pub fn load(files: &[PathBuf], backend: &Backend, policy: &OpPolicy) -> Result<Self> {
         policy.check_denials("chatterbox", crate::GRAPH_OPS)?;
         let [a, b] = files else {
             let names: Vec<String> = files.iter().map(|f| f.display().to_string()).collect();
@@ -120,14 +111,17 @@ impl Chatterbox {
                 "chatterbox takes two GGUF files (T3 and S3Gen); {} given{}",
                 files.len(),
                 if names.is_empty() { String::new() } else { format!(": {}", names.join(", ")) }
-            ));
+            )
+            .into());
         };
         let (meta_a, meta_b) = (open_metadata(a)?, open_metadata(b)?);
         let ((t3_path, t3_meta), (s3_path, s3_meta)) = match (meta_a.1.as_str(), meta_b.1.as_str()) {
             (T3_ARCH, S3GEN_ARCH) => ((a, meta_a.0), (b, meta_b.0)),
             (S3GEN_ARCH, T3_ARCH) => ((b, meta_b.0), (a, meta_a.0)),
             (x, y) => {
-                return Err(format!("chatterbox needs one '{T3_ARCH}' and one '{S3GEN_ARCH}' file, got '{x}' ({}) and '{y}' ({})", a.display(), b.display()))
+                return Err(
+                    format!("chatterbox needs one '{T3_ARCH}' and one '{S3GEN_ARCH}' file, got '{x}' ({}) and '{y}' ({})", a.display(), b.display()).into()
+                )
             }
         };
         // The pairing is checked on metadata, before any weights load.
@@ -140,20 +134,21 @@ impl Chatterbox {
                 t3_path.display(),
                 s3_path.display(),
                 s3_hp.variant
-            ));
+            )
+            .into());
         }
         let borrow = || unsafe { Backend::from_raw(backend.as_ptr()) }.expect("backend is not null");
         let t3 = T3::load(t3_path, borrow(), policy)?;
         let s3gen = S3Gen::load(s3_path, borrow(), policy)?;
         if (t3.hp.start_speech_token as usize) < s3gen.hp.speech_vocab {
-            return Err(format!("T3's start token {} lies inside S3Gen's speech vocabulary ({})", t3.hp.start_speech_token, s3gen.hp.speech_vocab));
+            return Err(format!("T3's start token {} lies inside S3Gen's speech vocabulary ({})", t3.hp.start_speech_token, s3gen.hp.speech_vocab).into());
         }
-        let json = t3_meta.get_str("chatterbox.tokenizer_json").map_err(|e| e.to_string())?;
+        let json = t3_meta.get_str("chatterbox.tokenizer_json")?;
         let tokenizer = TextTokenizer::from_json(&json, t3.hp.text_vocab).map_err(|e| format!("{}: chatterbox.tokenizer_json: {e}", t3_path.display()))?;
         let t3_voice = t3.builtin_voice()?;
         let s3_voice = s3gen.builtin_voice()?;
         if s3_voice.prompt_feat.len() % s3gen.hp.mel_channels != 0 {
-            return Err(format!("{}: the built-in prompt_feat is not whole mel frames", s3_path.display()));
+            return Err(format!("{}: the built-in prompt_feat is not whole mel frames", s3_path.display()).into());
         }
         Ok(Chatterbox { t3, s3gen, tokenizer, t3_voice, s3_voice })
     }
@@ -166,7 +161,7 @@ impl Chatterbox {
         self.s3gen.hp.hift.sample_rate
     }
 
-    pub fn synthesize(&mut self, text: &str, params: &SynthesisParams) -> Result<Synthesis, String> {
+    pub fn synthesize(&mut self, text: &str, params: &SynthesisParams) -> Result<Synthesis> {
         if text.trim().is_empty() {
             return Err("text is empty".into());
         }
@@ -174,7 +169,7 @@ impl Chatterbox {
         let draws = match &params.draws {
             Some(dir) => {
                 if chunks.len() > 1 {
-                    return Err(format!("recorded draws cover one chunk; the text splits into {} (raise max_chars)", chunks.len()));
+                    return Err(format!("recorded draws cover one chunk; the text splits into {} (raise max_chars)", chunks.len()).into());
                 }
                 Some(RecordedDraws::from_dir(dir)?)
             }
@@ -210,7 +205,7 @@ impl Chatterbox {
         seed: u64,
         draws: Option<&RecordedDraws>,
         timings: &mut Timings,
-    ) -> Result<(Vec<f32>, Vec<u32>), String> {
+    ) -> Result<(Vec<f32>, Vec<u32>)> {
         let mut choice = if params.sampling.is_greedy() {
             TokenChoice::Greedy
         } else {
@@ -236,7 +231,7 @@ impl Chatterbox {
         let frames = encoded.frames;
         let prompt_frames = self.s3_voice.prompt_feat.len() / mel_ch;
         if prompt_frames >= frames {
-            return Err(format!("the voice's prompt has {prompt_frames} mel frames, the encoder produced only {frames}"));
+            return Err(format!("the voice's prompt has {prompt_frames} mel frames, the encoder produced only {frames}").into());
         }
         let spks = s3.speaker_projection(&self.s3_voice.embedding)?;
         // The CFM's `cond`: the voice's mel over the prompt frames, zeros after.
@@ -244,7 +239,7 @@ impl Chatterbox {
         cond[..prompt_frames * mel_ch].copy_from_slice(&self.s3_voice.prompt_feat);
         let z = match draws.and_then(|d| d.cfm_z.as_ref()) {
             Some(z) if z.len() == frames * mel_ch => transpose(z, mel_ch, frames),
-            Some(z) => return Err(format!("recorded cfm_z has {} values, this chunk needs {}", z.len(), frames * mel_ch)),
+            Some(z) => return Err(format!("recorded cfm_z has {} values, this chunk needs {}", z.len(), frames * mel_ch).into()),
             None => Xoshiro256::new(seed ^ 0x5EED_CF31).gaussians(frames * mel_ch),
         };
         let steps = params.cfm_steps.unwrap_or(s3.hp.n_timesteps);

@@ -3,6 +3,8 @@
 //! softmax, then one draw. Every step is a separate function so tests can
 //! compare each against the reference's intermediate rows.
 
+use engine_core::model_kit::Result;
+
 /// Sampling parameters (Turbo's defaults: 0.8, 1000, 0.95, 1.2).
 #[derive(Debug, Clone, Copy, PartialEq)]
 pub struct SamplingParams {
@@ -24,11 +26,6 @@ impl Default for SamplingParams {
 }
 
 impl SamplingParams {
-    /// Greedy decoding: no processor changes the argmax.
-    pub fn greedy() -> Self {
-        SamplingParams { temperature: 0.0, top_k: 0, top_p: 1.0, repetition_penalty: 1.0 }
-    }
-
     pub fn is_greedy(&self) -> bool {
         self.temperature == 0.0
     }
@@ -143,7 +140,7 @@ impl UniformSource {
         UniformSource::Recorded { values, next: 0 }
     }
 
-    pub fn draw(&mut self) -> Result<f32, String> {
+    pub fn draw(&mut self) -> Result<f32> {
         match self {
             UniformSource::Seeded(rng) => Ok(rng.next_f32()),
             UniformSource::Recorded { values, next } => {

@@ -3,6 +3,7 @@
 //! `tokenizers` crate from the JSON embedded in the GGUF (the paralinguistic
 //! tags such as `[laugh]` are added tokens, so they stay single ids).
 
+use engine_core::model_kit::Result;
 use tokenizers::Tokenizer;
 
 /// What the reference substitutes for empty input.
@@ -98,7 +99,7 @@ pub struct TextTokenizer {
 }
 
 impl TextTokenizer {
-    pub fn from_json(json: &str, vocab: usize) -> Result<Self, String> {
+    pub fn from_json(json: &str, vocab: usize) -> Result<Self> {
         // The tokenizers crate panics (instead of returning an error) on some
         // malformed JSON inside a component (found by the chatterbox_model fuzz
         // target): check the syntax first.
@@ -106,13 +107,13 @@ impl TextTokenizer {
         let tokenizer = Tokenizer::from_bytes(json.as_bytes()).map_err(|e| format!("the embedded tokenizer JSON does not load: {e}"))?;
         let size = tokenizer.get_vocab_size(true);
         if size != vocab {
-            return Err(format!("the embedded tokenizer has {size} tokens, T3's text vocabulary {vocab}"));
+            return Err(format!("the embedded tokenizer has {size} tokens, T3's text vocabulary {vocab}").into());
         }
         Ok(TextTokenizer { tokenizer })
     }
 
     /// Token ids of already normalised text; no BOS/EOS (Turbo adds none).
-    pub fn encode(&self, text: &str) -> Result<Vec<i32>, String> {
+    pub fn encode(&self, text: &str) -> Result<Vec<i32>> {
         let enc = self.tokenizer.encode(text, false).map_err(|e| format!("tokenizing {text:?}: {e}"))?;
         Ok(enc.get_ids().iter().map(|&i| i as i32).collect())
     }

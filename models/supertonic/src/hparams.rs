@@ -4,6 +4,7 @@
 //! and every value is checked against its documented range (docs/gguf.md).
 
 use engine_core::model_kit::HparamReader;
+use engine_core::model_kit::Result;
 use ggml_sys::gguf::GgufFile;
 
 pub const ARCH: &str = "supertonic";
@@ -170,7 +171,7 @@ impl Hparams {
 
     /// Reads and range-checks every key; relations between keys are checked
     /// here, relations to tensor shapes by [`crate::tensors::table`].
-    pub fn load(gguf: &GgufFile) -> Result<Self, String> {
+    pub fn load(gguf: &GgufFile) -> Result<Self> {
         use engine_core::model_kit::hparams::{DIM, EPS, LAYERS, SAMPLE_RATE};
         let r = Reader(HparamReader::new(gguf, ARCH));
         let version = match r.choice("version", &["v1", "v2", "v3"])?.as_str() {
@@ -243,7 +244,7 @@ impl Hparams {
         Ok(hp)
     }
 
-    fn check_relations(&self, r: &HparamReader) -> Result<(), String> {
+    fn check_relations(&self, r: &HparamReader) -> Result<()> {
         let language_ok = |l: &String| !l.is_empty() && l.len() <= 16 && l.chars().all(|c| c.is_ascii_alphanumeric() || c == '-' || c == '_');
         if let Some(bad) = self.text.languages.iter().find(|l| !language_ok(l)) {
             return Err(r.error(format!("language code '{bad}' in {ARCH}.text.languages is not 1..=16 ASCII letters, digits, '-' or '_'")));
@@ -280,7 +281,7 @@ impl<'a> std::ops::Deref for Reader<'a> {
 }
 
 impl Reader<'_> {
-    fn convnext(&self, p: &str) -> Result<ConvNextHp, String> {
+    fn convnext(&self, p: &str) -> Result<ConvNextHp> {
         use engine_core::model_kit::hparams::{DILATION, DIM, KERNEL, LAYERS};
         Ok(ConvNextHp {
             kernel: self.count(&format!("{p}.kernel"), KERNEL)?,
@@ -288,7 +289,7 @@ impl Reader<'_> {
             dilations: self.counts(&format!("{p}.dilations"), LAYERS, DILATION)?,
         })
     }
-    fn attn_encoder(&self, p: &str) -> Result<AttnEncoderHp, String> {
+    fn attn_encoder(&self, p: &str) -> Result<AttnEncoderHp> {
         use engine_core::model_kit::hparams::{DIM, HEADS, LAYERS};
         Ok(AttnEncoderHp {
             layers: self.count(&format!("{p}.layers"), LAYERS)?,
@@ -297,7 +298,7 @@ impl Reader<'_> {
             window: self.count(&format!("{p}.window"), ranges::WINDOW)?,
         })
     }
-    fn cross_attn(&self, p: &str) -> Result<CrossAttnHp, String> {
+    fn cross_attn(&self, p: &str) -> Result<CrossAttnHp> {
         use engine_core::model_kit::hparams::{DIM, HEADS};
         Ok(CrossAttnHp {
             heads: self.count(&format!("{p}.heads"), HEADS)?,

@@ -20,11 +20,12 @@ use abi_stable::{
     std_types::{RResult, RString, RVec},
 };
 use engine_core::abi::{
-    find_option, BackendHandle, LoadedModelInfo, Model, ModelBox, ModelFamilyInfo, ModelLoadRequest, ModelPlugin, ModelPluginRef, Model_TO, OptionKind,
-    OptionList, OptionSpec, OptionValue, PluginInfo, SynthesisOutput, SynthesisRequest,
+    BackendHandle, LoadedModelInfo, Model, ModelBox, ModelFamilyInfo, ModelLoadRequest, ModelPlugin, ModelPluginRef, Model_TO, OptionKind, OptionList,
+    OptionSpec, OptionValue, PluginInfo, SynthesisOutput, SynthesisRequest,
 };
 use engine_core::backend_kit::spec;
-use engine_core::model_kit::{guarded, OpPolicy};
+use engine_core::model_kit::Result;
+use engine_core::model_kit::{guarded, Error, OpPolicy, OptionReader};
 use model::{NoiseSource, Supertonic, SynthesisParams, VoiceChoice};
 
 #[export_root_module]
@@ -67,41 +68,30 @@ extern "C" fn option_specs() -> RVec<OptionSpec> {
 }
 
 /// Synthesis options from the host's validated list.
-pub fn params_from_options(options: &OptionList) -> Result<SynthesisParams, String> {
-    let s = |k: &str| match find_option(options, k) {
-        Some(OptionValue::Str(v)) => v.to_string(),
-        _ => String::new(),
-    };
-    let i = |k: &str, d: i64| match find_option(options, k) {
-        Some(OptionValue::Int(v)) => *v,
-        _ => d,
-    };
-    let voice = s("voice");
+pub fn params_from_options(options: &OptionList) -> Result<SynthesisParams> {
+    let specs = option_specs();
+    let o = OptionReader::new(options, &specs);
+    let voice = o.string("voice")?;
     let voice = if voice.ends_with(".json") || voice.contains('/') { VoiceChoice::File(voice.into()) } else { VoiceChoice::Named(voice) };
-    let steps = match i("steps", -1) {
+    let steps = match o.int("steps")? {
         -1 => None,
         n if n >= 1 => Some(usize::try_from(n).unwrap_or(usize::MAX)),
-        n => return Err(format!("steps must be in 1..=100 (v3: 1..=50), got {n}")),
+        n => return Err(Error::msg(format!("steps must be in 1..=100 (v3: 1..=50), got {n}"))),
     };
-    let speed = match find_option(options, "speed") {
-        Some(OptionValue::Float(v)) => *v,
-        _ => 1.05,
+    let speed = o.float_in("speed", model::SPEED_RANGE)?;
+    let seed = o.int_in("seed", 0..=u32::MAX as i64)? as u32;
+    let noise = match o.path("noise_npy")? {
+        Some(path) => NoiseSource::Npy(path),
+        None => NoiseSource::Seed(seed),
     };
-    if !model::SPEED_RANGE.contains(&speed) {
-        return Err(format!("speed must be in {}..={}, got {speed}", model::SPEED_RANGE.start(), model::SPEED_RANGE.end()));
-    }
-    let seed = i("seed", 42);
-    let seed = u32::try_from(seed).map_err(|_| format!("seed must be in 0..=4294967295, got {seed}"))?;
-    let noise_npy = s("noise_npy");
-    let noise = if noise_npy.is_empty() { NoiseSource::Seed(seed) } else { NoiseSource::Npy(noise_npy.into()) };
-    let unsupported_chars = text::UnsupportedChars::parse(&s("unsupported_chars"))?;
-    Ok(SynthesisParams { voice, language: s("language"), steps, speed: speed as f32, noise, unsupported_chars })
+    let unsupported_chars = text::UnsupportedChars::parse(&o.string("unsupported_chars")?)?;
+    Ok(SynthesisParams { voice, language: o.string("language")?, steps, speed: speed as f32, noise, unsupported_chars })
 }
 
 /// The load-time checks of [`model::check_file`] on a file image in memory (no
 /// device, no weights loaded): what the fuzz targets drive.
-pub fn check_model_bytes(bytes: &[u8]) -> Result<(), String> {
-    let gguf = ggml_sys::gguf::GgufTensors::from_bytes(bytes, "model.gguf").map_err(|e| e.to_string())?;
+pub fn check_model_bytes(bytes: &[u8]) -> Result<()> {
+    let gguf = ggml_sys::gguf::GgufTensors::from_bytes(bytes, "model.gguf")?;
     model::check_file(&gguf).map(|_| ())
 }
 
@@ -147,7 +137,8 @@ extern "C" fn load(request: &ModelLoadRequest, handle: &BackendHandle) -> RResul
                 "supertonic takes one GGUF file; {} given{}",
                 names.len(),
                 if names.is_empty() { String::new() } else { format!(": {}", names.join(", ")) }
-            ));
+            )
+            .into());
         };
         let policy = OpPolicy::from_resolved(&request.policies);
         let model = Supertonic::load(std::path::Path::new(path.as_str()), handle.ggml_backend(), &policy)?;
@@ -165,7 +156,12 @@ impl Model for Plugin {
         guarded("supertonic", || {
             let params = params_from_options(&request.options).map_err(|e| format!("supertonic: {e}"))?;
             let s = self.model.synthesize(request.text.as_str(), &params).map_err(|e| format!("supertonic: {e}"))?;
-            Ok(SynthesisOutput { samples: s.samples.into(), sample_rate: self.model.hp.sample_rate, timings: s.timings.into_stage_timings() })
+            Ok(SynthesisOutput {
+                samples: s.samples.into(),
+                sample_rate: self.model.hp.sample_rate,
+                timings: s.timings.into_stage_timings(),
+                tokens: RVec::new(),
+            })
         })
     }
 }

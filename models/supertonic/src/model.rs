@@ -10,7 +10,8 @@ use crate::tensors;
 use crate::text::{self, Encoded, Indexer, UnsupportedChars};
 use crate::voice::{Voice, VoiceShape};
 use engine_core::model_kit::builder::compute_graph;
-use engine_core::model_kit::{OpPolicy, Timings, Weights};
+use engine_core::model_kit::{npy, OpPolicy, Timings, Weights};
+use engine_core::model_kit::{Error, Result};
 use ggml_sys::gguf::GgufTensors;
 use ggml_sys::{Backend, ComputeGraph, GraphIo, GraphSlot, Result as GgmlResult};
 use std::collections::BTreeMap;
@@ -97,7 +98,7 @@ pub struct CheckedFile {
 /// Everything checked about a Supertonic file before any weight is read, and
 /// without a device: its architecture, every hparam against its range, every
 /// tensor against the table they imply, the indexer against the embeddings.
-pub fn check_file(gguf: &GgufTensors) -> Result<CheckedFile, String> {
+pub fn check_file(gguf: &GgufTensors) -> Result<CheckedFile> {
     let path = gguf.file.path().display();
     engine_core::model_kit::require_architecture(&gguf.file, crate::hparams::ARCH, "a Supertonic model")?;
     let hp = Hparams::load(&gguf.file)?;
@@ -123,30 +124,26 @@ fn is_matmul_weight(name: &str) -> bool {
 /// Upper bound on nodes in one stage graph.
 const MAX_NODES: usize = 16384;
 
-fn err<T>(msg: impl Into<String>) -> Result<T, String> {
-    Err(msg.into())
-}
-
-fn ggml<T>(r: GgmlResult<T>) -> Result<T, String> {
-    r.map_err(|e| e.to_string())
+fn err<T>(msg: impl Into<String>) -> Result<T> {
+    Err(Error::msg(msg))
 }
 
 impl Supertonic {
-    pub fn load(path: &Path, backend: Backend, policy: &OpPolicy) -> Result<Self, String> {
+    pub fn load(path: &Path, backend: Backend, policy: &OpPolicy) -> Result<Self> {
         policy.check_denials("supertonic", crate::GRAPH_OPS)?;
-        let gguf = ggml(GgufTensors::open(path))?;
+        let gguf = GgufTensors::open(path)?;
         let CheckedFile { hp, voice_names, table, indexer } = check_file(&gguf)?;
         let weights = Weights::load(gguf, &backend, table, policy.matmul_weights, is_matmul_weight)?;
         let mut voices = BTreeMap::new();
         for name in voice_names {
             let (ttl, dp) = tensors::voice_tensors(&name);
-            voices.insert(name, Voice { style_ttl: ggml(weights.host_f32(&ttl))?, style_dp: ggml(weights.host_f32(&dp))? });
+            voices.insert(name, Voice { style_ttl: weights.host_f32(&ttl)?, style_dp: weights.host_f32(&dp)? });
         }
-        let scalar = |name: &str| -> Result<f32, String> { Ok(ggml(weights.host_f32(name))?[0]) };
+        let scalar = |name: &str| -> Result<f32> { Ok(weights.host_f32(name)?[0]) };
         let dp_prelu = scalar("dp.pred.prelu")?;
         let vocoder_prelu = scalar("voc.head.prelu")?;
-        let rope_theta = ggml(weights.host_f32("ve.rope.theta"))?;
-        let time_freqs = ggml(weights.host_f32("ve.time.freqs"))?;
+        let rope_theta = weights.host_f32("ve.rope.theta")?;
+        let time_freqs = weights.host_f32("ve.time.freqs")?;
         Ok(Supertonic {
             graphs: GraphCache::default(),
             weights,
@@ -181,20 +178,18 @@ impl Supertonic {
         VoiceShape { ttl: (self.hp.style_tokens, self.hp.style_dim), dp: (self.hp.dp.style_tokens, self.hp.dp.style_dim) }
     }
 
-    pub fn resolve_voice(&self, choice: &VoiceChoice) -> Result<Voice, String> {
+    pub fn resolve_voice(&self, choice: &VoiceChoice) -> Result<Voice> {
         match choice {
             VoiceChoice::Named(name) if name.is_empty() => Ok(self.voices.values().next().expect("at least one voice").clone()),
-            VoiceChoice::Named(name) => self
-                .voices
-                .get(name)
-                .cloned()
-                .ok_or_else(|| format!("unknown voice '{name}' (embedded voices: {}; or give a voice style JSON path)", self.voice_names().join(", "))),
+            VoiceChoice::Named(name) => self.voices.get(name).cloned().ok_or_else(|| {
+                Error::msg(format!("unknown voice '{name}' (embedded voices: {}; or give a voice style JSON path)", self.voice_names().join(", ")))
+            }),
             VoiceChoice::File(path) => Voice::from_json_file(path, &self.voice_shape()),
         }
     }
 
     /// Checks user options against the model (language, steps, speed).
-    pub fn validate(&self, params: &SynthesisParams) -> Result<(), String> {
+    pub fn validate(&self, params: &SynthesisParams) -> Result<()> {
         if !params.language.is_empty() && !self.hp.text.languages.contains(&params.language) {
             return err(format!(
                 "language '{}' is not supported by Supertonic {} (supported: {})",
@@ -225,7 +220,7 @@ impl Supertonic {
 
     /// Text → wrapped, normalised string → embedding row ids, with characters
     /// the indexer lacks handled as `policy` says.
-    pub fn encode_text(&self, text: &str, language: &str, policy: UnsupportedChars) -> Result<Encoded, String> {
+    pub fn encode_text(&self, text: &str, language: &str, policy: UnsupportedChars) -> Result<Encoded> {
         let normalized = text::normalize(text);
         let wrapped = text::wrap(&normalized, language, self.hp.text.wrap_open_close);
         let encoded = self.indexer.encode(&wrapped, policy).map_err(|bad| {
@@ -249,36 +244,36 @@ impl Supertonic {
         text::chunk_text(text, max)
     }
 
-    fn build_graph(&self, what: &str, f: impl for<'c> FnOnce(&Builder<'c, '_>) -> GgmlResult<GraphIo<'c>>) -> Result<ComputeGraph, String> {
+    fn build_graph(&self, what: &str, f: impl for<'c> FnOnce(&Builder<'c, '_>) -> GgmlResult<GraphIo<'c>>) -> Result<ComputeGraph> {
         let ln_eps = self.hp.layer_norm_eps;
         compute_graph(&self.backend, &self.weights, &self.policy, MAX_NODES, what, |kit| f(&Builder { kit, ln_eps }))
     }
 
     /// Duration predictor: seconds (before the speed factor).
-    pub fn duration(&mut self, ids: &[i32], voice: &Voice) -> Result<f32, String> {
+    pub fn duration(&mut self, ids: &[i32], voice: &Voice) -> Result<f32> {
         let mut cache = std::mem::take(&mut self.graphs.duration);
-        let result = (|| {
+        let result = (|| -> Result<_> {
             let g =
                 cache.get_or_build(ids.len(), || self.build_graph("the duration predictor", |b| duration::build(b, &self.hp.dp, self.dp_prelu, ids.len())))?;
-            ggml(g.input("text_ids").and_then(|t| t.set_i32(ids)))?;
-            ggml(g.input("style_dp").and_then(|t| t.set_f32(&voice.style_dp)))?;
-            ggml(g.compute(&self.backend))?;
-            Ok(ggml(g.output("duration").and_then(|t| t.get_f32()))?[0])
+            g.set_i32("text_ids", ids)?;
+            g.set_f32("style_dp", &voice.style_dp)?;
+            g.compute(&self.backend)?;
+            Ok(g.get_f32("duration")?[0])
         })();
         self.graphs.duration = cache;
         result
     }
 
     /// Text encoder: `[T, C]` row-major (ggml `[C, T]`).
-    pub fn text_encoder(&mut self, ids: &[i32], voice: &Voice) -> Result<Vec<f32>, String> {
+    pub fn text_encoder(&mut self, ids: &[i32], voice: &Voice) -> Result<Vec<f32>> {
         let mut cache = std::mem::take(&mut self.graphs.text_encoder);
-        let result = (|| {
+        let result = (|| -> Result<_> {
             let (sd, st) = (self.hp.style_dim, self.hp.style_tokens);
             let g = cache.get_or_build(ids.len(), || self.build_graph("the text encoder", |b| text_encoder::build(b, &self.hp.te, sd, st, ids.len())))?;
-            ggml(g.input("text_ids").and_then(|t| t.set_i32(ids)))?;
-            ggml(g.input("style_ttl").and_then(|t| t.set_f32(&voice.style_ttl)))?;
-            ggml(g.compute(&self.backend))?;
-            ggml(g.output("text_emb").and_then(|t| t.get_f32()))
+            g.set_i32("text_ids", ids)?;
+            g.set_f32("style_ttl", &voice.style_ttl)?;
+            g.compute(&self.backend)?;
+            Ok(g.get_f32("text_emb")?)
         })();
         self.graphs.text_encoder = cache;
         result
@@ -286,14 +281,7 @@ impl Supertonic {
 
     /// Runs `steps` estimator steps from `noise` (`[L, C]` row-major, ggml
     /// `[C, L]`); `on_step` sees each step's output.
-    pub fn denoise(
-        &mut self,
-        noise: &[f32],
-        text_emb: &[f32],
-        voice: &Voice,
-        steps: usize,
-        mut on_step: impl FnMut(usize, &[f32], f64),
-    ) -> Result<Vec<f32>, String> {
+    pub fn denoise(&mut self, noise: &[f32], text_emb: &[f32], voice: &Voice, steps: usize, mut on_step: impl FnMut(usize, &[f32], f64)) -> Result<Vec<f32>> {
         let c = self.hp.latent_channels();
         let latent_len = noise.len() / c;
         let text_len = text_emb.len() / self.hp.te.char_dim;
@@ -301,7 +289,7 @@ impl Supertonic {
         let dims =
             vector_estimator::Dims { latent_channels: c, text_dim: self.hp.te.char_dim, style_dim: self.hp.style_dim, style_tokens: self.hp.style_tokens };
         let mut cache = std::mem::take(&mut self.graphs.vector_estimator);
-        let result = (|| {
+        let result = (|| -> Result<_> {
             let g = cache.get_or_build(shape, || self.build_graph("the vector estimator", |b| vector_estimator::build(b, &self.hp.ve, &dims, shape)))?;
             let (cq, sq) = vector_estimator::rope_tables(&self.rope_theta, latent_len);
             let (ck, sk) = vector_estimator::rope_tables(&self.rope_theta, text_len);
@@ -318,13 +306,13 @@ impl Supertonic {
                     ("rope_cos_k", &ck),
                     ("rope_sin_k", &sk),
                 ] {
-                    ggml(g.input(name).and_then(|t| t.set_f32(values)))?;
+                    g.set_f32(name, values)?;
                 }
                 let features = vector_estimator::time_features(&self.time_freqs, self.hp.ve.time_scale, step, steps);
-                ggml(g.input("time_features").and_then(|t| t.set_f32(&features)))?;
-                ggml(g.input("noisy_latent").and_then(|t| t.set_f32(&x)))?;
-                ggml(g.compute(&self.backend))?;
-                x = ggml(g.output("denoised_latent").and_then(|t| t.get_f32()))?;
+                g.set_f32("time_features", &features)?;
+                g.set_f32("noisy_latent", &x)?;
+                g.compute(&self.backend)?;
+                x = g.get_f32("denoised_latent")?;
                 on_step(step, &x, start.elapsed().as_secs_f64() * 1e3);
             }
             Ok(x)
@@ -334,14 +322,14 @@ impl Supertonic {
     }
 
     /// Vocoder: the untrimmed waveform of a latent `[L, C]` row-major.
-    pub fn vocoder(&mut self, latent: &[f32]) -> Result<Vec<f32>, String> {
+    pub fn vocoder(&mut self, latent: &[f32]) -> Result<Vec<f32>> {
         let latent_len = latent.len() / self.hp.latent_channels();
         let mut cache = std::mem::take(&mut self.graphs.vocoder);
-        let result = (|| {
+        let result = (|| -> Result<_> {
             let g = cache.get_or_build(latent_len, || self.build_graph("the vocoder", |b| vocoder::build(b, &self.hp, self.vocoder_prelu, latent_len)))?;
-            ggml(g.input("latent").and_then(|t| t.set_f32(latent)))?;
-            ggml(g.compute(&self.backend))?;
-            ggml(g.output("wav").and_then(|t| t.get_f32()))
+            g.set_f32("latent", latent)?;
+            g.compute(&self.backend)?;
+            Ok(g.get_f32("wav")?)
         })();
         self.graphs.vocoder = cache;
         result
@@ -355,7 +343,7 @@ impl Supertonic {
     }
 
     /// The full pipeline over every chunk of `text`.
-    pub fn synthesize(&mut self, text: &str, params: &SynthesisParams) -> Result<Synthesis, String> {
+    pub fn synthesize(&mut self, text: &str, params: &SynthesisParams) -> Result<Synthesis> {
         self.validate(params)?;
         let language = self.language(params).to_string();
         let voice = self.resolve_voice(&params.voice)?;
@@ -430,9 +418,9 @@ impl Supertonic {
 }
 
 /// The code-point table, stored I16 (or I32 for vocabularies over 32767 rows).
-fn read_indexer(gguf: &GgufTensors) -> Result<Vec<i32>, String> {
+fn read_indexer(gguf: &GgufTensors) -> Result<Vec<i32>> {
     let t = gguf.ctx.get_tensor(tensors::INDEXER).ok_or_else(|| format!("{}: tensor '{}' is missing", gguf.file.path().display(), tensors::INDEXER))?;
-    let bytes = ggml(gguf.read_bytes(tensors::INDEXER))?;
+    let bytes = gguf.read_bytes(tensors::INDEXER)?;
     match t.ty() {
         ggml_sys::sys::GGML_TYPE_I16 => Ok(bytes.chunks_exact(2).map(|c| i16::from_le_bytes([c[0], c[1]]) as i32).collect()),
         ggml_sys::sys::GGML_TYPE_I32 => Ok(bytes.chunks_exact(4).map(|c| i32::from_le_bytes([c[0], c[1], c[2], c[3]])).collect()),
@@ -447,15 +435,15 @@ struct NoiseStream {
 }
 
 impl NoiseStream {
-    fn new(source: &NoiseSource) -> Result<Self, String> {
+    fn new(source: &NoiseSource) -> Result<Self> {
         Ok(match source {
             NoiseSource::Seed(seed) => NoiseStream { rng: Some(NumpyLegacyRng::new(*seed)), file: None },
-            NoiseSource::Npy(path) => NoiseStream { rng: None, file: Some((crate::noise::read_npy(path)?.1, 0)) },
+            NoiseSource::Npy(path) => NoiseStream { rng: None, file: Some((npy::read_f32(path).map_err(|e| Error::msg(format!("noise file {e}")))?, 0)) },
         })
     }
 
     /// `randn(1, C, L)` in NumPy order, transposed to `[L, C]` row-major.
-    fn next(&mut self, channels: usize, len: usize) -> Result<Vec<f32>, String> {
+    fn next(&mut self, channels: usize, len: usize) -> Result<Vec<f32>> {
         let n = channels * len;
         let chw: Vec<f32> = match (&mut self.rng, &mut self.file) {
             (Some(rng), _) => rng.randn(n),

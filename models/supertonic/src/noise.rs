@@ -72,23 +72,6 @@ impl NumpyLegacyRng {
     }
 }
 
-/// Reads an `.npy` array of f32 or f64 values (any shape, C order).
-pub fn read_npy(path: &std::path::Path) -> Result<(Vec<u64>, Vec<f32>), String> {
-    let bytes = std::fs::read(path).map_err(|e| format!("noise file {}: {e}", path.display()))?;
-    let npy = npyz::NpyFile::new(&bytes[..]).map_err(|e| format!("noise file {}: not a .npy file ({e})", path.display()))?;
-    let shape = npy.shape().to_vec();
-    if npy.order() != npyz::Order::C {
-        return Err(format!("noise file {}: Fortran-order arrays are not supported", path.display()));
-    }
-    let descr = npy.dtype().descr().trim_matches('\'').to_string();
-    let values: Vec<f32> = match descr.as_str() {
-        "<f4" => npy.into_vec::<f32>().map_err(|e| format!("noise file {}: {e}", path.display()))?,
-        "<f8" => npy.into_vec::<f64>().map_err(|e| format!("noise file {}: {e}", path.display()))?.into_iter().map(|v| v as f32).collect(),
-        other => return Err(format!("noise file {}: dtype {other} is not float32/float64", path.display())),
-    };
-    Ok((shape, values))
-}
-
 #[cfg(test)]
 mod tests {
     use super::*;

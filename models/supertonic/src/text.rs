@@ -1,6 +1,7 @@
 //! The official text frontend: normalisation, language wrapping, code-point
 //! indexing and long-text chunking (Supertonic's `helper.py` behaviour).
 
+use engine_core::model_kit::Result;
 use unicode_normalization::UnicodeNormalization;
 
 /// Emoji and pictograph ranges removed before indexing.
@@ -90,12 +91,12 @@ pub enum UnsupportedChars {
 impl UnsupportedChars {
     pub const NAMES: [&'static str; 3] = ["skip", "error", "official"];
 
-    pub fn parse(name: &str) -> Result<Self, String> {
+    pub fn parse(name: &str) -> Result<Self> {
         match name {
             "skip" => Ok(UnsupportedChars::Skip),
             "error" => Ok(UnsupportedChars::Error),
             "official" => Ok(UnsupportedChars::Official),
-            other => Err(format!("unsupported_chars must be one of {}, got '{other}'", Self::NAMES.join(", "))),
+            other => Err(format!("unsupported_chars must be one of {}, got '{other}'", Self::NAMES.join(", ")).into()),
         }
     }
 }
@@ -122,12 +123,12 @@ pub struct Indexer {
 impl Indexer {
     /// `rows`: the character embeddings' row count; every entry must be one of
     /// them or -1.
-    pub fn new(table: Vec<i32>, rows: usize) -> Result<Self, String> {
+    pub fn new(table: Vec<i32>, rows: usize) -> Result<Self> {
         if table.len() != 65536 {
-            return Err(format!("the character indexer has {} entries, expected 65536", table.len()));
+            return Err(format!("the character indexer has {} entries, expected 65536", table.len()).into());
         }
         if let Some((cp, id)) = table.iter().enumerate().find(|(_, &id)| id < -1 || id >= rows as i32) {
-            return Err(format!("the character indexer maps U+{cp:04X} to row {id}, but the embeddings have {rows} rows"));
+            return Err(format!("the character indexer maps U+{cp:04X} to row {id}, but the embeddings have {rows} rows").into());
         }
         Ok(Indexer { table, rows })
     }

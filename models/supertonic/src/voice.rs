@@ -1,6 +1,7 @@
 //! Voice styles: the embedded ones (GGUF tensors `voice.<name>.style_ttl` /
 //! `.style_dp`) or an official voice-style JSON file.
 
+use engine_core::model_kit::Result;
 use serde::Deserialize;
 use std::path::Path;
 
@@ -25,27 +26,27 @@ struct ArrayJson {
     data: serde_json::Value,
 }
 
-fn flatten(v: &serde_json::Value, out: &mut Vec<f32>) -> Result<(), String> {
+fn flatten(v: &serde_json::Value, out: &mut Vec<f32>) -> Result<()> {
     match v {
         serde_json::Value::Array(items) => items.iter().try_for_each(|i| flatten(i, out)),
         serde_json::Value::Number(n) => {
             out.push(n.as_f64().ok_or("a value is not a number")? as f32);
             Ok(())
         }
-        other => Err(format!("unexpected value {other} in style data")),
+        other => Err(format!("unexpected value {other} in style data").into()),
     }
 }
 
 impl ArrayJson {
     /// The values, checked against `dims` and the model's `[1, tokens, dim]`.
-    fn values(&self, what: &str, tokens: usize, dim: usize) -> Result<Vec<f32>, String> {
+    fn values(&self, what: &str, tokens: usize, dim: usize) -> Result<Vec<f32>> {
         if self.dims != [1, tokens, dim] {
-            return Err(format!("{what} has dims {:?}, this model needs [1, {tokens}, {dim}]", self.dims));
+            return Err(format!("{what} has dims {:?}, this model needs [1, {tokens}, {dim}]", self.dims).into());
         }
         let mut out = Vec::with_capacity(tokens * dim);
         flatten(&self.data, &mut out)?;
         if out.len() != tokens * dim {
-            return Err(format!("{what} holds {} values, dims say {}", out.len(), tokens * dim));
+            return Err(format!("{what} holds {} values, dims say {}", out.len(), tokens * dim).into());
         }
         Ok(out)
     }
@@ -58,7 +59,7 @@ pub struct VoiceShape {
 }
 
 impl Voice {
-    pub fn from_json_file(path: &Path, shape: &VoiceShape) -> Result<Voice, String> {
+    pub fn from_json_file(path: &Path, shape: &VoiceShape) -> Result<Voice> {
         let text = std::fs::read_to_string(path).map_err(|e| format!("voice file {}: {e}", path.display()))?;
         let parsed: StyleJson = serde_json::from_str(&text).map_err(|e| format!("voice file {}: not a voice style JSON ({e})", path.display()))?;
         let style_ttl = parsed.style_ttl.values("style_ttl", shape.ttl.0, shape.ttl.1).map_err(|e| format!("voice file {}: {e}", path.display()))?;

@@ -9,6 +9,7 @@ pub mod source;
 
 use crate::hparams::{S3GenHparams, S3GEN_ARCH};
 use engine_core::model_kit::builder::compute_graph;
+use engine_core::model_kit::Result;
 use engine_core::model_kit::{OpPolicy, Weights};
 use ggml_sys::gguf::GgufTensors;
 use ggml_sys::{Backend, GraphSlot};
@@ -49,10 +50,6 @@ pub struct EncoderOutput {
     pub frames: usize,
 }
 
-fn ggml<T>(r: ggml_sys::Result<T>) -> Result<T, String> {
-    r.map_err(|e| e.to_string())
-}
-
 fn is_matmul_weight(name: &str) -> bool {
     (name.starts_with("enc.") || name.starts_with("flow."))
         && name.ends_with(".weight")
@@ -64,7 +61,7 @@ fn is_matmul_weight(name: &str) -> bool {
 
 /// Everything checked about an S3Gen file before any weight is read, without
 /// a device: architecture, hparams, the tensor table, the built-in voice's tokens.
-pub fn check_file(gguf: &GgufTensors) -> Result<(S3GenHparams, engine_core::model_kit::TensorTable), String> {
+pub fn check_file(gguf: &GgufTensors) -> Result<(S3GenHparams, engine_core::model_kit::TensorTable)> {
     engine_core::model_kit::require_architecture(&gguf.file, S3GEN_ARCH, "a Chatterbox S3Gen model")?;
     let hp = S3GenHparams::load(&gguf.file)?;
     let mut table = crate::tensors::s3gen_table(&hp);
@@ -90,12 +87,12 @@ pub struct S3Gen {
 }
 
 impl S3Gen {
-    pub fn load(path: &Path, backend: Backend, policy: &OpPolicy) -> Result<Self, String> {
-        let gguf = ggml(GgufTensors::open(path))?;
+    pub fn load(path: &Path, backend: Backend, policy: &OpPolicy) -> Result<Self> {
+        let gguf = GgufTensors::open(path)?;
         let (hp, table) = check_file(&gguf)?;
         let weights = Weights::load(gguf, &backend, table, policy.matmul_weights, is_matmul_weight)?;
-        let source_merge = (ggml(weights.host_f32("hift.m_source.l_linear.weight"))?, ggml(weights.host_f32("hift.m_source.l_linear.bias"))?[0]);
-        let speaker_affine = (ggml(weights.host_f32("flow.spk_embed_affine_layer.weight"))?, ggml(weights.host_f32("flow.spk_embed_affine_layer.bias"))?);
+        let source_merge = (weights.host_f32("hift.m_source.l_linear.weight")?, weights.host_f32("hift.m_source.l_linear.bias")?[0]);
+        let speaker_affine = (weights.host_f32("flow.spk_embed_affine_layer.weight")?, weights.host_f32("flow.spk_embed_affine_layer.bias")?);
         Ok(S3Gen {
             encoder_graph: GraphSlot::default(),
             cfm_graph: GraphSlot::default(),
@@ -116,56 +113,54 @@ impl S3Gen {
         slots.into_iter().filter_map(|(name, slot)| slot.graph().map(|g| (name, g))).collect()
     }
 
-    pub fn weights(&self) -> &Weights {
-        &self.weights
-    }
-
     /// The built-in voice (`voice.builtin.*`, from `conds.pt`).
-    pub fn builtin_voice(&self) -> Result<S3GenConditioning, String> {
+    pub fn builtin_voice(&self) -> Result<S3GenConditioning> {
         Ok(S3GenConditioning {
-            prompt_token: ggml(self.weights.host_i32(crate::tensors::S3_PROMPT_TOKEN))?,
-            prompt_feat: ggml(self.weights.host_f32(crate::tensors::S3_PROMPT_FEAT))?,
-            embedding: ggml(self.weights.host_f32(crate::tensors::S3_EMBEDDING))?,
+            prompt_token: self.weights.host_i32(crate::tensors::S3_PROMPT_TOKEN)?,
+            prompt_feat: self.weights.host_f32(crate::tensors::S3_PROMPT_FEAT)?,
+            embedding: self.weights.host_f32(crate::tensors::S3_EMBEDDING)?,
         })
     }
 
     /// Runs the flow encoder over `tokens` (prompt tokens first).
-    pub fn encode(&mut self, tokens: &[i32]) -> Result<EncoderOutput, String> {
+    pub fn encode(&mut self, tokens: &[i32]) -> Result<EncoderOutput> {
         let n = tokens.len();
         if n == 0 {
             return Err("S3Gen got no speech tokens".into());
         }
         if let Some(t) = tokens.iter().find(|&&t| t < 0 || t as usize >= self.hp.speech_vocab) {
-            return Err(format!("speech token {t} is outside S3Gen's vocabulary of {}", self.hp.speech_vocab));
+            return Err(format!("speech token {t} is outside S3Gen's vocabulary of {}", self.hp.speech_vocab).into());
         }
         let graph = self.encoder_graph.get_or_build(n, || {
             compute_graph(&self.backend, &self.weights, &self.policy, MAX_NODES, "the S3Gen encoder", |b| encoder::build(&b, &self.hp, n))
         })?;
         let e = &self.hp.encoder;
         let frames = n * e.up_stride;
-        ggml(graph.input(encoder::TOKENS).and_then(|t| t.set_i32(tokens)))?;
-        ggml(graph.input(encoder::POS_EMB).and_then(|t| t.set_f32(&encoder::relative_positions(e.n_embd, n))))?;
-        ggml(graph.input(encoder::UP_POS_EMB).and_then(|t| t.set_f32(&encoder::relative_positions(e.n_embd, frames))))?;
-        ggml(graph.compute(&self.backend))?;
-        let hidden = ggml(graph.output(encoder::ENCODER_OUT).and_then(|t| t.get_f32()))?;
-        let mu = ggml(graph.output(encoder::MU).and_then(|t| t.get_f32()))?;
+        graph.set_i32(encoder::TOKENS, tokens)?;
+        graph.set_f32(encoder::POS_EMB, &encoder::relative_positions(e.n_embd, n))?;
+        graph.set_f32(encoder::UP_POS_EMB, &encoder::relative_positions(e.n_embd, frames))?;
+        graph.compute(&self.backend)?;
+        let hidden = graph.get_f32(encoder::ENCODER_OUT)?;
+        let mu = graph.get_f32(encoder::MU)?;
         Ok(EncoderOutput { hidden, mu, frames })
     }
 
     /// One estimator evaluation. Every array is `[frames][mel_channels]`
     /// flattened (`spks` one row); returns the velocity in the same layout.
-    pub fn velocity(&mut self, x: &[f32], mu: &[f32], spks: &[f32], cond: &[f32], t: f32, r: f32) -> Result<Vec<f32>, String> {
+    pub fn velocity(&mut self, x: &[f32], mu: &[f32], spks: &[f32], cond: &[f32], t: f32, r: f32) -> Result<Vec<f32>> {
         let mel = self.hp.mel_channels;
         let frames = x.len() / mel;
         if x.len() != frames * mel || mu.len() != x.len() || cond.len() != x.len() || spks.len() != mel || frames == 0 {
-            return Err(format!("CFM inputs disagree: x {}, mu {}, cond {}, spks {} values for {mel} mel channels", x.len(), mu.len(), cond.len(), spks.len()));
+            return Err(
+                format!("CFM inputs disagree: x {}, mu {}, cond {}, spks {} values for {mel} mel channels", x.len(), mu.len(), cond.len(), spks.len()).into()
+            );
         }
         let meanflow = self.hp.meanflow;
         let graph = self.cfm_graph.get_or_build(frames, || {
             compute_graph(&self.backend, &self.weights, &self.policy, MAX_NODES, "the CFM", |b| cfm::build(&b, &self.hp, frames, meanflow))
         })?;
         let c = &self.hp.cfm;
-        let set = |name: &str, v: &[f32]| ggml(graph.input(name).and_then(|t| t.set_f32(v)));
+        let set = |name: &str, v: &[f32]| graph.set_f32(name, v);
         set(cfm::X, x)?;
         set(cfm::MU, mu)?;
         set(cfm::SPKS, spks)?;
@@ -174,13 +169,13 @@ impl S3Gen {
         if meanflow {
             set(cfm::R_EMB, &cfm::time_embedding(c.in_channels, c.time_scale, r))?;
         }
-        ggml(graph.compute(&self.backend))?;
-        ggml(graph.output(cfm::VELOCITY).and_then(|t| t.get_f32()))
+        graph.compute(&self.backend)?;
+        Ok(graph.get_f32(cfm::VELOCITY)?)
     }
 
     /// Meanflow Euler integration from `x0`: steps at t = i/n with r = (i+1)/n,
     /// `x += (r − t)·v`; returns the final state.
-    pub fn integrate(&mut self, x0: &[f32], mu: &[f32], spks: &[f32], cond: &[f32], steps: usize) -> Result<Vec<f32>, String> {
+    pub fn integrate(&mut self, x0: &[f32], mu: &[f32], spks: &[f32], cond: &[f32], steps: usize) -> Result<Vec<f32>> {
         if !self.hp.meanflow {
             return Err("the standard (cosine-schedule, guided) CFM decoder is not implemented yet; convert a meanflow S3Gen".into());
         }
@@ -194,40 +189,40 @@ impl S3Gen {
         Ok(x)
     }
 
-    fn mel_frames(&self, mel: &[f32]) -> Result<usize, String> {
+    fn mel_frames(&self, mel: &[f32]) -> Result<usize> {
         let channels = self.hp.mel_channels;
         let frames = mel.len() / channels;
         if frames == 0 || mel.len() != frames * channels {
-            return Err(format!("the mel has {} values, not whole frames of {channels} channels", mel.len()));
+            return Err(format!("the mel has {} values, not whole frames of {channels} channels", mel.len()).into());
         }
         Ok(frames)
     }
 
     /// HiFT's F0 predictor: Hz per frame of a mel `[frames][mel_channels]`.
-    pub fn predict_f0(&mut self, mel: &[f32]) -> Result<Vec<f32>, String> {
+    pub fn predict_f0(&mut self, mel: &[f32]) -> Result<Vec<f32>> {
         let frames = self.mel_frames(mel)?;
         let graph = self.f0_graph.get_or_build(frames, || {
             compute_graph(&self.backend, &self.weights, &self.policy, MAX_NODES, "HiFT's F0 predictor", |b| {
                 hift::build_f0(&b, &self.hp.hift, self.hp.mel_channels, frames)
             })
         })?;
-        ggml(graph.input(hift::MEL).and_then(|t| t.set_f32(mel)))?;
-        ggml(graph.compute(&self.backend))?;
-        ggml(graph.output(hift::F0).and_then(|t| t.get_f32()))
+        graph.set_f32(hift::MEL, mel)?;
+        graph.compute(&self.backend)?;
+        Ok(graph.get_f32(hift::F0)?)
     }
 
     /// The excitation for `f0` with the given random draws.
-    pub fn excitation(&self, f0: &[f32], draws: &source::SourceNoise) -> Result<Vec<f32>, String> {
+    pub fn excitation(&self, f0: &[f32], draws: &source::SourceNoise) -> Result<Vec<f32>> {
         let (weight, bias) = &self.source_merge;
         source::excitation(&self.hp.hift, f0, weight, *bias, draws)
     }
 
     /// HiFT's decoder body: mel + excitation → `conv_post` `[n_fft + 2][stft frames]`.
-    pub fn hift_body(&mut self, mel: &[f32], excitation: &[f32]) -> Result<Vec<f32>, String> {
+    pub fn hift_body(&mut self, mel: &[f32], excitation: &[f32]) -> Result<Vec<f32>> {
         let frames = self.mel_frames(mel)?;
         let hp = &self.hp.hift;
         if excitation.len() != frames * hp.samples_per_frame() {
-            return Err(format!("the excitation has {} samples, {frames} mel frames need {}", excitation.len(), frames * hp.samples_per_frame()));
+            return Err(format!("the excitation has {} samples, {frames} mel frames need {}", excitation.len(), frames * hp.samples_per_frame()).into());
         }
         let stft = source::stft(excitation, hp.n_fft, hp.hop)?;
         let graph = self.hift_graph.get_or_build(frames, || {
@@ -235,14 +230,14 @@ impl S3Gen {
                 hift::build_decoder(&b, &self.hp.hift, self.hp.mel_channels, frames)
             })
         })?;
-        ggml(graph.input(hift::MEL).and_then(|t| t.set_f32(mel)))?;
-        ggml(graph.input(hift::SOURCE_STFT).and_then(|t| t.set_f32(&stft)))?;
-        ggml(graph.compute(&self.backend))?;
-        ggml(graph.output(hift::CONV_POST).and_then(|t| t.get_f32()))
+        graph.set_f32(hift::MEL, mel)?;
+        graph.set_f32(hift::SOURCE_STFT, &stft)?;
+        graph.compute(&self.backend)?;
+        Ok(graph.get_f32(hift::CONV_POST)?)
     }
 
     /// The whole vocoder on a mel `[frames][mel_channels]`, with the source's random draws given.
-    pub fn vocode(&mut self, mel: &[f32], draws: &source::SourceNoise) -> Result<VocoderOutput, String> {
+    pub fn vocode(&mut self, mel: &[f32], draws: &source::SourceNoise) -> Result<VocoderOutput> {
         let f0 = self.predict_f0(mel)?;
         let excitation = self.excitation(&f0, draws)?;
         let conv_post = self.hift_body(mel, &excitation)?;
@@ -252,10 +247,10 @@ impl S3Gen {
 
     /// `spk_embed_affine_layer(normalize(embedding))`: the speaker vector the
     /// CFM decoder takes (small enough for the host).
-    pub fn speaker_projection(&self, embedding: &[f32]) -> Result<Vec<f32>, String> {
+    pub fn speaker_projection(&self, embedding: &[f32]) -> Result<Vec<f32>> {
         let (din, dout) = (self.hp.speaker_dim, self.hp.mel_channels);
         if embedding.len() != din {
-            return Err(format!("the speaker embedding has {} values, S3Gen takes {din}", embedding.len()));
+            return Err(format!("the speaker embedding has {} values, S3Gen takes {din}", embedding.len()).into());
         }
         let (w, bias) = &self.speaker_affine;
         let norm = embedding.iter().map(|v| v * v).sum::<f32>().sqrt().max(1e-12);

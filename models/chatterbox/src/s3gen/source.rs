@@ -6,6 +6,7 @@
 
 use crate::hparams::HiftHparams;
 use crate::sampler::Xoshiro256;
+use engine_core::model_kit::Result;
 use realfft::RealFftPlanner;
 
 /// The source's random draws: a phase per harmonic (the fundamental's is
@@ -32,7 +33,7 @@ impl SourceNoise {
 /// The excitation for `f0` (one value per mel frame, Hz): nearest-upsampled to
 /// samples, `harmonics + 1` sines (noise where unvoiced), merged by
 /// `tanh(w · sines + b)`. Returns one value per output sample.
-pub fn excitation(hp: &HiftHparams, f0: &[f32], merge_weight: &[f32], merge_bias: f32, draws: &SourceNoise) -> Result<Vec<f32>, String> {
+pub fn excitation(hp: &HiftHparams, f0: &[f32], merge_weight: &[f32], merge_bias: f32, draws: &SourceNoise) -> Result<Vec<f32>> {
     let per_frame = hp.samples_per_frame();
     let samples = f0.len() * per_frame;
     let bands = hp.harmonics + 1;
@@ -42,10 +43,11 @@ pub fn excitation(hp: &HiftHparams, f0: &[f32], merge_weight: &[f32], merge_bias
             draws.phase.len(),
             draws.noise.len(),
             bands * samples
-        ));
+        )
+        .into());
     }
     if merge_weight.len() != bands {
-        return Err(format!("the source merge layer has {} weights for {bands} harmonics", merge_weight.len()));
+        return Err(format!("the source merge layer has {} weights for {bands} harmonics", merge_weight.len()).into());
     }
     let sr = hp.sample_rate as f32;
     let two_pi = std::f64::consts::TAU as f32;
@@ -79,10 +81,10 @@ fn hann(n: usize) -> Vec<f32> {
 
 /// `torch.stft(x, n_fft, hop, window=hann, center=True, pad_mode="reflect")`:
 /// `[2·(n_fft/2+1)][frames]` flattened, real parts then imaginary parts.
-pub fn stft(x: &[f32], n_fft: usize, hop: usize) -> Result<Vec<f32>, String> {
+pub fn stft(x: &[f32], n_fft: usize, hop: usize) -> Result<Vec<f32>> {
     let pad = n_fft / 2;
     if x.len() <= pad {
-        return Err(format!("the source has {} samples, the STFT needs more than {pad}", x.len()));
+        return Err(format!("the source has {} samples, the STFT needs more than {pad}", x.len()).into());
     }
     let reflect = |i: isize| -> f32 {
         let n = x.len() as isize;
@@ -118,10 +120,10 @@ pub fn stft(x: &[f32], n_fft: usize, hop: usize) -> Result<Vec<f32>, String> {
 /// The head: `conv_post` `[2·bins][frames]` (log-magnitudes, then phases
 /// before `sin`) → `torch.istft(mag·e^{i·sin(phase)}, center=True)` with the
 /// magnitude clipped at 100 → clamp to ±`audio_limit`.
-pub fn istft_head(hp: &HiftHparams, conv_post: &[f32]) -> Result<Vec<f32>, String> {
+pub fn istft_head(hp: &HiftHparams, conv_post: &[f32]) -> Result<Vec<f32>> {
     let bins = hp.n_fft / 2 + 1;
     if conv_post.is_empty() || !conv_post.len().is_multiple_of(2 * bins) {
-        return Err(format!("conv_post has {} values, not a multiple of {}", conv_post.len(), 2 * bins));
+        return Err(format!("conv_post has {} values, not a multiple of {}", conv_post.len(), 2 * bins).into());
     }
     let frames = conv_post.len() / (2 * bins);
     let mut spec = vec![0f32; conv_post.len()];
@@ -140,11 +142,11 @@ pub fn istft_head(hp: &HiftHparams, conv_post: &[f32]) -> Result<Vec<f32>, Strin
 
 /// `torch.istft(spec, n_fft, hop, window=hann, center=True)` of a spectrum laid
 /// out as [`stft`] returns it; `hop · (frames − 1)` samples.
-pub fn istft(spec: &[f32], n_fft: usize, hop: usize) -> Result<Vec<f32>, String> {
+pub fn istft(spec: &[f32], n_fft: usize, hop: usize) -> Result<Vec<f32>> {
     let bins = n_fft / 2 + 1;
     let frames = spec.len() / (2 * bins);
     if frames < 2 || spec.len() != 2 * bins * frames {
-        return Err(format!("an ISTFT spectrum of {} values does not hold 2 or more frames of {bins} bins", spec.len()));
+        return Err(format!("an ISTFT spectrum of {} values does not hold 2 or more frames of {bins} bins", spec.len()).into());
     }
     let window = hann(n_fft);
     let ifft = RealFftPlanner::<f32>::new().plan_fft_inverse(n_fft);

@@ -44,11 +44,6 @@ impl KvCache {
         Ok(KvCache { buffer, ctx, n_layer, n_embd, n_ctx, ty, path })
     }
 
-    /// Zeroes the cache before a new sequence.
-    pub fn reset(&self) {
-        self.buffer.clear(0);
-    }
-
     pub fn bytes(&self) -> usize {
         self.buffer.size()
     }

@@ -10,6 +10,7 @@ use crate::sampler::{self, SamplingParams, UniformSource};
 use engine_core::model_kit::builder::compute_graph;
 use engine_core::model_kit::OpPolicy;
 use engine_core::model_kit::Weights;
+use engine_core::model_kit::{Error, Result};
 use ggml_sys::gguf::GgufTensors;
 use ggml_sys::{Backend, ComputeGraph, GraphSlot, Type, TYPE_F32};
 use gpt2::{input, Feed, Shape};
@@ -51,31 +52,19 @@ pub struct T3Conditioning {
     pub prompt_speech_tokens: Vec<i32>,
 }
 
-fn ggml<T>(r: ggml_sys::Result<T>) -> Result<T, String> {
-    r.map_err(|e| e.to_string())
-}
-
-fn set_i32(graph: &ComputeGraph, name: &str, values: &[i32]) -> Result<(), String> {
-    ggml(graph.input(name).and_then(|t| t.set_i32(values)))
-}
-
-fn set_f32(graph: &ComputeGraph, name: &str, values: &[f32]) -> Result<(), String> {
-    ggml(graph.input(name).and_then(|t| t.set_f32(values)))
-}
-
 /// Checks that the I32 tensor `name` holds only tokens below `vocab` (they
 /// index an embedding table), reading it from the file.
-pub fn check_tokens(gguf: &GgufTensors, name: &str, vocab: usize) -> Result<(), String> {
-    let bytes = ggml(gguf.read_bytes(name))?;
+pub fn check_tokens(gguf: &GgufTensors, name: &str, vocab: usize) -> Result<()> {
+    let bytes = gguf.read_bytes(name)?;
     match bytes.chunks_exact(4).map(|c| i32::from_le_bytes([c[0], c[1], c[2], c[3]])).find(|&t| t < 0 || t as usize >= vocab) {
-        Some(bad) => Err(format!("{}: {name} holds token {bad}, outside the vocabulary of {vocab}", gguf.file.path().display())),
+        Some(bad) => Err(format!("{}: {name} holds token {bad}, outside the vocabulary of {vocab}", gguf.file.path().display()).into()),
         None => Ok(()),
     }
 }
 
 /// Everything checked about a T3 file before any weight is read, without a
 /// device: architecture, hparams, the tensor table, the built-in voice's tokens.
-pub fn check_file(gguf: &GgufTensors) -> Result<(T3Hparams, engine_core::model_kit::TensorTable), String> {
+pub fn check_file(gguf: &GgufTensors) -> Result<(T3Hparams, engine_core::model_kit::TensorTable)> {
     engine_core::model_kit::require_architecture(&gguf.file, T3_ARCH, "a Chatterbox T3 model")?;
     let hp = T3Hparams::load(&gguf.file)?;
     let mut table = crate::tensors::t3_table(&hp);
@@ -108,8 +97,8 @@ pub struct T3 {
 }
 
 impl T3 {
-    pub fn load(path: &Path, backend: Backend, policy: &OpPolicy) -> Result<Self, String> {
-        let gguf = ggml(GgufTensors::open(path))?;
+    pub fn load(path: &Path, backend: Backend, policy: &OpPolicy) -> Result<Self> {
+        let gguf = GgufTensors::open(path)?;
         let (hp, table) = check_file(&gguf)?;
         let weights = Weights::load(gguf, &backend, table, policy.matmul_weights, is_matmul_weight)?;
         let attention = AttentionConfig::from_policy(policy);
@@ -138,10 +127,10 @@ impl T3 {
     }
 
     /// The built-in voice's conditioning (`voice.builtin.*`, from `conds.pt`).
-    pub fn builtin_voice(&self) -> Result<T3Conditioning, String> {
+    pub fn builtin_voice(&self) -> Result<T3Conditioning> {
         Ok(T3Conditioning {
-            speaker_emb: ggml(self.weights.host_f32(crate::tensors::T3_SPEAKER_EMB))?,
-            prompt_speech_tokens: ggml(self.weights.host_i32(crate::tensors::T3_PROMPT_TOKENS))?,
+            speaker_emb: self.weights.host_f32(crate::tensors::T3_SPEAKER_EMB)?,
+            prompt_speech_tokens: self.weights.host_i32(crate::tensors::T3_PROMPT_TOKENS)?,
         })
     }
 
@@ -154,27 +143,19 @@ impl T3 {
         out
     }
 
-    pub fn weights(&self) -> &Weights {
-        &self.weights
-    }
-
     pub fn attention(&self) -> AttentionConfig {
         self.attention
     }
 
-    /// Bytes of the K/V cache currently allocated.
-    pub fn kv_bytes(&self) -> usize {
-        self.kv.as_ref().map_or(0, KvCache::bytes)
-    }
-
     /// Positions a sequence of `prompt_tokens` + `new_tokens` occupies.
-    pub fn check_context(&self, prompt_tokens: usize, new_tokens: usize) -> Result<(), String> {
+    pub fn check_context(&self, prompt_tokens: usize, new_tokens: usize) -> Result<()> {
         let need = prompt_tokens + new_tokens;
         if need > self.hp.n_ctx {
             return Err(format!(
                 "the text is too long for T3: {prompt_tokens} prompt positions + {new_tokens} speech tokens exceed its context of {} positions",
                 self.hp.n_ctx
-            ));
+            )
+            .into());
         }
         Ok(())
     }
@@ -182,20 +163,21 @@ impl T3 {
     /// How many speech tokens fit after a prompt of `prompt_positions`: at most
     /// `wanted`, fewer when the context is shorter. An error when the prompt
     /// leaves no room at all.
-    pub fn new_token_budget(&self, prompt_positions: usize, wanted: usize) -> Result<usize, String> {
+    pub fn new_token_budget(&self, prompt_positions: usize, wanted: usize) -> Result<usize> {
         let room = self.hp.n_ctx.saturating_sub(prompt_positions);
         if room < 2 {
             return Err(format!(
                 "the text is too long for T3: its prompt takes {prompt_positions} of the {} context positions, leaving no room for speech",
                 self.hp.n_ctx
-            ));
+            )
+            .into());
         }
         Ok(wanted.min(room - 1))
     }
 
     /// Makes the cache hold at least `positions`, growing it (and dropping the
     /// graphs bound to the old one) in whole blocks.
-    fn reserve(&mut self, positions: usize) -> Result<(), String> {
+    fn reserve(&mut self, positions: usize) -> Result<()> {
         if self.kv.as_ref().is_some_and(|kv| kv.n_ctx >= positions) {
             return Ok(());
         }
@@ -206,7 +188,7 @@ impl T3 {
         self.step_graphs.clear();
         self.cached_voice = None;
         self.kv = None;
-        let kv = ggml(KvCache::new(&self.backend, self.hp.n_layer, self.hp.n_embd, n_ctx, self.attention.kv_type, self.attention.path))?;
+        let kv = KvCache::new(&self.backend, self.hp.n_layer, self.hp.n_embd, n_ctx, self.attention.kv_type, self.attention.path)?;
         tracing::debug!(positions = n_ctx, mib = kv.bytes() as f64 / (1 << 20) as f64, "T3 K/V cache");
         self.kv = Some(kv);
         Ok(())
@@ -218,20 +200,20 @@ impl T3 {
     }
 
     /// Uploads the position-dependent inputs for `n` new tokens at `start`.
-    fn set_positions(&self, graph: &ComputeGraph, start: usize, n: usize, kv_len: usize) -> Result<(), String> {
+    fn set_positions(&self, graph: &ComputeGraph, start: usize, n: usize, kv_len: usize) -> Result<()> {
         let kv = self.kv.as_ref().expect("cache reserved");
         let rows: Vec<i32> = (start..start + n).map(|p| p as i32).collect();
-        set_i32(graph, input::POSITIONS, &rows)?;
-        set_i32(graph, input::KV_ROWS, &rows)?;
+        graph.set_i32(input::POSITIONS, &rows)?;
+        graph.set_i32(input::KV_ROWS, &rows)?;
         if kv.path == AttentionPath::Explicit {
             let v_rows: Vec<i32> = (0..self.hp.n_embd).flat_map(|e| rows.iter().map(move |&p| (e * kv.n_ctx) as i32 + p)).collect();
-            set_i32(graph, input::KV_ROWS_V, &v_rows)?;
+            graph.set_i32(input::KV_ROWS_V, &v_rows)?;
         }
         let mut mask = vec![f32::NEG_INFINITY; kv_len * n];
         for i in 0..n {
             mask[i * kv_len..i * kv_len + start + i + 1].fill(0.0);
         }
-        set_f32(graph, input::MASK, &mask)
+        Ok(graph.set_f32(input::MASK, &mask)?)
     }
 
     /// Runs the prompt `[speaker | voice prompt tokens | text | start]`,
@@ -239,13 +221,13 @@ impl T3 {
     /// logits of the first speech token. The voice's part is computed only
     /// when the cache does not hold it already (another voice, or a grown
     /// cache): consecutive texts in one voice pay for their text alone.
-    pub fn prefill(&mut self, cond: &T3Conditioning, text: &[i32], max_new_tokens: usize) -> Result<Vec<f32>, String> {
+    pub fn prefill(&mut self, cond: &T3Conditioning, text: &[i32], max_new_tokens: usize) -> Result<Vec<f32>> {
         let hp = &self.hp;
         if cond.speaker_emb.len() != hp.speaker_dim {
-            return Err(format!("the speaker embedding has {} values, T3 takes {}", cond.speaker_emb.len(), hp.speaker_dim));
+            return Err(format!("the speaker embedding has {} values, T3 takes {}", cond.speaker_emb.len(), hp.speaker_dim).into());
         }
         let check_ids = |ids: &[i32], vocab: usize, what: &str| match ids.iter().find(|&&t| t < 0 || t as usize >= vocab) {
-            Some(t) => Err(format!("{what} token {t} is outside the vocabulary of {vocab}")),
+            Some(t) => Err(Error::msg(format!("{what} token {t} is outside the vocabulary of {vocab}"))),
             None => Ok(()),
         };
         check_ids(&cond.prompt_speech_tokens, hp.speech_vocab, "prompt speech")?;
@@ -260,39 +242,39 @@ impl T3 {
             let shape = Shape { feed: Feed::VoicePrefix { prompt_tokens: cond.prompt_speech_tokens.len() }, kv_len: self.span(prefix) };
             self.prefix_graph.get_or_build(shape, || build_graph(&self.backend, &self.weights, &self.policy, &self.hp, self.kv.as_ref(), shape))?;
             let graph = self.prefix_graph.graph().expect("built above");
-            set_f32(graph, input::SPEAKER, &cond.speaker_emb)?;
+            graph.set_f32(input::SPEAKER, &cond.speaker_emb)?;
             if !cond.prompt_speech_tokens.is_empty() {
-                set_i32(graph, input::PROMPT_TOKENS, &cond.prompt_speech_tokens)?;
+                graph.set_i32(input::PROMPT_TOKENS, &cond.prompt_speech_tokens)?;
             }
             self.set_positions(graph, 0, prefix, shape.kv_len)?;
-            ggml(graph.compute(&self.backend))?;
+            graph.compute(&self.backend)?;
             self.cached_voice = Some(cond.clone());
         }
         let shape = Shape { feed: suffix, kv_len: self.span(n) };
         self.suffix_graph.get_or_build(shape, || build_graph(&self.backend, &self.weights, &self.policy, &self.hp, self.kv.as_ref(), shape))?;
         let graph = self.suffix_graph.graph().expect("built above");
         if !text.is_empty() {
-            set_i32(graph, input::TEXT_TOKENS, text)?;
+            graph.set_i32(input::TEXT_TOKENS, text)?;
         }
-        set_i32(graph, input::START_TOKEN, &[self.hp.start_speech_token as i32])?;
+        graph.set_i32(input::START_TOKEN, &[self.hp.start_speech_token as i32])?;
         self.set_positions(graph, prefix, suffix.n_tokens(), shape.kv_len)?;
-        ggml(graph.compute(&self.backend))?;
+        graph.compute(&self.backend)?;
         self.n_past = n;
-        ggml(graph.output(gpt2::LOGITS).and_then(|t| t.get_f32()))
+        Ok(graph.get_f32(gpt2::LOGITS)?)
     }
 
     /// Feeds one speech token at the next position; returns the next logits.
-    pub fn step(&mut self, token: u32) -> Result<Vec<f32>, String> {
+    pub fn step(&mut self, token: u32) -> Result<Vec<f32>> {
         let pos = self.n_past;
         let capacity = self.kv.as_ref().map_or(0, |kv| kv.n_ctx);
         if pos == 0 {
             return Err("T3 step before prefill".into());
         }
         if pos >= capacity {
-            return Err(format!("T3 context is full ({capacity} positions)"));
+            return Err(format!("T3 context is full ({capacity} positions)").into());
         }
         if token as usize >= self.hp.speech_vocab {
-            return Err(format!("speech token {token} is outside the vocabulary of {}", self.hp.speech_vocab));
+            return Err(format!("speech token {token} is outside the vocabulary of {}", self.hp.speech_vocab).into());
         }
         let kv_len = self.span(pos + 1);
         if !self.step_graphs.contains_key(&kv_len) {
@@ -300,16 +282,16 @@ impl T3 {
             self.step_graphs.insert(kv_len, g);
         }
         let graph = &self.step_graphs[&kv_len];
-        set_i32(graph, input::TOKEN, &[token as i32])?;
+        graph.set_i32(input::TOKEN, &[token as i32])?;
         self.set_positions(graph, pos, 1, kv_len)?;
-        ggml(graph.compute(&self.backend))?;
+        graph.compute(&self.backend)?;
         self.n_past += 1;
-        ggml(graph.output(gpt2::LOGITS).and_then(|t| t.get_f32()))
+        Ok(graph.get_f32(gpt2::LOGITS)?)
     }
 }
 
 /// One T3 graph of `shape` over the model's weights and cache.
-fn build_graph(backend: &Backend, weights: &Weights, policy: &OpPolicy, hp: &T3Hparams, kv: Option<&KvCache>, shape: Shape) -> Result<ComputeGraph, String> {
+fn build_graph(backend: &Backend, weights: &Weights, policy: &OpPolicy, hp: &T3Hparams, kv: Option<&KvCache>, shape: Shape) -> Result<ComputeGraph> {
     let kv = kv.expect("cache reserved before building");
     compute_graph(backend, weights, policy, MAX_NODES, "T3", |b| gpt2::build(&b, hp, kv, shape))
 }
@@ -343,7 +325,7 @@ pub fn generate(
     choice: &mut TokenChoice,
     max_new_tokens: usize,
     min_new_tokens: usize,
-) -> Result<(Vec<u32>, GenerationStats), String> {
+) -> Result<(Vec<u32>, GenerationStats)> {
     let max_new_tokens = t3.new_token_budget(2 + cond.prompt_speech_tokens.len() + text.len(), max_new_tokens)?;
     let mut stats = GenerationStats::default();
     let started = std::time::Instant::now();

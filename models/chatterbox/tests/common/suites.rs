@@ -3,8 +3,9 @@
 //! runs end to end from text with the reference's draws injected.
 
 use super::{check, npy, npy_i64, open, reference_dir, rel_err};
+use engine_core::model_kit::npy::read_f32 as read_npy_f32;
 use engine_core::model_kit::OpPolicy;
-use tts_model_chatterbox::model::{read_npy_f32, Chatterbox, SynthesisParams};
+use tts_model_chatterbox::model::{Chatterbox, SynthesisParams};
 use tts_model_chatterbox::s3gen::source::{apply_trim_fade, SourceNoise};
 use tts_model_chatterbox::s3gen::S3Gen;
 use tts_model_chatterbox::sampler::{SamplingParams, UniformSource};
@@ -199,6 +200,11 @@ pub fn pipeline(backend: &str, policy: &OpPolicy, tol: &Tolerances) {
     let params = SynthesisParams { max_new_tokens: case.max_new_tokens, draws: Some(draws.clone()), ..SynthesisParams::default() };
     let out = model.synthesize(&case.text, &params).unwrap();
     assert_eq!(out.speech_tokens, vec![case.speech_tokens.clone()], "speech tokens");
+    // Inputs and outputs go through pinned host memory where the policy asks and the device offers it.
+    let staged = policy.pinned_host && handle.ggml_backend().device().and_then(|d| d.host_buffer_type()).is_some();
+    for (name, graph) in model.t3.graphs().into_iter().chain(model.s3gen.graphs()) {
+        assert_eq!(graph.is_staged(), staged, "{backend} {name}: host staging");
+    }
     let reference = read_npy_f32(&draws.join("wav.npy")).unwrap();
     assert_eq!(out.samples.len(), reference.len(), "waveform length");
     match tol.waveform_from_mel {

@@ -149,6 +149,12 @@ fn run_fixture_with(backend: &str, config: &str, tol: &Tolerances, policy: &engi
         assert!(out.samples.len().abs_diff(wav.len()) <= tol.trim_samples, "waveform length {} vs reference {}", out.samples.len(), wav.len());
         check("waveform", &out.samples[..n], &wav[..n], tol.waveform);
     }
+    // Inputs and outputs go through pinned host memory where the policy asks and the device offers it.
+    let staged = policy.pinned_host && handle.ggml_backend().device().and_then(|d| d.host_buffer_type()).is_some();
+    assert_eq!(model.graphs().len(), 4);
+    for (name, graph) in model.graphs() {
+        assert_eq!(graph.is_staged(), staged, "{backend} {name}: host staging");
+    }
 }
 
 fn params(case: &Case) -> SynthesisParams {

@@ -78,7 +78,7 @@ impl Model for Tone {
 }
 
 impl Tone {
-    fn synthesize_guarded(&self, request: &SynthesisRequest) -> Result<SynthesisOutput, String> {
+    fn synthesize_guarded(&self, request: &SynthesisRequest) -> engine_core::model_kit::Result<SynthesisOutput> {
         if matches!(find_option(&request.options, "fail"), Some(OptionValue::Bool(true))) {
             return Err("tone model: synthesis failed on request".into());
         }
@@ -109,6 +109,7 @@ impl Tone {
             samples: samples.into(),
             sample_rate: self.hparams.sample_rate,
             timings: RVec::from(vec![StageTiming { stage: "tone".into(), ms: start.elapsed().as_secs_f64() * 1e3 }]),
+            tokens: RVec::new(),
         })
     }
 }
