@@ -336,3 +336,44 @@ fn soak_reports_identical_outputs_and_memory() {
     a.extend(["--runs", "1"]);
     assert_one_line_error(&run(&a), "--runs must be at least 2 and more than --warmup (10), got 1");
 }
+
+/// The CUDA plugin ships without its module wherever nvcc did not build one
+/// (CI): it says so in one line and the profile's next backend runs. A module
+/// built from another source or patch series is refused with the reason.
+#[test]
+fn cuda_without_a_matching_module_gives_way_to_the_next_backend() {
+    let plugins = plugin_dir(&["cpu"]);
+    let dir = plugins.path();
+    std::fs::copy(artifacts().join("libtts_backend_cuda.so"), dir.join("libtts_backend_cuda.so")).unwrap();
+    let work = tempfile::tempdir().unwrap();
+    let profile = write_profile(work.path(), "[backend]\nprefer = [\"cuda\", \"cpu\"]\n[backends.cpu]\nthreads = 1\n");
+    let report = devices_json(&profile, dir);
+    let reason = backend(&report, "cuda")["reason"].as_str().unwrap().to_string();
+    let plugin = dir.join("libtts_backend_cuda.so");
+    let module = dir.join("libggml-cuda.so");
+    assert_eq!(
+        reason,
+        format!("{} could not open its ggml module: ggml module {} is missing (it ships beside the plugin)", plugin.display(), module.display())
+    );
+    assert_eq!(report["selected"]["backend"], "cpu");
+
+    // Another backend's module in its place: its stamp names another file and patch series.
+    std::fs::copy(dir.join("libggml-cpu.so"), dir.join("libggml-cuda.so")).unwrap();
+    std::fs::copy(dir.join("libggml-cpu.so.stamp.json"), dir.join("libggml-cuda.so.stamp.json")).unwrap();
+    let report = devices_json(&profile, dir);
+    let reason = backend(&report, "cuda")["reason"].as_str().unwrap().to_string();
+    let mismatch = format!("could not open its ggml module: ggml module {} does not match this plugin: patches_fingerprint is ", module.display());
+    assert!(reason.contains(&mismatch) && !reason.contains('\n'), "{reason}");
+    assert_eq!(report["selected"]["backend"], "cpu");
+
+    // Synthesis runs on the next backend.
+    let (tone_plugins, gguf) = tone_setup(&["cpu"]);
+    std::fs::copy(artifacts().join("libtts_backend_cuda.so"), tone_plugins.path().join("libtts_backend_cuda.so")).unwrap();
+    let files = format!("[model]\nfiles = [\"{}\"]\n", gguf.display());
+    let profile = write_profile(work.path(), &format!("[backend]\nprefer = [\"cuda\", \"cpu\"]\n[backends.cpu]\nthreads = 1\n{files}"));
+    let out = work.path().join("o.wav");
+    let o =
+        run(&["--profile", profile.to_str().unwrap(), "--plugin-dir", tone_plugins.path().to_str().unwrap(), "--text", "hi", "--out", out.to_str().unwrap()]);
+    assert!(o.status.success(), "{}", stderr(&o));
+    assert!(out.is_file());
+}

@@ -132,6 +132,24 @@ pub fn load_stamped_module(plugin_path: &Path, stem: &str, expected_stamp: &str)
     Ok((registry, crate::abi::option_list(facts)))
 }
 
+/// Exports a backend plugin's root module and its `info()`: the crate defines
+/// `option_specs()` and `open(request)`; `backend_plugin!("cuda", "ggml CUDA
+/// backend")` does the rest (the version is the plugin crate's own).
+#[macro_export]
+macro_rules! backend_plugin {
+    ($name:literal, $description:literal) => {
+        #[::abi_stable::export_root_module]
+        pub fn get_library() -> $crate::abi::BackendPluginRef {
+            use ::abi_stable::prefix_type::PrefixTypeTrait;
+            $crate::abi::BackendPlugin { info, option_specs, open }.leak_into_prefix()
+        }
+
+        extern "C" fn info() -> $crate::abi::PluginInfo {
+            $crate::abi::plugin_info($name, env!("CARGO_PKG_VERSION"), $description)
+        }
+    };
+}
+
 /// Loads the ggml module this backend plugin was built with, from beside the
 /// plugin file named in `request`, checking it against the stamp compiled into the
 /// plugin (`TTS_MODULE_STEM` / `TTS_MODULE_STAMP`, set by the plugin's build script

@@ -3,23 +3,12 @@
 
 mod contention;
 
-use abi_stable::{
-    export_root_module,
-    prefix_type::PrefixTypeTrait,
-    std_types::{RResult, RString, RVec},
-};
-use engine_core::abi::{BackendOpenRequest, BackendPlugin, BackendPluginRef, BackendSessionBox, DeviceKind, OptionKind, OptionSpec, OptionValue, PluginInfo};
+use abi_stable::std_types::{RResult, RString, RVec};
+use engine_core::abi::{BackendOpenRequest, BackendSessionBox, DeviceKind, OptionKind, OptionSpec, OptionValue};
 use engine_core::backend_kit::{self, BackendFlavor, GgmlSession};
 use ggml_sys::{Backend, Device, Registry};
 
-#[export_root_module]
-pub fn get_library() -> BackendPluginRef {
-    BackendPlugin { info, option_specs, open }.leak_into_prefix()
-}
-
-extern "C" fn info() -> PluginInfo {
-    engine_core::abi::plugin_info("cpu", env!("CARGO_PKG_VERSION"), "ggml CPU backend")
-}
+engine_core::backend_plugin!("cpu", "ggml CPU backend");
 
 extern "C" fn option_specs() -> RVec<OptionSpec> {
     RVec::from(vec![

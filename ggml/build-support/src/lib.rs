@@ -430,6 +430,23 @@ pub fn build_backend_module(backend_dir: &str, targets: &[&str], extra_defines: 
     Ok(placed)
 }
 
+/// For a plugin whose module is built outside cargo (`cargo xtask module-kit`,
+/// on a machine with the backend's toolchain): compiles in the stamp that
+/// module must carry, from the same pinned source and this plugin's patches,
+/// and builds nothing. A module from another source or patch series is then
+/// refused at load with a reason.
+pub fn declare_external_module(backend_dir: &str) -> Result<()> {
+    let out = PathBuf::from(std::env::var("OUT_DIR").map_err(|e| e.to_string())?);
+    let manifest = PathBuf::from(std::env::var("CARGO_MANIFEST_DIR").map_err(|e| e.to_string())?);
+    let pristine = locate_source(&out.join("registry"))?;
+    let patches_dir = manifest.join("patches");
+    println!("cargo:rerun-if-changed={}", patches_dir.display());
+    let template = stamp_template(&pristine, &patch_series(&patches_dir))?;
+    println!("cargo:rustc-env=TTS_MODULE_STAMP={template}");
+    println!("cargo:rustc-env=TTS_MODULE_STEM=lib{backend_dir}");
+    Ok(())
+}
+
 /// The stamp a module built from `pristine` + `patches` must carry, with the
 /// module's own file name and hash left as `@MODULE_FILE@` / `@MODULE_SHA256@`
 /// for a build script outside cargo to fill in.
