@@ -71,14 +71,14 @@ impl ComputeGraph {
         list.iter().find(|(n, _)| *n == name).map(|(_, p)| *p)
     }
 
-    pub fn input(&self, name: &str) -> Result<Tensor<'_>> {
+    fn input(&self, name: &str) -> Result<Tensor<'_>> {
         match Self::find(&self.inputs, name) {
             Some(p) => Ok(unsafe { Tensor::from_raw(p, &self.ctx) }),
             None => err(format!("graph has no input '{name}'")),
         }
     }
 
-    pub fn output(&self, name: &str) -> Result<Tensor<'_>> {
+    fn output(&self, name: &str) -> Result<Tensor<'_>> {
         match Self::find(&self.outputs, name) {
             Some(p) => Ok(unsafe { Tensor::from_raw(p, &self.ctx) }),
             None => err(format!("graph has no output '{name}'")),
@@ -147,10 +147,7 @@ impl ComputeGraph {
         let Some(dst) = self.staged(&t) else {
             return t.set_i32(values);
         };
-        if t.ty() != sys::GGML_TYPE_I32 || values.len() != t.n_elements() {
-            return t.set_i32(values); // its error names the mismatch
-        }
-        t.check_buffer()?;
+        t.check_i32_upload(values.len())?;
         unsafe {
             std::ptr::copy_nonoverlapping(values.as_ptr(), dst.cast::<i32>(), values.len());
             sys::ggml_backend_tensor_set(t.as_ptr(), dst.cast(), 0, t.n_bytes());

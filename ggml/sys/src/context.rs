@@ -176,12 +176,21 @@ impl<'ctx> Tensor<'ctx> {
     }
 
     /// Uploads I32 values.
-    pub fn set_i32(&self, values: &[i32]) -> Result<()> {
+    pub(crate) fn set_i32(&self, values: &[i32]) -> Result<()> {
+        self.check_i32_upload(values.len())?;
+        let bytes: Vec<u8> = values.iter().flat_map(|v| v.to_ne_bytes()).collect();
+        self.set_bytes(&bytes)
+    }
+
+    /// Checks that `n` I32 values can be uploaded into this tensor.
+    pub(crate) fn check_i32_upload(&self, n: usize) -> Result<()> {
         if self.ty() != sys::GGML_TYPE_I32 {
             return err(format!("tensor '{}' is not I32", self.name()));
         }
-        let bytes: Vec<u8> = values.iter().flat_map(|v| v.to_ne_bytes()).collect();
-        self.set_bytes(&bytes)
+        if n != self.n_elements() {
+            return err(format!("tensor '{}' has {} elements, got {n}", self.name(), self.n_elements()));
+        }
+        self.check_buffer()
     }
 
     /// Marks the tensor as a graph input (the allocator keeps it addressable).
