@@ -111,6 +111,16 @@ impl T3 {
             }
             AttentionPath::Flash => attention,
         };
+        // The cache layout follows the path, so a device without a fused
+        // kernel for this head size and cache type gets the explicit path
+        // for the whole model, decided here rather than per node.
+        let attention = match backend.device() {
+            Some(dev) if attention.path == AttentionPath::Flash && !engine_core::probes::flash_attn_runs(dev, attention.kv_type, hp.head_dim() as i64) => {
+                tracing::warn!(head_dim = hp.head_dim(), kv = ggml_sys::type_name(attention.kv_type), device = %dev.name(), "no fused attention kernel for T3's heads; using explicit attention");
+                AttentionConfig::REFERENCE
+            }
+            _ => attention,
+        };
         Ok(T3 {
             prefix_graph: GraphSlot::default(),
             suffix_graph: GraphSlot::default(),
