@@ -55,7 +55,8 @@ pub fn render(r: &DevicesReport) -> String {
             line!(out, "  {reason}");
         }
         for d in &b.devices {
-            line!(out, "  [{}] {} — {} ({}, {} free of {})", d.index, d.name, d.description, d.kind, gib(d.memory_free), gib(d.memory_total));
+            let bus = d.bus_id.as_deref().map(|b| format!(", bus {b}")).unwrap_or_default();
+            line!(out, "  [{}] {} — {} ({}{bus}, {} free of {})", d.index, d.name, d.description, d.kind, gib(d.memory_free), gib(d.memory_total));
             line!(out, "      probes:");
             for p in &d.probes {
                 line!(out, "        {:<24} {:<3}  {}", p.name, if p.supported { "yes" } else { "no" }, p.detail);

@@ -495,7 +495,7 @@ fn command_line_mistakes_name_the_real_cause() {
     let device = write_profile(dir.path(), &format!("[backend]\nprefer = [\"cpu\"]\ndevice = -1\n[model]\nfiles = [\"{model}\"]\n"));
     assert_one_line_error(
         &run(&args(&device, plugins.path(), "hi", &out)),
-        "key `device`: use \"auto\", a device name like \"Vulkan0\", or a device index 0..=4294967295; found -1",
+        "key `device`: use \"auto\", a device name like \"Vulkan0\", a bus id like \"0000:01:00.0\", or a device index 0..=4294967295; found -1",
     );
     assert!(!out.exists());
 }

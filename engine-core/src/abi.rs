@@ -19,7 +19,7 @@ use abi_stable::{
 use std::ffi::c_void;
 
 /// Version of this ABI. Plugins built against another major version are refused.
-pub const PLUGIN_ABI_VERSION: &str = "3.0.0";
+pub const PLUGIN_ABI_VERSION: &str = "4.0.0";
 
 /// Identity of a plugin file.
 #[repr(C)]
@@ -79,6 +79,8 @@ pub struct DeviceInfo {
     /// ggml device name ("CPU", "Vulkan0", ...).
     pub name: RString,
     pub description: RString,
+    /// Bus id ("0000:01:00.0"), empty where the backend reports none.
+    pub bus_id: RString,
     pub kind: DeviceKind,
     pub memory_free: u64,
     pub memory_total: u64,

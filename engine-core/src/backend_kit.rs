@@ -192,6 +192,7 @@ impl<F: BackendFlavor> GgmlSession<F> {
                         index: index as u32,
                         name: device.name().into(),
                         description: device.description().into(),
+                        bus_id: device.bus_id().unwrap_or_default().into(),
                         kind,
                         memory_free: free as u64,
                         memory_total: total as u64,

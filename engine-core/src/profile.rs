@@ -66,7 +66,7 @@ pub struct PluginsSection {
 pub enum DeviceChoice {
     /// Best device of the first available backend: discrete > integrated > CPU.
     Auto,
-    /// A ggml device name ("Vulkan0").
+    /// A ggml device name ("Vulkan0") or a bus id ("0000:01:00.0").
     Name(String),
     /// An index into the chosen backend's device list.
     Index(u32),
@@ -198,7 +198,7 @@ impl Profile {
                     };
                     return Err(at(
                         d.span(),
-                        format!("key `device`: use \"auto\", a device name like \"Vulkan0\", or a device index 0..={}; found {found}", u32::MAX),
+                        format!("key `device`: use \"auto\", a device name like \"Vulkan0\", a bus id like \"0000:01:00.0\", or a device index 0..={}; found {found}", u32::MAX),
                     ));
                 }
             },

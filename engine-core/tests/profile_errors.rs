@@ -55,7 +55,9 @@ fn deny_rule_with_unknown_feature_or_op() {
 fn device_choice_forms() {
     assert_eq!(parse("[backend]\ndevice = 1\n").unwrap().device, DeviceChoice::Index(1));
     assert_eq!(parse("[backend]\ndevice = \"Vulkan0\"\n").unwrap().device, DeviceChoice::Name("Vulkan0".into()));
-    let expect = |found: &str| format!("key `device`: use \"auto\", a device name like \"Vulkan0\", or a device index 0..=4294967295; found {found}");
+    let expect = |found: &str| {
+        format!("key `device`: use \"auto\", a device name like \"Vulkan0\", a bus id like \"0000:01:00.0\", or a device index 0..=4294967295; found {found}")
+    };
     assert_eq!(parse("[backend]\ndevice = \"\"\n").unwrap_err(), format!("p.toml:2:10: {}", expect("an empty name")));
     assert_eq!(parse("[backend]\ndevice = -1\n").unwrap_err(), format!("p.toml:2:10: {}", expect("-1")));
     assert_eq!(parse("[backend]\ndevice = 1.5\n").unwrap_err(), format!("p.toml:2:10: {}", expect("a float")));

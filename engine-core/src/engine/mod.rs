@@ -177,6 +177,7 @@ impl Engine {
                                 index: d.index,
                                 name: d.name.to_string(),
                                 description: d.description.to_string(),
+                                bus_id: (!d.bus_id.is_empty()).then(|| d.bus_id.to_string()),
                                 kind: d.kind.as_str(),
                                 memory_free: d.memory_free,
                                 memory_total: d.memory_total,
@@ -329,6 +330,14 @@ pub struct ModelSession {
 }
 
 impl ModelSession {
+    /// A GPU's (free, total) memory now, in bytes, where its backend reports it
+    /// (the CPU's would be the host's, which RSS already covers).
+    pub fn device_memory(&self) -> Option<(u64, u64)> {
+        let device = self._handle.ggml_backend().device().filter(|d| d.kind() != ggml_sys::DeviceKind::Cpu)?;
+        let (free, total) = device.memory();
+        (total > 0).then_some((free as u64, total as u64))
+    }
+
     pub fn synthesize(&mut self, text: &str) -> Result<SynthesisOutput, EngineError> {
         if text.trim().is_empty() {
             return fail("text is empty");
@@ -350,7 +359,7 @@ impl ModelSession {
 pub fn pick_device<'a>(devices: &'a [DeviceInfo], choice: &DeviceChoice) -> Option<&'a DeviceInfo> {
     match choice {
         DeviceChoice::Auto => devices.iter().max_by_key(|d| (d.kind.preference(), std::cmp::Reverse(d.index))),
-        DeviceChoice::Name(n) => devices.iter().find(|d| d.name.as_str() == n),
+        DeviceChoice::Name(n) => devices.iter().find(|d| d.name.as_str() == n || (!d.bus_id.is_empty() && d.bus_id.eq_ignore_ascii_case(n))),
         DeviceChoice::Index(i) => devices.iter().find(|d| d.index == *i),
     }
 }
@@ -376,7 +385,7 @@ mod tests {
     use crate::abi::DeviceKind;
 
     fn dev(index: u32, name: &str, kind: DeviceKind) -> DeviceInfo {
-        DeviceInfo { index, name: name.into(), description: "".into(), kind, memory_free: 0, memory_total: 0 }
+        DeviceInfo { index, name: name.into(), description: "".into(), bus_id: "".into(), kind, memory_free: 0, memory_total: 0 }
     }
 
     #[test]
@@ -403,5 +412,17 @@ mod tests {
         assert_eq!(pick_device(&all, &DeviceChoice::Index(1)).unwrap().name.as_str(), "Vulkan1");
         assert!(pick_device(&all, &DeviceChoice::Index(2)).is_none());
         assert!(pick_device(&all, &DeviceChoice::Name("CUDA0".into())).is_none());
+    }
+
+    #[test]
+    fn a_bus_id_picks_its_device_in_any_case() {
+        let mut all = [dev(0, "CUDA0", DeviceKind::Gpu), dev(1, "CUDA1", DeviceKind::Gpu), dev(2, "CPU", DeviceKind::Cpu)];
+        all[0].bus_id = "0000:41:00.0".into();
+        all[1].bus_id = "0000:C1:00.0".into();
+        assert_eq!(pick_device(&all, &DeviceChoice::Name("0000:c1:00.0".into())).unwrap().name.as_str(), "CUDA1");
+        assert_eq!(pick_device(&all, &DeviceChoice::Name("0000:41:00.0".into())).unwrap().index, 0);
+        assert!(pick_device(&all, &DeviceChoice::Name("0000:01:00.0".into())).is_none());
+        // A device without a bus id is never matched by an empty name.
+        assert!(pick_device(&all, &DeviceChoice::Name("".into())).is_none());
     }
 }

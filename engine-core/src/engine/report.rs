@@ -20,6 +20,8 @@ pub struct DeviceReport {
     pub index: u32,
     pub name: String,
     pub description: String,
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub bus_id: Option<String>,
     pub kind: &'static str,
     pub memory_free: u64,
     pub memory_total: u64,

@@ -113,6 +113,14 @@ impl Device {
         }
     }
 
+    /// The device's bus id ("0000:01:00.0" for a PCI GPU), where the backend reports one.
+    pub fn bus_id(&self) -> Option<String> {
+        let mut props: sys::ggml_backend_dev_props = unsafe { std::mem::zeroed() };
+        unsafe { sys::ggml_backend_dev_get_props(self.as_ptr(), &mut props) };
+        let id = unsafe { cstr_to_string(props.device_id) };
+        (!id.is_empty()).then_some(id)
+    }
+
     /// (free, total) bytes.
     pub fn memory(&self) -> (usize, usize) {
         let (mut free, mut total) = (0usize, 0usize);
