@@ -12,6 +12,23 @@ def run(cmd, **kw):
     return r.stdout
 
 
+def tts_profile(backend, threads):
+    """A profile for one backend without fallback (CPU: with a thread count)."""
+    text = f'[backend]\nprefer = ["{backend}"]\nfallback = false\n'
+    if backend == "cpu":
+        text += f"[backends.cpu]\nthreads = {threads}\n"
+    return text
+
+
+def gpu_name():
+    """The first NVIDIA GPU's name, if nvidia-smi answers."""
+    try:
+        r = subprocess.run(["nvidia-smi", "--query-gpu=name,driver_version", "--format=csv,noheader"], capture_output=True, text=True)
+        return r.stdout.strip().splitlines()[0] if r.returncode == 0 and r.stdout.strip() else None
+    except OSError:
+        return None
+
+
 def cpu_name():
     try:
         with open("/proc/cpuinfo") as f:

@@ -17,6 +17,13 @@ T3 matrices / bandwidth) next to the measured ms per token.
 
     target/chatterbox-venv/bin/python bench/chatterbox_vs_torch.py [--tokens 100] [--threads 2]
         [--weights f32 q8_0 q4_0] [--runs 2] [--rounds 2] [--markdown out.md]
+        [--device cuda --backends cuda vulkan]
+
+`--device cuda` runs the reference on the GPU (F32, as the package loads it;
+each timed call ends with `torch.cuda.synchronize()`) and takes the bound from
+the GPU's copy bandwidth; `--backends` picks the `tts` side's backends, one row
+each (GPU rows use the policies' defaults: F16 weights and an F16 K/V cache
+where the device runs them).
 
 The checkpoint directory is target/chatterbox-full (tools/chatterbox/make_fixtures.py
 --size full, plus make_tokenizer.py --vocab 50276); conversions go to
@@ -32,7 +39,7 @@ import sys
 import tempfile
 import time
 
-from benchlib import cpu_name, run
+from benchlib import cpu_name, gpu_name, run, tts_profile
 
 ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 TOOLS = os.path.join(ROOT, "tools", "chatterbox")
@@ -47,21 +54,24 @@ def torch_worker(a):
     from chatterbox.tts_turbo import ChatterboxTurboTTS
 
     torch.set_num_threads(a.threads)
+    sync = torch.cuda.synchronize if a.device == "cuda" else (lambda: None)
     t0 = time.perf_counter()
-    tts = ChatterboxTurboTTS.from_local(a.ckpt, "cpu")
+    tts = ChatterboxTurboTTS.from_local(a.ckpt, a.device)
     load_ms = (time.perf_counter() - t0) * 1e3
     tts.watermarker.apply_watermark = lambda wav, sample_rate: wav  # tts does not watermark
     t3 = tts.t3
     # A fixed token count: no stop token, N tokens (one from the prefill, N-1 steps).
-    t3.speech_head.register_forward_hook(lambda m, i, o: o.index_fill_(-1, torch.tensor([STOP]), float("-inf")))
+    t3.speech_head.register_forward_hook(lambda m, i, o: o.index_fill_(-1, torch.tensor([STOP], device=o.device), float("-inf")))
     real_inference = type(t3).inference_turbo
     t3.inference_turbo = lambda *args, **kw: real_inference(t3, *args, **{**kw, "max_gen_len": a.tokens - 1})
     calls = []
     real_forward = t3.tfmr.forward
 
     def timed_forward(*args, **kw):
+        sync()
         s = time.perf_counter()
         out = real_forward(*args, **kw)
+        sync()
         calls.append((time.perf_counter() - s) * 1e3)
         return out
     t3.tfmr.forward = timed_forward
@@ -71,8 +81,10 @@ def torch_worker(a):
         real = getattr(obj, name)
 
         def wrap(*args, **kw):
+            sync()
             s = time.perf_counter()
             out = real(*args, **kw)
+            sync()
             stage[key] = (time.perf_counter() - s) * 1e3
             return out
         setattr(obj, name, wrap)
@@ -87,6 +99,7 @@ def torch_worker(a):
         t0 = time.perf_counter()
         with torch.inference_mode():
             wav = tts.generate(a.text)
+        sync()
         total = (time.perf_counter() - t0) * 1e3
         if i < a.warmup:
             continue
@@ -137,20 +150,35 @@ def copy_bandwidth_gbs(threads):
     return 2 * a.nbytes / best / 1e9
 
 
-def tts_bench(t3, s3, threads, text, tokens, runs, warmup):
+def gpu_copy_bandwidth_gbs():
+    """Read+write bandwidth of large device-to-device copies, in GB/s."""
+    import torch
+    a = torch.ones(256 * 1024 * 1024 // 4, device="cuda")
+    b = torch.empty_like(a)
+    best = float("inf")
+    for _ in range(10):
+        torch.cuda.synchronize()
+        t0 = time.perf_counter()
+        b.copy_(a)
+        torch.cuda.synchronize()
+        best = min(best, time.perf_counter() - t0)
+    return 2 * a.numel() * 4 / best / 1e9
+
+
+def tts_bench(t3, s3, backend, threads, text, tokens, runs, warmup):
     release = os.path.join(ROOT, "target", "release")
     with tempfile.TemporaryDirectory() as d:
-        profile = os.path.join(d, "cpu.toml")
+        profile = os.path.join(d, f"{backend}.toml")
         with open(profile, "w") as f:
-            f.write(f'[backend]\nprefer = ["cpu"]\nfallback = false\n[backends.cpu]\nthreads = {threads}\n')
+            f.write(tts_profile(backend, threads))
         out = run([os.path.join(release, "tts"), "bench", "--profile", profile, "--plugin-dir", release, "--model", t3, "--model", s3,
                    "--text", text, "--runs", str(runs), "--warmup", str(warmup), "--json",
                    "--set", f"max_new_tokens={tokens - 1}", "--set", f"min_new_tokens={tokens}", "--set", "seed=0"])
     return json.loads(out)
 
 
-def torch_bench(threads, text, tokens, runs, warmup):
-    out = run([sys.executable, os.path.abspath(__file__), "--torch-worker", "--ckpt", CKPT, "--threads", str(threads),
+def torch_bench(device, threads, text, tokens, runs, warmup):
+    out = run([sys.executable, os.path.abspath(__file__), "--torch-worker", "--device", device, "--ckpt", CKPT, "--threads", str(threads),
                "--text", text, "--tokens", str(tokens), "--runs", str(runs), "--warmup", str(warmup)])
     # The reference prints progress to stdout; the report is the last line.
     return json.loads(out.strip().splitlines()[-1])
@@ -161,6 +189,8 @@ def main():
     ap = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     ap.add_argument("--threads", nargs="+", type=int, default=[2])
     ap.add_argument("--weights", nargs="+", default=["f32", "q8_0", "q4_0"], help="GGUF storage for tts (the reference runs F32)")
+    ap.add_argument("--device", default="cpu", choices=["cpu", "cuda"], help="where the reference runs")
+    ap.add_argument("--backends", nargs="+", default=["cpu"], help="tts backends, one row each per weight storage")
     ap.add_argument("--tokens", type=int, default=100, help="speech tokens generated by each side")
     ap.add_argument("--runs", type=int, default=2, help="timed runs per round and side")
     ap.add_argument("--rounds", type=int, default=2, help="alternating reference / tts rounds (median of round medians)")
@@ -175,24 +205,25 @@ def main():
         return torch_worker(a)
 
     files = {w: ensure_gguf(w) for w in a.weights}
-    bandwidth = copy_bandwidth_gbs(max(a.threads))
+    bandwidth = gpu_copy_bandwidth_gbs() if a.device == "cuda" else copy_bandwidth_gbs(max(a.threads))
     rows = []
     for threads in a.threads:
-        ref_rounds, tts_rounds = [], {w: [] for w in a.weights}
+        ref_rounds, tts_rounds = [], {(b, w): [] for b in a.backends for w in a.weights}
         for _ in range(a.rounds):
             # Alternate the sides so that drift in the machine's speed hits both alike.
-            ref_rounds.append(torch_bench(threads, a.text, a.tokens, a.runs, a.warmup))
-            for w in a.weights:
-                tts_rounds[w].append(tts_bench(*files[w], threads, a.text, a.tokens, a.runs, a.warmup))
+            ref_rounds.append(torch_bench(a.device, threads, a.text, a.tokens, a.runs, a.warmup))
+            for b, w in tts_rounds:
+                tts_rounds[(b, w)].append(tts_bench(*files[w], b, threads, a.text, a.tokens, a.runs, a.warmup))
         med = lambda rounds, f: statistics.median(f(r) for r in rounds)
         ref_ms = med(ref_rounds, lambda r: r["total_ms"])
         ref_tok = med(ref_rounds, lambda r: r["stages_ms"]["t3.ms_per_token"])
         ref_s3 = med(ref_rounds, lambda r: r["stages_ms"]["s3gen"] + r["stages_ms"]["hift"])
-        for w in a.weights:
-            rs = tts_rounds[w]
+        for (b, w), rs in tts_rounds.items():
             tts_ms = med(rs, lambda r: r["total_ms"])
-            bound = t3_matrix_bytes(files[w][0]) / (bandwidth * 1e9) * 1e3
-            row = {"threads": threads, "weights": w, "tokens": a.tokens, "audio_s": rs[0]["audio_seconds"],
+            # GPU rows without quantization run F16 weights (the policy's default there).
+            bytes_read = t3_matrix_bytes(files[w][0]) // (2 if b != "cpu" and w == "f32" else 1)
+            bound = bytes_read / (bandwidth * 1e9) * 1e3
+            row = {"threads": threads, "backend": b, "weights": w, "tokens": a.tokens, "audio_s": rs[0]["audio_seconds"],
                    "ref_ms": ref_ms, "tts_ms": tts_ms, "ratio": ref_ms / tts_ms,
                    "ref_ms_per_token": ref_tok, "tts_ms_per_token": med(rs, lambda r: r["stages_ms"]["t3.ms_per_token"]),
                    "bound_ms_per_token": bound,
@@ -205,15 +236,17 @@ def main():
             rows.append(row)
             print(json.dumps(row), file=sys.stderr)
 
-    lines = [f"Machine: {cpu_name()}, {os.cpu_count()} cores, copy bandwidth {bandwidth:.1f} GB/s; text: \"{a.text}\"; "
+    gpu = gpu_name() if a.device == "cuda" else None
+    where = f"GPU {gpu}, host {cpu_name()}" if gpu else f"{cpu_name()}, {os.cpu_count()} cores"
+    lines = [f"Machine: {where}, copy bandwidth {bandwidth:.1f} GB/s; text: \"{a.text}\"; "
              f"{a.tokens} speech tokens on both sides; median over {a.rounds} alternating rounds of the median of {a.runs} runs "
-             f"(after {a.warmup} warm-up) per side. The reference is F32 in every row.", "",
-             "| threads | tts weights | audio s | reference ms | tts ms | ratio | T3 ms/token ref / tts (bound) | S3Gen+HiFT ms ref / tts | tts RTF | peak RSS MiB ref / tts |",
-             "|---|---|---|---|---|---|---|---|---|---|"]
+             f"(after {a.warmup} warm-up) per side. The reference is F32 on {a.device} in every row.", "",
+             "| threads | tts backend | tts weights | audio s | reference ms | tts ms | ratio | T3 ms/token ref / tts (bound) | S3Gen+HiFT ms ref / tts | tts RTF | peak RSS MiB ref / tts |",
+             "|---|---|---|---|---|---|---|---|---|---|---|"]
     for r in rows:
-        lines.append(f"| {r['threads']} | {r['weights']} | {r['audio_s']:.2f} | {r['ref_ms']:.0f} | {r['tts_ms']:.0f} | **{r['ratio']:.2f}×** | "
-                     f"{r['ref_ms_per_token']:.1f} / {r['tts_ms_per_token']:.1f} ({r['bound_ms_per_token']:.1f}) | "
-                     f"{r['ref_s3gen_hift_ms']:.0f} / {r['tts_s3gen_ms'] + r['tts_hift_ms']:.0f} | {r['tts_rtf']:.2f} | "
+        lines.append(f"| {r['threads']} | {r['backend']} | {r['weights']} | {r['audio_s']:.2f} | {r['ref_ms']:.0f} | {r['tts_ms']:.0f} | **{r['ratio']:.2f}×** | "
+                     f"{r['ref_ms_per_token']:.2f} / {r['tts_ms_per_token']:.2f} ({r['bound_ms_per_token']:.2f}) | "
+                     f"{r['ref_s3gen_hift_ms']:.0f} / {r['tts_s3gen_ms'] + r['tts_hift_ms']:.1f} | {r['tts_rtf']:.3f} | "
                      f"{r['ref_rss_mib']:.0f} / {r['tts_rss_mib']:.0f} |")
     table = "\n".join(lines) + "\n"
     print(table)

@@ -9,7 +9,11 @@ reports the ratio (ORT time / tts time; above 1 means tts is faster) and each
 side's peak RSS. Each side runs in its own process so that RSS is its own.
 
     target/tools-venv/bin/python bench/supertonic_vs_ort.py [--versions v2 v3] [--threads 1 2]
-        [--runs 5] [--rounds 3] [--weights f32 q8_0] [--markdown out.md]
+        [--runs 5] [--rounds 3] [--weights f32 q8_0] [--backends cpu cuda vulkan] [--markdown out.md]
+
+`--backends` picks the `tts` side's backends (one row each; GPU rows use the
+policies' defaults, F16 weights among them where the device runs them); ORT
+always runs on the CPU, the only provider the onnxruntime wheel has.
 
 Bundles are generated on demand (tools/supertonic/make_bundle.py, seed 0) into
 target/supertonic-bundles/<version>/ and converted into target/supertonic-models/.
@@ -24,7 +28,7 @@ import sys
 import tempfile
 import time
 
-from benchlib import cpu_name, run
+from benchlib import cpu_name, gpu_name, run, tts_profile
 
 ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 TOOLS = os.path.join(ROOT, "tools", "supertonic")
@@ -81,12 +85,12 @@ def ensure_model(version, weights):
     return bundle, gguf
 
 
-def tts_bench(gguf, threads, text, steps, runs, warmup):
+def tts_bench(gguf, backend, threads, text, steps, runs, warmup):
     release = os.path.join(ROOT, "target", "release")
     with tempfile.TemporaryDirectory() as d:
-        profile = os.path.join(d, "cpu.toml")
+        profile = os.path.join(d, f"{backend}.toml")
         with open(profile, "w") as f:
-            f.write(f'[backend]\nprefer = ["cpu"]\nfallback = false\n[backends.cpu]\nthreads = {threads}\n')
+            f.write(tts_profile(backend, threads))
         out = run([os.path.join(release, "tts"), "bench", "--profile", profile, "--plugin-dir", release, "--model", gguf,
                    "--text", text, "--runs", str(runs), "--warmup", str(warmup), "--json",
                    "--set", f"steps={steps}", "--set", "voice=F1", "--set", "language=en", "--set", "speed=1.05", "--set", "seed=42"])
@@ -105,6 +109,7 @@ def main():
     ap.add_argument("--versions", nargs="+", default=["v2", "v3"])
     ap.add_argument("--threads", nargs="+", type=int, default=[1, 2])
     ap.add_argument("--weights", nargs="+", default=["f32"], help="GGUF weight storage for tts (ORT always runs the F32 bundle)")
+    ap.add_argument("--backends", nargs="+", default=["cpu"], help="tts backends, one row each")
     ap.add_argument("--runs", type=int, default=5, help="timed runs per round and side")
     ap.add_argument("--rounds", type=int, default=3, help="alternating ORT / tts rounds (median of round medians)")
     ap.add_argument("--warmup", type=int, default=1)
@@ -127,36 +132,44 @@ def main():
             for threads in a.threads:
                 # Alternate the two sides over several rounds so that drift in the
                 # machine's speed (shared hosts) hits both alike; medians of rounds.
-                ort_rounds, tts_rounds = [], []
+                ort_rounds, tts_rounds = [], {b: [] for b in a.backends}
                 for _ in range(a.rounds):
                     ort_rounds.append(ort_bench(bundle, threads, a.text, steps, a.runs, a.warmup))
-                    tts_rounds.append(tts_bench(gguf, threads, a.text, steps, a.runs, a.warmup))
-                ve = lambda r: sum(v for k, v in r["stages_ms"].items() if k.startswith("vector_estimator"))
-                med = lambda rounds, f: statistics.median(f(r) for r in rounds)
-                ort_ms, tts_ms = med(ort_rounds, lambda r: r["total_ms"]), med(tts_rounds, lambda r: r["total_ms"])
-                row = {"version": version, "weights": weights, "threads": threads, "steps": steps,
-                       "audio_s": tts_rounds[0]["audio_seconds"], "ort_ms": ort_ms, "tts_ms": tts_ms,
-                       "ratio": ort_ms / tts_ms,
-                       "ort_ve_ms": med(ort_rounds, ve), "tts_ve_ms": med(tts_rounds, ve),
-                       "ort_vocoder_ms": med(ort_rounds, lambda r: r["stages_ms"]["vocoder"]),
-                       "tts_vocoder_ms": med(tts_rounds, lambda r: r["stages_ms"]["vocoder"]),
-                       "ort_rss_mib": max(r["peak_rss_mib"] for r in ort_rounds), "tts_rss_mib": max(r["peak_rss_mib"] for r in tts_rounds)}
-                rows.append(row)
-                print(json.dumps(row), file=sys.stderr)
+                    for b in a.backends:
+                        tts_rounds[b].append(tts_bench(gguf, b, threads, a.text, steps, a.runs, a.warmup))
+                for backend in a.backends:
+                    rows.append(table_row(version, weights, backend, threads, steps, ort_rounds, tts_rounds[backend]))
 
-    lines = [f"Machine: {cpu_name()}, {os.cpu_count()} cores; text: \"{a.text}\" (voice F1, speed 1.05, seed 42); "
-             f"median over {a.rounds} alternating rounds of the median of {a.runs} runs (after {a.warmup} warm-up) per side.", "",
-             "| version | tts weights | threads | steps | audio s | ORT ms | tts ms | ratio | VE ms ORT / tts | vocoder ms ORT / tts | peak RSS MiB ORT / tts |",
-             "|---|---|---|---|---|---|---|---|---|---|---|"]
+    gpu = gpu_name()
+    lines = [f"Machine: {cpu_name()}, {os.cpu_count()} cores{f'; GPU {gpu}' if gpu else ''}; text: \"{a.text}\" (voice F1, speed 1.05, seed 42); "
+             f"median over {a.rounds} alternating rounds of the median of {a.runs} runs (after {a.warmup} warm-up) per side; "
+             "ORT on the CPU with the row's threads.", "",
+             "| version | tts weights | tts backend | threads | steps | audio s | ORT ms | tts ms | ratio | VE ms ORT / tts | vocoder ms ORT / tts | peak RSS MiB ORT / tts |",
+             "|---|---|---|---|---|---|---|---|---|---|---|---|"]
     for r in rows:
-        lines.append(f"| {r['version']} | {r['weights']} | {r['threads']} | {r['steps']} | {r['audio_s']:.2f} | {r['ort_ms']:.0f} | "
-                     f"{r['tts_ms']:.0f} | **{r['ratio']:.2f}×** | {r['ort_ve_ms']:.0f} / {r['tts_ve_ms']:.0f} | "
-                     f"{r['ort_vocoder_ms']:.0f} / {r['tts_vocoder_ms']:.0f} | {r['ort_rss_mib']:.0f} / {r['tts_rss_mib']:.0f} |")
+        lines.append(f"| {r['version']} | {r['weights']} | {r['backend']} | {r['threads']} | {r['steps']} | {r['audio_s']:.2f} | {r['ort_ms']:.0f} | "
+                     f"{r['tts_ms']:.1f} | **{r['ratio']:.2f}×** | {r['ort_ve_ms']:.0f} / {r['tts_ve_ms']:.1f} | "
+                     f"{r['ort_vocoder_ms']:.0f} / {r['tts_vocoder_ms']:.1f} | {r['ort_rss_mib']:.0f} / {r['tts_rss_mib']:.0f} |")
     table = "\n".join(lines) + "\n"
     print(table)
     if a.markdown:
         with open(a.markdown, "w") as f:
             f.write(table)
+
+
+def table_row(version, weights, backend, threads, steps, ort_rounds, tts_rounds):
+    ve = lambda r: sum(v for k, v in r["stages_ms"].items() if k.startswith("vector_estimator"))
+    med = lambda rounds, f: statistics.median(f(r) for r in rounds)
+    ort_ms, tts_ms = med(ort_rounds, lambda r: r["total_ms"]), med(tts_rounds, lambda r: r["total_ms"])
+    row = {"version": version, "weights": weights, "backend": backend, "threads": threads, "steps": steps,
+           "audio_s": tts_rounds[0]["audio_seconds"], "ort_ms": ort_ms, "tts_ms": tts_ms,
+           "ratio": ort_ms / tts_ms,
+           "ort_ve_ms": med(ort_rounds, ve), "tts_ve_ms": med(tts_rounds, ve),
+           "ort_vocoder_ms": med(ort_rounds, lambda r: r["stages_ms"]["vocoder"]),
+           "tts_vocoder_ms": med(tts_rounds, lambda r: r["stages_ms"]["vocoder"]),
+           "ort_rss_mib": max(r["peak_rss_mib"] for r in ort_rounds), "tts_rss_mib": max(r["peak_rss_mib"] for r in tts_rounds)}
+    print(json.dumps(row), file=sys.stderr)
+    return row
 
 
 if __name__ == "__main__":

@@ -1,6 +1,7 @@
 //! `tts soak`: the same synthesis many times in one process, to show that a
 //! model and backend neither drift nor leak: every output must be bit-identical
 //! to the first, and resident memory must not grow past a limit after warm-up.
+//! Each stage's time drift and the device's memory are reported beside it.
 
 use crate::bench::SessionInfo;
 use engine_core::engine::ModelSession;
@@ -23,7 +24,54 @@ pub struct SoakReport {
     pub rss_end_mib: f64,
     pub rss_growth_mib: f64,
     pub peak_rss_mib: f64,
+    /// Device memory in use after warm-up and at the end (free memory's
+    /// change, so other processes on the device show here too).
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub device_used_after_warmup_mib: Option<f64>,
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub device_used_end_mib: Option<f64>,
+    /// Per stage: median time of the first and last tenth of the runs after
+    /// warm-up (at least 3 runs each) and the relative change.
+    pub stage_drift: Vec<StageDrift>,
     pub seconds: f64,
+}
+
+#[derive(Serialize)]
+pub struct StageDrift {
+    pub stage: String,
+    pub first_ms: f64,
+    pub last_ms: f64,
+    pub drift_pct: f64,
+}
+
+fn median(mut v: Vec<f64>) -> f64 {
+    v.sort_by(f64::total_cmp);
+    v[v.len() / 2]
+}
+
+/// Each stage's drift over `runs` (each a list of stage timings), first
+/// window against last; stages summed where a run reports one several times.
+fn stage_drift(runs: &[Vec<(String, f64)>]) -> Vec<StageDrift> {
+    let window = (runs.len() / 10).max(3).min(runs.len() / 2);
+    if window == 0 {
+        return Vec::new();
+    }
+    let mut stages: Vec<String> = Vec::new();
+    for (name, _) in runs.iter().flatten() {
+        if !stages.contains(name) {
+            stages.push(name.clone());
+        }
+    }
+    let total = |run: &Vec<(String, f64)>, stage: &str| run.iter().filter(|(n, _)| n == stage).map(|(_, ms)| ms).sum::<f64>();
+    stages
+        .into_iter()
+        .map(|stage| {
+            let first_ms = median(runs[..window].iter().map(|r| total(r, &stage)).collect());
+            let last_ms = median(runs[runs.len() - window..].iter().map(|r| total(r, &stage)).collect());
+            let drift_pct = if first_ms > 0.0 { (last_ms / first_ms - 1.0) * 100.0 } else { 0.0 };
+            StageDrift { stage, first_ms, last_ms, drift_pct }
+        })
+        .collect()
 }
 
 /// Resident set size of this process now, MiB.
@@ -39,7 +87,10 @@ pub fn run(session: &mut ModelSession, text: &str, runs: usize, warmup: usize) -
     let first = session.synthesize(text).map_err(|e| e.to_string())?;
     let bits: Vec<u32> = first.samples.iter().map(|s| s.to_bits()).collect();
     let mut first_difference = None;
+    let device_used = |s: &ModelSession| s.device_memory().map(|(free, total)| (total - free) as f64 / (1024.0 * 1024.0));
     let mut rss_after_warmup = rss_mib();
+    let mut device_after_warmup = device_used(session);
+    let mut timings = Vec::new();
     for i in 2..=runs {
         let out = session.synthesize(text).map_err(|e| e.to_string())?;
         if first_difference.is_none() && (out.samples.len() != bits.len() || out.samples.iter().zip(&bits).any(|(s, b)| s.to_bits() != *b)) {
@@ -47,6 +98,10 @@ pub fn run(session: &mut ModelSession, text: &str, runs: usize, warmup: usize) -
         }
         if i == warmup {
             rss_after_warmup = rss_mib();
+            device_after_warmup = device_used(session);
+        }
+        if i > warmup {
+            timings.push(out.timings.iter().map(|t| (t.stage.to_string(), t.ms)).collect::<Vec<_>>());
         }
     }
     let rss_end = rss_mib();
@@ -62,6 +117,9 @@ pub fn run(session: &mut ModelSession, text: &str, runs: usize, warmup: usize) -
         rss_end_mib: rss_end,
         rss_growth_mib: rss_end - rss_after_warmup,
         peak_rss_mib: crate::bench::peak_rss_mib(),
+        device_used_after_warmup_mib: device_after_warmup,
+        device_used_end_mib: device_used(session),
+        stage_drift: stage_drift(&timings),
         seconds: start.elapsed().as_secs_f64(),
     })
 }
@@ -81,7 +139,7 @@ pub fn verdict(r: &SoakReport, max_growth_mib: f64) -> Result<(), String> {
 }
 
 pub fn render(r: &SoakReport) -> String {
-    format!(
+    let mut s = format!(
         "{} {} on {} ({}): {} runs in {:.1} s, {} samples each, {}; RSS {:.1} MiB after {} warm-up runs, {:.1} MiB at the end (growth {:+.2} MiB), peak {:.1} MiB\n",
         r.session.family,
         r.session.variant,
@@ -96,5 +154,12 @@ pub fn render(r: &SoakReport) -> String {
         r.rss_end_mib,
         r.rss_growth_mib,
         r.peak_rss_mib
-    )
+    );
+    if let (Some(a), Some(b)) = (r.device_used_after_warmup_mib, r.device_used_end_mib) {
+        s += &format!("  device memory in use: {a:.1} MiB after warm-up, {b:.1} MiB at the end ({:+.1} MiB)\n", b - a);
+    }
+    for d in &r.stage_drift {
+        s += &format!("  {:<24} {:>9.2} ms first, {:>9.2} ms last ({:+.1} %)\n", d.stage, d.first_ms, d.last_ms, d.drift_pct);
+    }
+    s
 }

@@ -370,20 +370,34 @@ fn module_kit(args: &[String]) -> Result<PathBuf, String> {
     let module = format!("ggml-{backend}");
     let stamp = ggml_build_support::stamp_template(&pristine, &patches)?.replace("@MODULE_FILE@", &format!("lib{module}.so"));
     std::fs::write(out.join("stamp.json.in"), stamp).map_err(|e| e.to_string())?;
-    let options = ggml_build_support::CmakeOptions::default().define(&format!("GGML_{}", backend.to_uppercase()), "ON");
+    let mut options = ggml_build_support::CmakeOptions::default().define(&format!("GGML_{}", backend.to_uppercase()), "ON");
+    let switches = ModuleSwitches::read(&root().join("backends").join(&backend).join("module.toml"))?;
+    for (k, v) in &switches.cmake {
+        options = options.define(k, v);
+    }
     // Single-quoted for the shell: the run paths hold `$ORIGIN` and `;`.
-    let defines: Vec<String> = options.defines.iter().map(|(k, v)| format!("'-D{k}={}'", v.replace('\'', "'\\''"))).collect();
+    let quote =
+        |defines: &[(String, String)]| -> String { defines.iter().map(|(k, v)| format!("'-D{k}={}'", v.replace('\'', "'\\''"))).collect::<Vec<_>>().join(" ") };
+    let defines = quote(&options.defines);
+    let cases: String = switches.targets.iter().map(|(name, defs)| format!("  {name}) shift; target=({});;\n", quote(defs))).collect();
+    let names: Vec<&str> = switches.targets.iter().map(|(n, _)| n.as_str()).collect();
+    let default_target = match switches.targets.first() {
+        Some((_, defs)) => format!("  *) target=({});;\n", quote(defs)),
+        None => "  *) target=();;\n".into(),
+    };
     let script = format!(
         r#"#!/usr/bin/env bash
 # Builds lib{module}.so from the pinned ggml tree in src/ (this plugin's patches
 # applied) and stamps it for the tts `{backend}` plugin. Needs cmake, ninja and the
-# backend's toolchain; no Rust. Extra CMake arguments pass through, e.g.
-#   bash build.sh -DCMAKE_CUDA_ARCHITECTURES=90
+# backend's toolchain; no Rust. Usage: bash build.sh [TARGET] [CMAKE ARGS...],
+# TARGET one of: {targets} (backends/{backend}/module.toml; default: the first listed).
 # Output: out/lib{module}.so and out/lib{module}.so.stamp.json, to put beside
 # libtts_backend_{backend}.so.
 set -euo pipefail
 here="$(cd "$(dirname "$0")" && pwd)"
-cmake -G Ninja -S "$here/src" -B "$here/build" {defines} "$@"
+case "${{1:-}}" in
+{cases}{default_target}esac
+cmake -G Ninja -S "$here/src" -B "$here/build" {defines} ${{target[@]+"${{target[@]}}"}} "$@"
 cmake --build "$here/build" --target {module} -j "$(nproc)"
 mkdir -p "$here/out"
 cp "$here/build/bin/lib{module}.so" "$here/out/"
@@ -391,11 +405,67 @@ sha=$(sha256sum "$here/out/lib{module}.so" | cut -d' ' -f1)
 sed "s/@MODULE_SHA256@/$sha/" "$here/stamp.json.in" > "$here/out/lib{module}.so.stamp.json"
 echo "built $here/out/lib{module}.so"
 "#,
-        defines = defines.join(" ")
+        targets = if names.is_empty() { "none".to_string() } else { names.join(", ") },
     );
     std::fs::write(out.join("build.sh"), script).map_err(|e| e.to_string())?;
     eprintln!("module kit: {} (run build.sh where the module is to be built)", out.display());
     Ok(out)
+}
+
+/// A backend's module build switches (`backends/<name>/module.toml`): CMake
+/// defines for every build, and named targets that add their own, the
+/// `default_target` first.
+#[derive(Default)]
+struct ModuleSwitches {
+    cmake: Vec<(String, String)>,
+    targets: Vec<(String, Vec<(String, String)>)>,
+}
+
+impl ModuleSwitches {
+    fn read(path: &Path) -> Result<Self, String> {
+        let Ok(text) = std::fs::read_to_string(path) else {
+            return Ok(Self::default());
+        };
+        let doc: toml::Table = text.parse().map_err(|e| format!("{}: {e}", path.display()))?;
+        let defines = |v: &toml::Value, what: &str| -> Result<Vec<(String, String)>, String> {
+            let table = v.as_table().ok_or_else(|| format!("{}: `{what}` must be a table", path.display()))?;
+            table
+                .iter()
+                .map(|(k, v)| match v.as_str() {
+                    Some(s) if k.chars().all(|c| c.is_ascii_alphanumeric() || c == '_') => Ok((k.clone(), s.to_string())),
+                    _ => Err(format!("{}: `{what}.{k}` must be a CMake variable name with a string value", path.display())),
+                })
+                .collect()
+        };
+        let mut switches = Self::default();
+        for (key, value) in &doc {
+            match key.as_str() {
+                "cmake" => switches.cmake = defines(value, "cmake")?,
+                "targets" => {
+                    let targets = value.as_table().ok_or_else(|| format!("{}: `targets` must be a table", path.display()))?;
+                    for (name, defs) in targets {
+                        if !name.chars().all(|c| c.is_ascii_alphanumeric() || c == '-' || c == '_') {
+                            return Err(format!("{}: target name `{name}` must be letters, digits, - or _", path.display()));
+                        }
+                        switches.targets.push((name.clone(), defines(defs, &format!("targets.{name}"))?));
+                    }
+                }
+                "default_target" => {}
+                other => return Err(format!("{}: unknown key `{other}` (expected default_target, cmake, targets)", path.display())),
+            }
+        }
+        if let Some(default) = doc.get("default_target") {
+            let name = default.as_str().ok_or_else(|| format!("{}: `default_target` must be a string", path.display()))?;
+            let i = switches
+                .targets
+                .iter()
+                .position(|(n, _)| n == name)
+                .ok_or_else(|| format!("{}: default_target `{name}` is not under [targets]", path.display()))?;
+            let first = switches.targets.remove(i);
+            switches.targets.insert(0, first);
+        }
+        Ok(switches)
+    }
 }
 
 /// Runs a bundled binary as a user would: without the library path `cargo run`

@@ -32,6 +32,8 @@ pub struct Tolerances {
 pub const CPU: Tolerances = Tolerances { duration: 1e-4, text_encoder: 1e-4, ve_step: 1e-4, ve_loop: 1e-4, vocoder: 1e-4, waveform: 1e-4, trim_samples: 0 };
 /// Vulkan: its f32 matrix products may round through f16 internally.
 pub const VULKAN: Tolerances = Tolerances { duration: 2e-3, text_encoder: 2e-3, ve_step: 2e-3, ve_loop: 5e-3, vocoder: 2e-3, waveform: 5e-3, trim_samples: 1 };
+/// CUDA: ggml-cuda's f32 matrix products run on tensor cores (TF32 inputs).
+pub const CUDA: Tolerances = Tolerances { duration: 2e-3, text_encoder: 2e-3, ve_step: 2e-3, ve_loop: 5e-3, vocoder: 2e-3, waveform: 5e-3, trim_samples: 1 };
 
 pub fn repo_root() -> PathBuf {
     Path::new(env!("CARGO_MANIFEST_DIR")).join("../..")
@@ -39,6 +41,21 @@ pub fn repo_root() -> PathBuf {
 
 fn artifact_dir() -> PathBuf {
     std::env::current_exe().unwrap().parent().unwrap().parent().unwrap().to_path_buf()
+}
+
+/// Whether `backend` opens device 0 here. Where it does not (no module, no
+/// GPU: CI), the reason is printed and the caller skips, unless
+/// `TTS_REQUIRE_BACKEND` names the backend (runs on a GPU host), which fails.
+pub fn available(backend: &str) -> bool {
+    let path = artifact_dir().join(loader::backend_file_name(backend));
+    match loader::open_backend_device(&path, Vec::new(), 0) {
+        Ok(_) => true,
+        Err(e) if std::env::var("TTS_REQUIRE_BACKEND").is_ok_and(|b| b == backend) => panic!("{e}"),
+        Err(e) => {
+            println!("skipped: {backend} has no usable device here ({e})");
+            false
+        }
+    }
 }
 
 pub fn open(backend: &str) -> BackendHandle {

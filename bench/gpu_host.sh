@@ -1,0 +1,165 @@
+#!/usr/bin/env bash
+# The CUDA plugin's checks and benchmarks on a GPU host without Rust or network
+# (docs/performance.md, "CUDA and Vulkan on the H100"). Run from the repository
+# root with what `bench/gpu_pack.sh` made here carried along:
+#   target/gpu/release.tar.xz   tts, plugins, ggml modules, test binaries (release)
+#   target/gpu/cuda-kit.tar.xz  `cargo xtask module-kit cuda`
+#   .whl/                       the Python wheels the reference needs (gpu-reference notes)
+#   .gl/                        the Vulkan loader (Debian libvulkan1 and glvnd)
+# Usage: bash bench/gpu_host.sh STAGE...  with stages
+#   parity      the parity suites on CUDA, and CPU/CUDA/Vulkan compared on the tiny fixtures
+#   chatterbox  full-size random Turbo checkpoints, converted; tts (cuda, vulkan) vs PyTorch on the GPU
+#   nano        the same for Nano, tts only (the reference package predates Nano)
+#   supertonic  full-size random v2/v3 bundles, converted; tts (cuda, vulkan) vs onnxruntime (CPU)
+#   soak        50 syntheses of each family in one process on CUDA
+# Work that takes long (the module, checkpoints) stays in /tmp/tts-gpu while
+# the machine does. Results go to $OUT (or /tmp/tts-gpu/out).
+set -uo pipefail
+root=$(pwd)
+work=/tmp/tts-gpu
+out=${OUT:-$work/out}
+mkdir -p "$work" "$out"
+rel=$root/target/release
+
+# Test binaries read their fixtures where they were built.
+built_at=$(cat "$root/target/gpu/built_at" 2>/dev/null || echo "$root")
+if [ "$built_at" != "$root" ] && [ ! -e "$built_at" ]; then mkdir -p "$(dirname "$built_at")" && ln -s "$root" "$built_at"; fi
+
+# Vulkan loader and the NVIDIA ICD.
+for f in .gl/*.deb; do dpkg -x "$f" /; done
+ldconfig
+export VK_DRIVER_FILES=/usr/local/nvidia/share/vulkan/icd.d/nvidia_icd.json
+
+# Python: the reference package and gguf, with a stand-in for the watermarker.
+if [ ! -d /tmp/site/chatterbox ]; then
+  python3 -m pip install -q --no-index --no-deps --no-compile --no-cache-dir --upgrade --target /tmp/site .whl/*.whl || exit 1
+  mkdir -p /tmp/site/perth
+  printf 'class PerthImplicitWatermarker:\n    def apply_watermark(self, wav, sample_rate):\n        return wav\n' > /tmp/site/perth/__init__.py
+fi
+export PYTHONPATH=/tmp/site PYTHONUNBUFFERED=1
+
+# The Rust side, then the CUDA module (built once per machine).
+if [ ! -x "$rel/tts" ] || [ "$root/target/gpu/release.tar.xz" -nt "$rel/tts" ]; then
+  mkdir -p "$root/target" && tar -xJf "$root/target/gpu/release.tar.xz" -C "$root/target" || exit 1
+fi
+# A module brought back from an earlier run ($OUT/cuda-module.part-*, joined
+# into target/gpu/cuda-module.tar.xz) skips the build; the plugin still checks
+# its stamp at load and refuses one built from other sources or patches.
+if [ -f "$root/target/gpu/cuda-module.tar.xz" ] && [ ! -f "$work/kit/out/libggml-cuda.so" ]; then
+  mkdir -p "$work/kit/out" && tar -xJf "$root/target/gpu/cuda-module.tar.xz" -C "$work/kit/out"
+  touch "$work/kit/out/libggml-cuda.so"
+fi
+if [ ! -f "$work/kit/out/libggml-cuda.so" ]; then
+  rm -rf "$work/kit" && mkdir -p "$work/kit" && tar -xJf "$root/target/gpu/cuda-kit.tar.xz" -C "$work/kit" || exit 1
+  start=$(date +%s)
+  (cd "$work/kit" && bash build.sh test > "$out/cuda-build.log" 2>&1) || { tail -30 "$out/cuda-build.log"; exit 1; }
+  echo "cuda module built in $(( $(date +%s) - start )) s"
+  # Files come back from the host in pieces of at most 16 MiB.
+  tar -cJf "$work/cuda-module.tar.xz" -C "$work/kit/out" libggml-cuda.so libggml-cuda.so.stamp.json
+  split -b 15M "$work/cuda-module.tar.xz" "$out/cuda-module.part-"
+fi
+cp "$work/kit/out/libggml-cuda.so" "$work/kit/out/libggml-cuda.so.stamp.json" "$rel/"
+nvidia-smi --query-gpu=name,driver_version,memory.total --format=csv,noheader
+
+profile() { # name backend [extra toml]
+  printf '[backend]\nprefer = ["%s"]\nfallback = false\n[backends.cpu]\nthreads = 16\n%s' "$2" "${3:-}" > "$work/$1.toml"
+}
+
+stage_parity() {
+  echo "== devices"
+  profile cuda cuda
+  "$rel/tts" devices --profile "$work/cuda.toml" --plugin-dir "$rel" 2>&1 | sed -n '/backend cuda/,/backend /p'
+  echo "== parity suites on CUDA"
+  for t in "$rel"/deps/parity_cuda-*; do
+    [ -x "$t" ] && LD_LIBRARY_PATH=$rel TTS_REQUIRE_BACKEND=cuda "$t" --nocapture --test-threads 1 2>&1 | tee -a "$out/parity.log" | grep -E "rel err|agree|test result|panicked|FAILED|skipped"
+  done
+  echo "== every Chatterbox stage on CUDA, reported"
+  for t in "$rel"/deps/parity-*; do
+    [ -x "$t" ] && LD_LIBRARY_PATH=$rel TTS_BACKEND=cuda "$t" report_on_another_conversion --ignored --nocapture 2>&1 | tee -a "$out/parity.log" | grep -E "rel err|agree|test result|panicked"
+  done
+  echo "== kernel tests on CUDA"
+  for t in "$rel"/deps/cuda_kernels-*; do
+    [ -x "$t" ] && LD_LIBRARY_PATH=$rel TTS_REQUIRE_BACKEND=cuda "$t" --nocapture --test-threads 1 2>&1 | tee -a "$out/kernels.log" | grep -E "err|test result|panicked|skipped"
+  done
+  echo "== tts compare on the tiny fixtures"
+  local t3=$root/tests/fixtures/chatterbox/turbo-tiny/t3-turbo.gguf s3=$root/tests/fixtures/chatterbox/turbo-tiny/s3gen-meanflow.gguf
+  local st=$root/tests/fixtures/supertonic/tiny-v2/model.gguf text="The quick brown fox jumps over the lazy dog."
+  for b in cpu cuda vulkan; do profile "$b" "$b"; done
+  for pair in "cpu cuda" "cuda vulkan"; do
+    set -- $pair
+    "$rel/tts" compare --plugin-dir "$rel" --profile "$work/$1.toml" --profile "$work/$2.toml" --model "$t3" --model "$s3" \
+      --set max_new_tokens=40 --text "$text" --runs 3 --json "$out/compare-chatterbox-$1-$2.json" 2>&1 | tail -4
+    "$rel/tts" compare --plugin-dir "$rel" --profile "$work/$1.toml" --profile "$work/$2.toml" --model "$st" \
+      --text "$text" --runs 3 --json "$out/compare-supertonic-$1-$2.json" 2>&1 | tail -3
+  done
+  echo "== bad input"
+  printf '[backend]\nprefer = ["cuda"]\ndevice = 7\nfallback = false\n' > "$work/dev7.toml"
+  "$rel/tts" --profile "$work/dev7.toml" --plugin-dir "$rel" --model "$st" --text "Hi." --out "$work/dev7.wav"; echo "device 7: exit $?"
+  printf '[backend]\nprefer = ["cuda"]\nfallback = false\n[policies]\nkv_bf16 = "on"\n' > "$work/bf16.toml"
+  "$rel/tts" --profile "$work/bf16.toml" --plugin-dir "$rel" --model "$t3" --model "$s3" --text "Hi." --out "$work/bf16.wav"; echo "forced kv_bf16: exit $?"
+}
+
+chatterbox_ckpt() { # dir variant
+  [ -f "$1/done" ] && return 0
+  python3 tools/chatterbox/make_fixtures.py --size full --variant "$2" --no-dumps --threads 16 --out "$1" > "$out/make-$2.log" 2>&1 || { tail -20 "$out/make-$2.log"; return 1; }
+  python3 tools/chatterbox/make_tokenizer.py "$1" --vocab 50276 >> "$out/make-$2.log" 2>&1 || { tail -20 "$out/make-$2.log"; return 1; }
+  touch "$1/done"
+}
+
+stage_chatterbox() {
+  chatterbox_ckpt "$root/target/chatterbox-full" turbo || return 1
+  python3 bench/chatterbox_vs_torch.py --device cuda --backends cuda vulkan --threads 16 --weights f32 q8_0 q4_0 \
+    --tokens 100 --runs 3 --rounds 2 --markdown "$out/chatterbox.md" 2> "$out/chatterbox.log"
+  cat "$out/chatterbox.md" || tail -20 "$out/chatterbox.log"
+}
+
+stage_nano() {
+  local dir=$root/target/chatterbox-nano
+  chatterbox_ckpt "$dir" nano || return 1
+  [ -f "$dir/gguf-f32/t3-nano.gguf" ] || python3 tools/chatterbox/convert.py "$dir" "$dir/gguf-f32" --variant nano --weights f32 > /dev/null || return 1
+  for b in cuda vulkan; do
+    profile "$b" "$b"
+    "$rel/tts" bench --profile "$work/$b.toml" --plugin-dir "$rel" --model "$dir"/gguf-f32/t3-*.gguf --model "$dir/gguf-f32/s3gen-meanflow.gguf" \
+      --text "The quick brown fox jumps over the lazy dog near the quiet river bank." --runs 3 --warmup 1 \
+      --set max_new_tokens=99 --set min_new_tokens=100 --set seed=0 | tee "$out/nano-$b.txt"
+  done
+}
+
+stage_hift() { # the transposed convolution native or decomposed, CUDA graphs on or off
+  chatterbox_ckpt "$root/target/chatterbox-full" turbo || return 1
+  local g=$root/target/chatterbox-full/gguf-f32
+  [ -f "$g/t3-turbo.gguf" ] || python3 tools/chatterbox/convert.py "$root/target/chatterbox-full" "$g" --weights f32 > /dev/null || return 1
+  profile native cuda
+  profile decomposed cuda $'[policies]\nconv_transpose_1d = "off"\n'
+  for graphs in on off; do
+    for p in native decomposed; do
+      echo "== conv_transpose_1d $p, CUDA graphs $graphs"
+      ( [ $graphs = off ] && export GGML_CUDA_DISABLE_GRAPHS=1
+        "$rel/tts" bench --profile "$work/$p.toml" --plugin-dir "$rel" --model "$g/t3-turbo.gguf" --model "$g/s3gen-meanflow.gguf" \
+          --text "The quick brown fox jumps over the lazy dog near the quiet river bank." --runs 3 --warmup 1 \
+          --set max_new_tokens=99 --set min_new_tokens=100 --set seed=0 | grep -E "ms_per_token|s3gen|hift|total" )
+    done
+  done
+}
+
+stage_supertonic() {
+  python3 bench/supertonic_vs_ort.py --versions v2 v3 --threads 16 --backends cuda vulkan --runs 5 --rounds 2 \
+    --text "$(cat bench/long_text.txt)" --markdown "$out/supertonic.md" 2> "$out/supertonic.log"
+  cat "$out/supertonic.md" || tail -20 "$out/supertonic.log"
+}
+
+stage_soak() {
+  profile cuda cuda
+  local g=$root/target/chatterbox-full/gguf-f32
+  "$rel/tts" soak --profile "$work/cuda.toml" --plugin-dir "$rel" --model "$g/t3-turbo.gguf" --model "$g/s3gen-meanflow.gguf" \
+    --text "The quick brown fox jumps over the lazy dog near the quiet river bank." --runs 50 --warmup 5 --set seed=0 | tee "$out/soak-chatterbox.txt"
+  "$rel/tts" soak --profile "$work/cuda.toml" --plugin-dir "$rel" --model "$root/target/supertonic-models/v2-f32.gguf" \
+    --text "$(cat bench/long_text.txt)" --runs 50 --warmup 5 | tee "$out/soak-supertonic.txt"
+}
+
+for s in "$@"; do
+  echo "=== $s"
+  start=$(date +%s)
+  "stage_$s"
+  echo "=== $s: $(( $(date +%s) - start )) s"
+done

@@ -1,0 +1,31 @@
+#!/usr/bin/env bash
+# Packs what bench/gpu_host.sh needs on a GPU host without Rust into target/gpu/
+# (about 30 MiB compressed): the release build with its test binaries, and the
+# CUDA module kit. The wheels (.whl/) and the Vulkan loader (.gl/) are fetched
+# once, as ../shared/notes/gpu-reference.md and the device notes describe.
+set -euo pipefail
+root=$(cd "$(dirname "$0")/.." && pwd)
+cd "$root"
+cargo build --release --workspace
+tests=$(cargo test --release --no-run --message-format=json -p tts-model-chatterbox -p tts-model-supertonic -p engine-core 2>/dev/null |
+  python3 -c 'import json, sys
+for line in sys.stdin:
+    m = json.loads(line)
+    if m.get("reason") == "compiler-artifact" and m.get("executable") and m["target"]["name"] in ("parity", "parity_cuda", "cuda_kernels") and m["target"]["kind"] == ["test"]:
+        print(m["executable"])')
+# A CUDA module brought back earlier stays (gpu_host.sh uses it; the plugin
+# checks its stamp); delete target/gpu/cuda-module.tar.xz after changing patches.
+find target/gpu -mindepth 1 -maxdepth 1 ! -name cuda-module.tar.xz -exec rm -rf {} + 2>/dev/null || true
+mkdir -p target/gpu/stage/release/deps
+cp -P target/release/tts target/release/*.so target/release/*.so.* target/gpu/stage/release/
+rm -f target/gpu/stage/release/libtts_test_*.so
+for t in $tests; do cp "$t" target/gpu/stage/release/deps/; done
+strip --strip-unneeded target/gpu/stage/release/deps/* 2>/dev/null || true
+tar -cJf target/gpu/release.tar.xz -C target/gpu/stage release
+cargo xtask module-kit cuda --out target/gpu/stage/cuda-kit >/dev/null
+# The kit needs ggml's root and the CUDA backend's sources, not the other backends'.
+find target/gpu/stage/cuda-kit/src/src -maxdepth 1 -type d -name 'ggml-*' ! -name ggml-cuda ! -name ggml-cpu -exec rm -rf {} +
+tar -cJf target/gpu/cuda-kit.tar.xz -C target/gpu/stage/cuda-kit .
+echo "$root" > target/gpu/built_at
+rm -rf target/gpu/stage
+du -sh target/gpu/*
