@@ -149,10 +149,14 @@ stage_supertonic() {
 }
 
 stage_soak() {
+  chatterbox_ckpt "$root/target/chatterbox-full" turbo || return 1
+  [ -f "$root/target/supertonic-models/v2-f32.gguf" ] || python3 bench/supertonic_vs_ort.py --versions v2 --backends cuda --runs 1 --rounds 1 --threads 16 > /dev/null 2>&1
   profile cuda cuda
   local g=$root/target/chatterbox-full/gguf-f32
+  [ -f "$g/t3-turbo.gguf" ] || python3 tools/chatterbox/convert.py "$root/target/chatterbox-full" "$g" --weights f32 > /dev/null || return 1
   "$rel/tts" soak --profile "$work/cuda.toml" --plugin-dir "$rel" --model "$g/t3-turbo.gguf" --model "$g/s3gen-meanflow.gguf" \
-    --text "The quick brown fox jumps over the lazy dog near the quiet river bank." --runs 50 --warmup 5 --set seed=0 | tee "$out/soak-chatterbox.txt"
+    --text "The quick brown fox jumps over the lazy dog near the quiet river bank." --runs 50 --warmup 5 --set seed=0 \
+    --set max_new_tokens=300 | tee "$out/soak-chatterbox.txt"
   "$rel/tts" soak --profile "$work/cuda.toml" --plugin-dir "$rel" --model "$root/target/supertonic-models/v2-f32.gguf" \
     --text "$(cat bench/long_text.txt)" --runs 50 --warmup 5 | tee "$out/soak-supertonic.txt"
 }

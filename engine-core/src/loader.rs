@@ -169,6 +169,21 @@ fn first_line(s: &str) -> String {
     one_line(&lines.join("; "))
 }
 
+/// Opens device 0 of the backend plugin at `path` for a test that needs that
+/// backend's hardware. Where it cannot (no module, no GPU: CI), the reason is
+/// printed and `None` returned so the test can say it is skipped, unless
+/// `TTS_REQUIRE_BACKEND` names `backend` (runs on a GPU host), which panics.
+pub fn open_device_or_skip(path: &Path, backend: &str) -> Option<crate::abi::BackendHandle> {
+    match open_backend_device(path, Vec::new(), 0) {
+        Ok(handle) => Some(handle),
+        Err(e) if std::env::var("TTS_REQUIRE_BACKEND").is_ok_and(|b| b == backend) => panic!("{e}"),
+        Err(e) => {
+            println!("skipped: {backend} has no usable device here ({e})");
+            None
+        }
+    }
+}
+
 /// Loads a backend plugin file, opens it with `options` (unvalidated: callers
 /// pass known keys) and initialises device `device`. For tests and tools that
 /// drive one backend directly rather than through a profile.

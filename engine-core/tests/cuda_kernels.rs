@@ -1,0 +1,80 @@
+//! Kernel tests for the CUDA plugin's patch series (`backends/cuda/patches/`):
+//! each patched op on the models' shapes, CUDA against the CPU plugin on the
+//! same inputs. They run where a CUDA module and device exist (the GPU host,
+//! `bench/gpu_host.sh parity`); elsewhere each test says it is skipped, and
+//! `TTS_REQUIRE_BACKEND=cuda` turns a missing device into a failure.
+
+mod common;
+
+use common::{artifact_dir, one_at_a_time, open_device};
+use engine_core::abi::{BackendHandle, OptionValue};
+use engine_core::loader;
+use ggml_sys::{Context, TYPE_F32};
+
+fn cuda() -> Option<BackendHandle> {
+    loader::open_device_or_skip(&artifact_dir().join(loader::backend_file_name("cuda")), "cuda")
+}
+
+/// Deterministic values in [-1, 1).
+fn values(n: usize, seed: u64) -> Vec<f32> {
+    let mut s = seed.wrapping_mul(0x9E37_79B9_7F4A_7C15).wrapping_add(1);
+    (0..n)
+        .map(|_| {
+            s ^= s << 13;
+            s ^= s >> 7;
+            s ^= s << 17;
+            (s >> 40) as f32 / (1u64 << 23) as f32 - 1.0
+        })
+        .collect()
+}
+
+/// One transposed convolution `[k, c_out, c_in]` over `[t, c_in]` with `stride`.
+fn conv_transpose_1d(handle: &BackendHandle, k: usize, c_out: usize, c_in: usize, t: usize, stride: usize) -> Vec<f32> {
+    let backend = handle.ggml_backend();
+    let ctx = Context::new_no_alloc(8, 8).unwrap();
+    let kernel = ctx.new_tensor(TYPE_F32, &[k as i64, c_out as i64, c_in as i64]).unwrap();
+    let input = ctx.new_tensor(TYPE_F32, &[t as i64, c_in as i64]).unwrap();
+    let out = ctx.conv_transpose_1d(kernel, input, stride as i32, 0, 1).unwrap();
+    let mut graph = ctx.new_graph(8).unwrap();
+    graph.build_forward(out);
+    let _buffer = backend.alloc_ctx_tensors(&ctx).unwrap();
+    kernel.set_f32(&values(k * c_out * c_in, (k * 1000 + c_in) as u64)).unwrap();
+    input.set_f32(&values(t * c_in, (t * 1000 + c_in) as u64)).unwrap();
+    backend.compute(&graph).unwrap();
+    out.get_f32().unwrap()
+}
+
+/// HiFT's three upsamplers (rates 8, 5, 3; kernels 16, 11, 7; 512 → 64
+/// channels) on 206 mel frames, about 4 s of audio, as the full-size model runs them.
+#[test]
+fn conv_transpose_1d_on_hift_shapes_matches_the_cpu() {
+    let _serial = one_at_a_time();
+    let Some(gpu) = cuda() else { return };
+    let cpu = open_device("cpu", vec![("threads", OptionValue::Int(2))]);
+    let mut t = 206;
+    for (k, stride, c_in) in [(16, 8, 512), (11, 5, 256), (7, 3, 128)] {
+        let c_out = c_in / 2;
+        let want = conv_transpose_1d(&cpu, k, c_out, c_in, t, stride);
+        let got = conv_transpose_1d(&gpu, k, c_out, c_in, t, stride);
+        let e = engine_core::compare::max_rel_err(&got, &want).unwrap();
+        println!("conv_transpose_1d k{k} s{stride} {c_in}->{c_out} ch, {t} frames: rel err {e:.3e} (tolerance 1e-5)");
+        assert!(e <= 1e-5, "k{k} s{stride}: relative error {e:.3e}");
+        t = (t - 1) * stride + k;
+    }
+}
+
+/// Edge shapes: a kernel shorter than the stride (outputs no tap reaches), one
+/// input frame, a stride of 1, a single tap.
+#[test]
+fn conv_transpose_1d_edge_shapes_match_the_cpu() {
+    let _serial = one_at_a_time();
+    let Some(gpu) = cuda() else { return };
+    let cpu = open_device("cpu", vec![("threads", OptionValue::Int(2))]);
+    for (k, stride, c_out, c_in, t) in [(3, 5, 4, 6, 9), (16, 8, 3, 5, 1), (4, 1, 2, 3, 17), (1, 1, 1, 1, 1)] {
+        let want = conv_transpose_1d(&cpu, k, c_out, c_in, t, stride);
+        let got = conv_transpose_1d(&gpu, k, c_out, c_in, t, stride);
+        let e = engine_core::compare::max_rel_err(&got, &want).unwrap();
+        println!("conv_transpose_1d k{k} s{stride} {c_in}->{c_out} ch, {t} frames: rel err {e:.3e} (tolerance 1e-5)");
+        assert!(e <= 1e-5, "k{k} s{stride} {c_in}->{c_out} t{t}: relative error {e:.3e}");
+    }
+}
