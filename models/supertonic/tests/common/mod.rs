@@ -43,19 +43,10 @@ fn artifact_dir() -> PathBuf {
     std::env::current_exe().unwrap().parent().unwrap().parent().unwrap().to_path_buf()
 }
 
-/// Whether `backend` opens device 0 here. Where it does not (no module, no
-/// GPU: CI), the reason is printed and the caller skips, unless
-/// `TTS_REQUIRE_BACKEND` names the backend (runs on a GPU host), which fails.
+/// Whether `backend` opens device 0 here; where not, the test says it is
+/// skipped (see `loader::open_device_or_skip`).
 pub fn available(backend: &str) -> bool {
-    let path = artifact_dir().join(loader::backend_file_name(backend));
-    match loader::open_backend_device(&path, Vec::new(), 0) {
-        Ok(_) => true,
-        Err(e) if std::env::var("TTS_REQUIRE_BACKEND").is_ok_and(|b| b == backend) => panic!("{e}"),
-        Err(e) => {
-            println!("skipped: {backend} has no usable device here ({e})");
-            false
-        }
-    }
+    loader::open_device_or_skip(&artifact_dir().join(loader::backend_file_name(backend)), backend).is_some()
 }
 
 pub fn open(backend: &str) -> BackendHandle {
