@@ -22,8 +22,9 @@ T3 matrices / bandwidth) next to the measured ms per token.
 `--device cuda` runs the reference on the GPU (F32, as the package loads it;
 each timed call ends with `torch.cuda.synchronize()`) and takes the bound from
 the GPU's copy bandwidth; `--backends` picks the `tts` side's backends, one row
-each (GPU rows use the policies' defaults: F16 weights and an F16 K/V cache
-where the device runs them).
+each (GPU rows use the policies' defaults: fused attention and an F16 K/V
+cache where the device runs them; weights as the file stores them, so
+`--weights f16` is the F16 row).
 
 The checkpoint directory is target/chatterbox-full (tools/chatterbox/make_fixtures.py
 --size full, plus make_tokenizer.py --vocab 50276); conversions go to
@@ -220,9 +221,8 @@ def main():
         ref_s3 = med(ref_rounds, lambda r: r["stages_ms"]["s3gen"] + r["stages_ms"]["hift"])
         for (b, w), rs in tts_rounds.items():
             tts_ms = med(rs, lambda r: r["total_ms"])
-            # GPU rows without quantization run F16 weights (the policy's default there).
-            bytes_read = t3_matrix_bytes(files[w][0]) // (2 if b != "cpu" and w == "f32" else 1)
-            bound = bytes_read / (bandwidth * 1e9) * 1e3
+            # Weights run as the file stores them (the f16_weights policy keeps F16 files F16).
+            bound = t3_matrix_bytes(files[w][0]) / (bandwidth * 1e9) * 1e3
             row = {"threads": threads, "backend": b, "weights": w, "tokens": a.tokens, "audio_s": rs[0]["audio_seconds"],
                    "ref_ms": ref_ms, "tts_ms": tts_ms, "ratio": ref_ms / tts_ms,
                    "ref_ms_per_token": ref_tok, "tts_ms_per_token": med(rs, lambda r: r["stages_ms"]["t3.ms_per_token"]),

@@ -108,7 +108,7 @@ chatterbox_ckpt() { # dir variant
 
 stage_chatterbox() {
   chatterbox_ckpt "$root/target/chatterbox-full" turbo || return 1
-  python3 bench/chatterbox_vs_torch.py --device cuda --backends cuda vulkan --threads 16 --weights f32 q8_0 q4_0 \
+  python3 bench/chatterbox_vs_torch.py --device cuda --backends cuda vulkan --threads 16 --weights f16 f32 q8_0 q4_0 \
     --tokens 100 --runs 3 --rounds 2 --markdown "$out/chatterbox.md" 2> "$out/chatterbox.log"
   cat "$out/chatterbox.md" || tail -20 "$out/chatterbox.log"
 }
@@ -140,6 +140,26 @@ stage_hift() { # the transposed convolution native or decomposed, CUDA graphs on
           --set max_new_tokens=99 --set min_new_tokens=100 --set seed=0 | grep -E "ms_per_token|s3gen|hift|total" )
     done
   done
+}
+
+stage_perf() { # the per-op timing log (patch 0003) on T3 decode steps and one Supertonic synthesis
+  chatterbox_ckpt "$root/target/chatterbox-full" turbo || return 1
+  local g=$root/target/chatterbox-full/gguf-f32
+  [ -f "$g/t3-turbo.gguf" ] || python3 tools/chatterbox/convert.py "$root/target/chatterbox-full" "$g" --weights f32 > /dev/null || return 1
+  profile cuda cuda
+  GGML_CUDA_PERF_LOGGER=1 "$rel/tts" bench --profile "$work/cuda.toml" --plugin-dir "$rel" --model "$g/t3-turbo.gguf" --model "$g/s3gen-meanflow.gguf" \
+    --text "The quick brown fox jumps over the lazy dog near the quiet river bank." --runs 1 --warmup 0 \
+    --set max_new_tokens=19 --set min_new_tokens=20 --set seed=0 > "$out/perf-chatterbox.txt" 2> "$out/perf-chatterbox.log"
+  echo "perf log: $(grep -c '^CUDA Timings:' "$out/perf-chatterbox.log") graphs"
+  # The last T3 step before S3Gen: the block before the first one holding a CONV_TRANSPOSE_1D or an IM2COL.
+  python3 - "$out/perf-chatterbox.log" <<'PY'
+import sys
+blocks = open(sys.argv[1]).read().split("----------------\n")[1:]
+steps = [b for b in blocks if "m=6563 n=1" in b or "m=6563 n=1 " in b]
+print(f"{len(blocks)} graphs, {len(steps)} T3 steps; the last step:")
+print(steps[-1] if steps else blocks[-1])
+PY
+  grep -E "ms_per_token|total" "$out/perf-chatterbox.txt"
 }
 
 stage_supertonic() {
