@@ -27,14 +27,30 @@ pub fn stages_with(nodes: &StageNodes, op: &str) -> BTreeSet<&'static str> {
     nodes.iter().filter(|(_, n)| n.iter().any(|u| u.op == op)).map(|(s, _)| *s).collect()
 }
 
+/// A set of stage names, to compare with [`stages_with`].
+pub fn stage_set(stages: &[&'static str]) -> BTreeSet<&'static str> {
+    stages.iter().copied().collect()
+}
+
 /// `OP (stage)` for every node whose op `declared` (a family's `GRAPH_OPS`) lacks.
 pub fn undeclared(nodes: &StageNodes, declared: &[&str]) -> BTreeSet<String> {
     nodes.iter().flat_map(|(s, n)| n.iter().filter(|u| !declared.contains(&u.op.as_str())).map(move |u| format!("{} ({s})", u.op))).collect()
 }
 
-/// Every feature on (F16 K/V, weights as stored) and `ops` denied by one rule
-/// named `rule`: what a census test feeds `OpPolicy::from_resolved`.
-pub fn all_on_denying(ops: &[&str], rule: &str) -> ResolvedPolicies {
+/// Panics unless every op in the graphs is in `declared` (a family's
+/// `GRAPH_OPS`, what load-time deny checks read).
+pub fn assert_declared(nodes: &StageNodes, declared: &[&str]) {
+    let missing = undeclared(nodes, declared);
+    assert!(missing.is_empty(), "ops GRAPH_OPS does not declare: {missing:?}");
+}
+
+/// The rule name census tests deny ops with, as errors quote it.
+pub const CENSUS_RULE: &str = "deny rule 1 (device \"CPU\"): census";
+
+/// Every feature on (F16 K/V, weights as stored) and `ops` denied by
+/// [`CENSUS_RULE`]: what a census test feeds `OpPolicy::from_resolved`.
+pub fn all_on_denying(ops: &[&str]) -> ResolvedPolicies {
+    let rule = CENSUS_RULE;
     ResolvedPolicies {
         flash_attn: true,
         kv_type: KvType::F16,

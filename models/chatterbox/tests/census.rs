@@ -6,7 +6,7 @@
 mod common;
 
 use engine_core::abi::WeightStorage;
-use engine_core::model_kit::census::{all_on_denying, census, stages_with, undeclared, StageNodes};
+use engine_core::model_kit::census::{all_on_denying, assert_declared, census, stage_set, stages_with, StageNodes};
 use engine_core::model_kit::OpPolicy;
 use ggml_sys::TYPE_F32;
 use std::collections::BTreeSet;
@@ -30,28 +30,13 @@ fn nodes(policy: &OpPolicy) -> StageNodes {
     out
 }
 
-/// Every op in the graphs is in `GRAPH_OPS` (what load-time deny checks read).
-fn assert_declared(nodes: &StageNodes) {
-    let missing = undeclared(nodes, tts_model_chatterbox::GRAPH_OPS);
-    assert!(missing.is_empty(), "ops GRAPH_OPS does not declare: {missing:?}");
-}
-
-/// Every feature on, `ops` denied by a census rule.
-fn resolved(ops: &[&str]) -> engine_core::abi::ResolvedPolicies {
-    all_on_denying(ops, "deny rule 1 (device \"CPU\"): census")
-}
-
-fn set(stages: &[&'static str]) -> BTreeSet<&'static str> {
-    stages.iter().copied().collect()
-}
-
 #[test]
 fn native_policies_put_their_ops_in_the_graphs_they_serve() {
     let n = nodes(&OpPolicy::native(TYPE_F32));
-    assert_eq!(stages_with(&n, "FLASH_ATTN_EXT"), set(&["s3gen.cfm", "t3.prefix", "t3.step", "t3.suffix"]));
-    assert_eq!(stages_with(&n, "LEAKY_RELU"), set(&["hift", "s3gen.encoder"]));
-    assert_eq!(stages_with(&n, "CONV_TRANSPOSE_1D"), set(&["hift"]));
-    assert_declared(&n);
+    assert_eq!(stages_with(&n, "FLASH_ATTN_EXT"), stage_set(&["s3gen.cfm", "t3.prefix", "t3.step", "t3.suffix"]));
+    assert_eq!(stages_with(&n, "LEAKY_RELU"), stage_set(&["hift", "s3gen.encoder"]));
+    assert_eq!(stages_with(&n, "CONV_TRANSPOSE_1D"), stage_set(&["hift"]));
+    assert_declared(&n, tts_model_chatterbox::GRAPH_OPS);
 }
 
 #[test]
@@ -60,19 +45,19 @@ fn reference_policy_keeps_every_covered_op_out() {
     for op in ["FLASH_ATTN_EXT", "LEAKY_RELU", "CONV_TRANSPOSE_1D"] {
         assert_eq!(stages_with(&n, op), BTreeSet::new(), "{op} with every policy off");
     }
-    assert_declared(&n);
+    assert_declared(&n, tts_model_chatterbox::GRAPH_OPS);
 }
 
 #[test]
 fn a_deny_rule_removes_its_op_even_with_the_policy_on() {
     for op in ["FLASH_ATTN_EXT", "LEAKY_RELU", "CONV_TRANSPOSE_1D"] {
-        let policy = OpPolicy::from_resolved(&resolved(&[op]));
+        let policy = OpPolicy::from_resolved(&all_on_denying(&[op]));
         let n = nodes(&policy);
         assert_eq!(stages_with(&n, op), BTreeSet::new(), "{op} denied");
     }
     // The others stay native.
-    let n = nodes(&OpPolicy::from_resolved(&resolved(&["CONV_TRANSPOSE_1D"])));
-    assert_eq!(stages_with(&n, "LEAKY_RELU"), set(&["hift", "s3gen.encoder"]));
+    let n = nodes(&OpPolicy::from_resolved(&all_on_denying(&["CONV_TRANSPOSE_1D"])));
+    assert_eq!(stages_with(&n, "LEAKY_RELU"), stage_set(&["hift", "s3gen.encoder"]));
     assert!(!stages_with(&n, "FLASH_ATTN_EXT").is_empty());
 }
 
@@ -92,10 +77,10 @@ fn weight_storage_sets_the_matrix_products_operand_type() {
 #[test]
 fn a_denied_op_without_a_fallback_is_a_load_error() {
     let handle = common::open("cpu");
-    let policy = OpPolicy::from_resolved(&resolved(&["SOFT_MAX"]));
+    let policy = OpPolicy::from_resolved(&all_on_denying(&["SOFT_MAX"]));
     let e = Chatterbox::load(&files(), &handle.ggml_backend(), &policy).err().unwrap();
     assert_eq!(e, "SOFT_MAX is denied on this device by deny rule 1 (device \"CPU\"): census, and chatterbox has no fallback for it");
     // An op the model never uses may be denied.
-    let policy = OpPolicy::from_resolved(&resolved(&["ROPE"]));
+    let policy = OpPolicy::from_resolved(&all_on_denying(&["ROPE"]));
     assert!(Chatterbox::load(&files(), &handle.ggml_backend(), &policy).is_ok());
 }

@@ -6,7 +6,7 @@
 mod common;
 
 use engine_core::abi::WeightStorage;
-use engine_core::model_kit::census::{all_on_denying, census, stages_with, undeclared, StageNodes};
+use engine_core::model_kit::census::{all_on_denying, assert_declared, census, stage_set, stages_with, StageNodes};
 use engine_core::model_kit::OpPolicy;
 use std::collections::BTreeSet;
 use tts_model_supertonic::model::{NoiseSource, Supertonic, SynthesisParams, VoiceChoice};
@@ -35,30 +35,15 @@ fn nodes(policy: &OpPolicy) -> StageNodes {
     let out: StageNodes = model.graphs().into_iter().map(|(s, g)| (s, census(g))).collect();
     let stages: BTreeSet<&str> = out.iter().map(|(s, _)| *s).collect();
     assert_eq!(stages, ["duration", "text_encoder", "vector_estimator", "vocoder"].into_iter().collect(), "every stage built");
-    assert_declared(&out);
+    assert_declared(&out, tts_model_supertonic::GRAPH_OPS);
     out
-}
-
-/// Every op in the graphs is in `GRAPH_OPS` (what load-time deny checks read).
-fn assert_declared(nodes: &StageNodes) {
-    let missing = undeclared(nodes, tts_model_supertonic::GRAPH_OPS);
-    assert!(missing.is_empty(), "ops GRAPH_OPS does not declare: {missing:?}");
-}
-
-/// Every feature on, `ops` denied by a census rule.
-fn resolved(ops: &[&str]) -> engine_core::abi::ResolvedPolicies {
-    all_on_denying(ops, "deny rule 1 (device \"CPU\"): census")
-}
-
-fn set(stages: &[&'static str]) -> BTreeSet<&'static str> {
-    stages.iter().copied().collect()
 }
 
 #[test]
 fn native_policies_put_their_ops_in_the_graphs_they_serve() {
     let n = nodes(&OpPolicy::native(ggml_sys::TYPE_F32));
-    assert_eq!(stages_with(&n, "FLASH_ATTN_EXT"), set(&["text_encoder", "vector_estimator"]));
-    assert_eq!(stages_with(&n, "LEAKY_RELU"), set(&["duration", "vocoder"]));
+    assert_eq!(stages_with(&n, "FLASH_ATTN_EXT"), stage_set(&["text_encoder", "vector_estimator"]));
+    assert_eq!(stages_with(&n, "LEAKY_RELU"), stage_set(&["duration", "vocoder"]));
 }
 
 #[test]
@@ -72,11 +57,11 @@ fn reference_policy_keeps_every_covered_op_out() {
 #[test]
 fn a_deny_rule_removes_its_op_even_with_the_policy_on() {
     for op in ["FLASH_ATTN_EXT", "LEAKY_RELU"] {
-        let n = nodes(&OpPolicy::from_resolved(&resolved(&[op])));
+        let n = nodes(&OpPolicy::from_resolved(&all_on_denying(&[op])));
         assert_eq!(stages_with(&n, op), BTreeSet::new(), "{op} denied");
     }
-    let n = nodes(&OpPolicy::from_resolved(&resolved(&["LEAKY_RELU"])));
-    assert_eq!(stages_with(&n, "FLASH_ATTN_EXT"), set(&["text_encoder", "vector_estimator"]), "the other op stays native");
+    let n = nodes(&OpPolicy::from_resolved(&all_on_denying(&["LEAKY_RELU"])));
+    assert_eq!(stages_with(&n, "FLASH_ATTN_EXT"), stage_set(&["text_encoder", "vector_estimator"]), "the other op stays native");
 }
 
 #[test]
@@ -92,7 +77,7 @@ fn weight_storage_sets_the_matrix_products_operand_type() {
 #[test]
 fn a_denied_op_without_a_fallback_is_a_load_error() {
     let handle = common::open("cpu");
-    let e = Supertonic::load(&model_file(), handle.ggml_backend(), &OpPolicy::from_resolved(&resolved(&["SOFT_MAX"]))).err().unwrap();
+    let e = Supertonic::load(&model_file(), handle.ggml_backend(), &OpPolicy::from_resolved(&all_on_denying(&["SOFT_MAX"]))).err().unwrap();
     assert_eq!(e, "SOFT_MAX is denied on this device by deny rule 1 (device \"CPU\"): census, and supertonic has no fallback for it");
-    assert!(Supertonic::load(&model_file(), handle.ggml_backend(), &OpPolicy::from_resolved(&resolved(&["CONV_TRANSPOSE_1D"]))).is_ok());
+    assert!(Supertonic::load(&model_file(), handle.ggml_backend(), &OpPolicy::from_resolved(&all_on_denying(&["CONV_TRANSPOSE_1D"]))).is_ok());
 }
