@@ -206,38 +206,115 @@ fn check_supported(backend: &Backend, graph: &Graph<'_>) -> Result<()> {
     Ok(())
 }
 
-/// One stage's cached graph and the shape key it was built for: a model keeps
-/// one slot per stage and rebuilds only when the shape changes.
-pub struct GraphSlot<K> {
-    cached: Option<(K, ComputeGraph)>,
+/// One stage's cached graphs by the shape key each was built for: a model
+/// keeps one slot per stage and builds a graph only for a shape it does not
+/// hold. A slot holds up to `capacity` graphs and drops the least recently
+/// used first, so work that alternates between a few shapes (the chunks of a
+/// long text) keeps its graphs, their buffers and the device's recorded
+/// replays, instead of rebuilding each one every time.
+pub struct GraphSlot<K, G = ComputeGraph> {
+    /// Least recently used first.
+    cached: Vec<(K, G)>,
+    capacity: usize,
 }
 
-impl<K> Default for GraphSlot<K> {
+impl<K, G> Default for GraphSlot<K, G> {
+    /// A slot for one shape.
     fn default() -> Self {
-        GraphSlot { cached: None }
+        Self::with_capacity(1)
     }
 }
 
-impl<K: PartialEq> GraphSlot<K> {
-    /// The graph for `key`, built by `build` when the slot holds another shape
-    /// (the old graph is dropped first, so its buffers are freed before the
-    /// new one allocates).
-    pub fn get_or_build<E>(&mut self, key: K, build: impl FnOnce() -> std::result::Result<ComputeGraph, E>) -> std::result::Result<&ComputeGraph, E> {
-        if self.cached.as_ref().is_none_or(|(k, _)| *k != key) {
-            self.cached = None;
-            self.cached = Some((key, build()?));
+impl<K, G> GraphSlot<K, G> {
+    /// A slot that keeps up to `capacity` graphs (at least one).
+    pub fn with_capacity(capacity: usize) -> Self {
+        GraphSlot { cached: Vec::new(), capacity: capacity.max(1) }
+    }
+}
+
+impl<K: PartialEq, G> GraphSlot<K, G> {
+    /// The graph for `key`, built by `build` when the slot does not hold it
+    /// (a full slot drops its least recently used graph first, so that graph's
+    /// buffers are freed before the new one allocates).
+    pub fn get_or_build<E>(&mut self, key: K, build: impl FnOnce() -> std::result::Result<G, E>) -> std::result::Result<&G, E> {
+        match self.cached.iter().position(|(k, _)| *k == key) {
+            Some(i) => {
+                let hit = self.cached.remove(i);
+                self.cached.push(hit);
+            }
+            None => {
+                if self.cached.len() >= self.capacity {
+                    self.cached.remove(0);
+                }
+                self.cached.push((key, build()?));
+            }
         }
-        Ok(&self.cached.as_ref().expect("filled above").1)
+        Ok(&self.cached.last().expect("filled above").1)
     }
 
-    /// The cached graph, whatever its key (after `get_or_build`, when the
-    /// caller needs the slot's borrow released between the two).
-    pub fn graph(&self) -> Option<&ComputeGraph> {
-        self.cached.as_ref().map(|(_, g)| g)
+    /// The most recently used graph (after `get_or_build`, when the caller
+    /// needs the slot's borrow released between the two).
+    pub fn graph(&self) -> Option<&G> {
+        self.cached.last().map(|(_, g)| g)
     }
 
-    /// Drops the cached graph (its inputs or weights are about to go away).
+    /// How many graphs the slot holds.
+    pub fn len(&self) -> usize {
+        self.cached.len()
+    }
+
+    pub fn is_empty(&self) -> bool {
+        self.cached.is_empty()
+    }
+
+    /// Drops every cached graph (their inputs or weights are about to go away).
     pub fn clear(&mut self) {
-        self.cached = None;
+        self.cached.clear();
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::GraphSlot;
+
+    /// Builds through `slot` and records which keys were built.
+    fn get(slot: &mut GraphSlot<u32, String>, key: u32, built: &mut Vec<u32>) -> String {
+        slot.get_or_build(key, || {
+            built.push(key);
+            Ok::<_, ()>(format!("graph {key}"))
+        })
+        .unwrap()
+        .clone()
+    }
+
+    #[test]
+    fn a_slot_keeps_its_most_recently_used_shapes() {
+        let mut slot = GraphSlot::with_capacity(2);
+        let mut built = Vec::new();
+        for key in [1, 2, 1, 2, 1] {
+            assert_eq!(get(&mut slot, key, &mut built), format!("graph {key}"));
+        }
+        assert_eq!(built, [1, 2], "alternating between two shapes builds each once");
+        // 1 was used last, so a third shape drops 2.
+        get(&mut slot, 3, &mut built);
+        get(&mut slot, 1, &mut built);
+        get(&mut slot, 2, &mut built);
+        assert_eq!(built, [1, 2, 3, 2]);
+        assert_eq!(slot.len(), 2);
+        assert_eq!(slot.graph().map(String::as_str), Some("graph 2"));
+    }
+
+    #[test]
+    fn a_default_slot_holds_one_shape_and_a_failed_build_keeps_nothing_new() {
+        let mut slot: GraphSlot<u32, String> = GraphSlot::default();
+        let mut built = Vec::new();
+        get(&mut slot, 1, &mut built);
+        get(&mut slot, 2, &mut built);
+        get(&mut slot, 1, &mut built);
+        assert_eq!(built, [1, 2, 1]);
+        assert!(slot.get_or_build(5, || Err::<String, _>("no memory")).is_err());
+        assert!(slot.is_empty(), "the full slot dropped its graph before the failed build");
+        slot.clear();
+        assert!(slot.graph().is_none());
     }
 }

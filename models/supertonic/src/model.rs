@@ -63,12 +63,29 @@ pub struct Synthesis {
     pub timings: Timings,
 }
 
-#[derive(Default)]
+/// Graphs kept per stage: the chunks of a long text have different shapes,
+/// and a text synthesised again (or another of a few chunks) then finds every
+/// stage's graph built, allocated and, on a GPU, already recorded for replay.
+/// Four stages of four stay within the 16 graphs the CUDA plugin's module
+/// keeps recorded (its patch 0002).
+const GRAPHS_PER_STAGE: usize = 4;
+
 struct GraphCache {
     duration: GraphSlot<usize>,
     text_encoder: GraphSlot<usize>,
     vector_estimator: GraphSlot<StepShape>,
     vocoder: GraphSlot<usize>,
+}
+
+impl Default for GraphCache {
+    fn default() -> Self {
+        GraphCache {
+            duration: GraphSlot::with_capacity(GRAPHS_PER_STAGE),
+            text_encoder: GraphSlot::with_capacity(GRAPHS_PER_STAGE),
+            vector_estimator: GraphSlot::with_capacity(GRAPHS_PER_STAGE),
+            vocoder: GraphSlot::with_capacity(GRAPHS_PER_STAGE),
+        }
+    }
 }
 
 pub struct Supertonic {
