@@ -78,3 +78,41 @@ fn conv_transpose_1d_edge_shapes_match_the_cpu() {
         assert!(e <= 1e-5, "k{k} s{stride} {c_in}->{c_out} t{t}: relative error {e:.3e}");
     }
 }
+
+/// LayerNorm as the kit builds it (`NORM`, `MUL` by the weight row, `ADD` the
+/// bias row), over `[cols, rows]`.
+fn layer_norm(handle: &BackendHandle, cols: usize, rows: usize) -> Vec<f32> {
+    let backend = handle.ggml_backend();
+    let ctx = Context::new_no_alloc(8, 8).unwrap();
+    let x = ctx.new_tensor(TYPE_F32, &[cols as i64, rows as i64]).unwrap();
+    let w = ctx.new_tensor(TYPE_F32, &[cols as i64]).unwrap();
+    let b = ctx.new_tensor(TYPE_F32, &[cols as i64]).unwrap();
+    let out = ctx.add(ctx.mul(ctx.norm(x, 1e-5).unwrap(), w).unwrap(), b).unwrap();
+    let mut graph = ctx.new_graph(8).unwrap();
+    graph.build_forward(out);
+    let _buffer = backend.alloc_ctx_tensors(&ctx).unwrap();
+    // An offset and a spread per row, as activations have.
+    let xs: Vec<f32> = values(cols * rows, (cols * 7 + rows) as u64).iter().enumerate().map(|(i, v)| v * (1 + i / cols % 5) as f32 + 0.3).collect();
+    x.set_f32(&xs).unwrap();
+    w.set_f32(&values(cols, 11)).unwrap();
+    b.set_f32(&values(cols, 12)).unwrap();
+    backend.compute(&graph).unwrap();
+    out.get_f32().unwrap()
+}
+
+/// Patch 0004 runs a LayerNorm as one kernel: T3's decode and prefill rows
+/// (1024 wide: the 1024-thread path), S3Gen's and Supertonic's 512-wide frames
+/// (the one-warp path), and an odd width.
+#[test]
+fn fused_layer_norm_matches_the_cpu() {
+    let _serial = one_at_a_time();
+    let Some(gpu) = cuda() else { return };
+    let cpu = open_device("cpu", vec![("threads", OptionValue::Int(2))]);
+    for (cols, rows) in [(1024, 1), (1024, 60), (512, 206), (512, 41), (80, 3)] {
+        let want = layer_norm(&cpu, cols, rows);
+        let got = layer_norm(&gpu, cols, rows);
+        let e = engine_core::compare::max_rel_err(&got, &want).unwrap();
+        println!("layer norm [{cols}, {rows}]: rel err {e:.3e} (tolerance 1e-5)");
+        assert!(e <= 1e-5, "[{cols}, {rows}]: relative error {e:.3e}");
+    }
+}
