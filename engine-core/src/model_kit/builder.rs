@@ -6,6 +6,7 @@
 use super::policy::OpPolicy;
 use super::weights::Weights;
 use ggml_sys::{Backend, ComputeGraph, Context, Device, GraphIo, Result, Tensor};
+use std::cell::RefCell;
 
 pub struct Builder<'c, 'w> {
     pub ctx: &'c Context,
@@ -13,11 +14,14 @@ pub struct Builder<'c, 'w> {
     pub policy: &'w OpPolicy,
     /// Asked whether it runs a fused node before the builder uses one.
     pub device: Option<Device>,
+    /// All-zero attention masks built so far, by `[n_kv, n_q]`: every unmasked
+    /// fused attention of one shape in a graph shares one.
+    zero_masks: RefCell<Vec<([i64; 2], Tensor<'c>)>>,
 }
 
 impl<'c, 'w> Builder<'c, 'w> {
     pub fn new(ctx: &'c Context, weights: &'w Weights, policy: &'w OpPolicy, device: Option<Device>) -> Self {
-        Builder { ctx, weights, policy, device }
+        Builder { ctx, weights, policy, device, zero_masks: RefCell::new(Vec::new()) }
     }
 
     /// A weight tensor, usable in this graph (the weights outlive every graph).
@@ -56,11 +60,19 @@ impl<'c, 'w> Builder<'c, 'w> {
         self.ctx.add(n, self.w(&format!("{prefix}.bias"))?)
     }
 
-    /// GELU, tanh form (GPT-2's `gelu_new`), from elementary ops: ggml's CPU
-    /// `gelu` reads an F16 table, whose ~1e-3 error would break parity.
+    /// GELU, tanh form (GPT-2's `gelu_new`): the backend's node on a GPU,
+    /// which evaluates the formula in F32 in one launch; elsewhere from
+    /// elementary ops, because ggml's CPU `gelu` reads an F16 table whose
+    /// ~1e-3 error would break parity.
     pub fn gelu_tanh(&self, x: Tensor<'c>) -> Result<Tensor<'c>> {
         const SQRT_2_OVER_PI: f32 = 0.797_884_6;
         let c = self.ctx;
+        if let Some(dev) = self.device.filter(|d| d.kind() != ggml_sys::DeviceKind::Cpu) {
+            let native = c.gelu(x)?;
+            if dev.supports_op(native) {
+                return Ok(native);
+            }
+        }
         let x3 = c.mul(c.mul(x, x)?, x)?;
         let inner = c.add(x, c.scale(x3, 0.044715)?)?;
         let t = c.tanh(c.scale(inner, SQRT_2_OVER_PI)?)?;
@@ -115,14 +127,37 @@ impl<'c, 'w> Builder<'c, 'w> {
         c.cont(c.view(flat, &[out_len, c_out], &[flat.nb()[1]], 0)?)
     }
 
-    /// Whether fused attention may run on `k` here. Without a mask, ggml's GPU
-    /// kernels read K/V in whole tiles past the last row (lavapipe segfaulted on
-    /// Supertonic's long text), so an unmasked fused node runs only on the CPU
-    /// or where the K/V length fills whole 256-row tiles; elsewhere the
-    /// explicit path serves.
-    fn fused_attention_safe(&self, k: Tensor<'c>, mask: Option<Tensor<'c>>) -> bool {
+    /// Whether fused attention may run on `k` without a mask here. ggml's GPU
+    /// kernels read K/V in whole tiles past the last row when no mask bounds
+    /// them (lavapipe segfaulted on Supertonic's long text), so an unmasked
+    /// fused node runs only on the CPU or where the K/V length fills whole
+    /// 256-row tiles; elsewhere the node gets an all-zero mask.
+    fn unmasked_fused_attention_safe(&self, k: Tensor<'c>) -> bool {
         const KV_TILE: i64 = 256;
-        mask.is_some() || k.ne()[1] % KV_TILE == 0 || self.device.is_none_or(|dev| dev.kind() == ggml_sys::DeviceKind::Cpu)
+        k.ne()[1] % KV_TILE == 0 || self.device.is_none_or(|dev| dev.kind() == ggml_sys::DeviceKind::Cpu)
+    }
+
+    /// Whether a mask keeps this device's fused attention from reading K/V
+    /// rows past the end: ggml-cuda's kernels stop at the mask's bounds, while
+    /// lavapipe still faulted on Supertonic's tiny v3 with a zero mask, so
+    /// other GPUs keep the explicit path for unmasked attention.
+    fn zero_mask_bounds_reads(&self) -> bool {
+        self.device.and_then(|d| d.registry()).is_some_and(|r| r.name().eq_ignore_ascii_case("cuda"))
+    }
+
+    /// An F16 mask `[n_kv, n_q]` of zeros, its rows padded to whole
+    /// `MASK_ROW_TILE`s because GPU kernels read the mask in query tiles
+    /// (filled on the device: nothing to upload).
+    fn zero_mask(&self, n_kv: i64, n_q: i64) -> Result<Tensor<'c>> {
+        const MASK_ROW_TILE: i64 = 64;
+        let n_q = (n_q + MASK_ROW_TILE - 1) / MASK_ROW_TILE * MASK_ROW_TILE;
+        if let Some((_, m)) = self.zero_masks.borrow().iter().find(|(shape, _)| *shape == [n_kv, n_q]) {
+            return Ok(*m);
+        }
+        let c = self.ctx;
+        let mask = c.cast(c.fill(c.new_tensor(ggml_sys::TYPE_F32, &[n_kv, n_q])?, 0.0)?, ggml_sys::TYPE_F16)?;
+        self.zero_masks.borrow_mut().push(([n_kv, n_q], mask));
+        Ok(mask)
     }
 
     /// Multi-head attention `softmax(scale·kᵀq + mask) v` with q `[D, Tq, H, B]`,
@@ -131,7 +166,11 @@ impl<'c, 'w> Builder<'c, 'w> {
     pub fn attention(&self, q: Tensor<'c>, k: Tensor<'c>, v: Tensor<'c>, mask: Option<Tensor<'c>>, scale: f32) -> Result<Tensor<'c>> {
         let c = self.ctx;
         let [d, tq, h, b] = q.ne();
-        if self.policy.fused_attention && self.fused_attention_safe(k, mask) {
+        let fused_mask = match mask {
+            None if !self.unmasked_fused_attention_safe(k) => self.zero_mask_bounds_reads().then(|| self.zero_mask(k.ne()[1], tq)).transpose()?.map(Some),
+            m => Some(m),
+        };
+        if let Some(mask) = fused_mask.filter(|_| self.policy.fused_attention) {
             let fused = c.flash_attn_ext(q, k, v, mask, scale)?; // [D, H, Tq, B]
             if self.device.is_none_or(|dev| dev.supports_op(fused)) {
                 return c.reshape(fused, &[d * h, tq, b]);

@@ -72,6 +72,11 @@ impl Context {
         self.wrap(unsafe { sys::ggml_scale(self.as_ptr(), a.as_ptr(), s) })
     }
 
+    /// A tensor of `a`'s shape and type holding `value` everywhere.
+    pub fn fill<'a>(&'a self, a: Tensor<'a>, value: f32) -> Result<Tensor<'a>> {
+        self.wrap(unsafe { sys::ggml_fill(self.as_ptr(), a.as_ptr(), value) })
+    }
+
     pub fn cast<'a>(&'a self, a: Tensor<'a>, ty: Type) -> Result<Tensor<'a>> {
         self.wrap(unsafe { sys::ggml_cast(self.as_ptr(), a.as_ptr(), ty) })
     }

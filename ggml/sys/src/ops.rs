@@ -40,6 +40,8 @@ impl Context {
         elu => ggml_elu;
         /// GELU with the exact erf form (PyTorch's default).
         gelu_erf => ggml_gelu_erf;
+        /// GELU, tanh form. The CPU backend reads it from an F16 table.
+        gelu => ggml_gelu;
         cont => ggml_cont;
         transpose => ggml_transpose;
     }
