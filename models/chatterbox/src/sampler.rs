@@ -55,7 +55,13 @@ pub fn apply_top_p(logits: &mut [f32], p: f64) {
         return;
     }
     let probs = softmax(logits);
-    let mut order: Vec<usize> = (0..logits.len()).collect();
+    // Entries already at −∞ (top-k's cut) hold no mass and stay −∞: only the
+    // rest need sorting (a stable sort keeps their order, so the result is the
+    // same as sorting all of them).
+    let mut order: Vec<usize> = (0..logits.len()).filter(|&i| logits[i] != f32::NEG_INFINITY).collect();
+    if order.is_empty() {
+        return;
+    }
     order.sort_by(|&a, &b| logits[a].total_cmp(&logits[b]));
     let cut = (1.0 - p) as f32;
     let mut cum = 0f64;
@@ -206,6 +212,37 @@ impl Xoshiro256 {
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    /// `apply_top_p` as first written: every entry sorted, −∞ ones included.
+    fn top_p_sorting_everything(logits: &mut [f32], p: f64) {
+        let probs = softmax(logits);
+        let mut order: Vec<usize> = (0..logits.len()).collect();
+        order.sort_by(|&a, &b| logits[a].total_cmp(&logits[b]));
+        let (cut, mut cum, last) = ((1.0 - p) as f32, 0f64, order.len() - 1);
+        for (rank, &i) in order.iter().enumerate() {
+            cum += probs[i] as f64;
+            if (cum as f32) <= cut && rank != last {
+                logits[i] = f32::NEG_INFINITY;
+            }
+        }
+    }
+
+    #[test]
+    fn top_p_after_top_k_matches_sorting_every_entry() {
+        let mut rng = Xoshiro256::new(7);
+        for (k, p) in [(1000, 0.95), (3, 0.5), (1, 0.9), (0, 0.8)] {
+            // Repeated values too, so that the sort's stability matters.
+            let mut logits: Vec<f32> = (0..5000).map(|_| (rng.next_f32() * 40.0).round() / 4.0).collect();
+            apply_top_k(&mut logits, k);
+            let mut want = logits.clone();
+            top_p_sorting_everything(&mut want, p);
+            apply_top_p(&mut logits, p);
+            assert_eq!(logits, want, "top_k {k}, top_p {p}");
+        }
+        let mut all_cut = vec![f32::NEG_INFINITY; 4];
+        apply_top_p(&mut all_cut, 0.5);
+        assert!(all_cut.iter().all(|v| *v == f32::NEG_INFINITY));
+    }
 
     #[test]
     fn top_k_keeps_ties_and_top_p_keeps_at_least_one() {

@@ -84,6 +84,10 @@ pub struct S3Gen {
     /// `spk_embed_affine_layer` (weight, bias), read once for the host-side projection.
     speaker_affine: (Vec<f32>, Vec<f32>),
     policy: OpPolicy,
+    /// The encoder's relative-position tables by length (tokens, frames) of
+    /// the last shape: hundreds of thousands of sines, the same for every
+    /// text of that length.
+    position_tables: Vec<(usize, std::sync::Arc<[f32]>)>,
 }
 
 impl S3Gen {
@@ -104,6 +108,7 @@ impl S3Gen {
             source_merge,
             speaker_affine,
             policy: policy.clone(),
+            position_tables: Vec::new(),
         })
     }
 
@@ -131,18 +136,33 @@ impl S3Gen {
         if let Some(t) = tokens.iter().find(|&&t| t < 0 || t as usize >= self.hp.speech_vocab) {
             return Err(format!("speech token {t} is outside S3Gen's vocabulary of {}", self.hp.speech_vocab).into());
         }
+        let (d, frames) = (self.hp.encoder.n_embd, n * self.hp.encoder.up_stride);
+        let (pos, up_pos) = (self.position_table(d, n), self.position_table(d, frames));
         let graph = self.encoder_graph.get_or_build(n, || {
             compute_graph(&self.backend, &self.weights, &self.policy, MAX_NODES, "the S3Gen encoder", |b| encoder::build(&b, &self.hp, n))
         })?;
-        let e = &self.hp.encoder;
-        let frames = n * e.up_stride;
         graph.set_i32(encoder::TOKENS, tokens)?;
-        graph.set_f32(encoder::POS_EMB, &encoder::relative_positions(e.n_embd, n))?;
-        graph.set_f32(encoder::UP_POS_EMB, &encoder::relative_positions(e.n_embd, frames))?;
+        graph.set_f32(encoder::POS_EMB, &pos)?;
+        graph.set_f32(encoder::UP_POS_EMB, &up_pos)?;
         graph.compute(&self.backend)?;
         let hidden = graph.get_f32(encoder::ENCODER_OUT)?;
         let mu = graph.get_f32(encoder::MU)?;
         Ok(EncoderOutput { hidden, mu, frames })
+    }
+
+    /// `encoder::relative_positions(d, t)`, computed once per length while the
+    /// encoder keeps running the same shape.
+    fn position_table(&mut self, d: usize, t: usize) -> std::sync::Arc<[f32]> {
+        if let Some((_, table)) = self.position_tables.iter().find(|(len, _)| *len == t) {
+            return table.clone();
+        }
+        let table: std::sync::Arc<[f32]> = encoder::relative_positions(d, t).into();
+        // Two lengths per shape (tokens and frames); an older shape's go.
+        if self.position_tables.len() >= 2 {
+            self.position_tables.remove(0);
+        }
+        self.position_tables.push((t, table.clone()));
+        table
     }
 
     /// One estimator evaluation. Every array is `[frames][mel_channels]`

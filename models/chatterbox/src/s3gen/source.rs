@@ -20,15 +20,46 @@ pub struct SourceNoise {
 }
 
 impl SourceNoise {
-    /// Seeded draws (uniform phases, Box–Muller normals).
+    /// Seeded draws (uniform phases, Box–Muller normals). Each band's noise
+    /// comes from its own stream, so the bands are drawn in parallel and the
+    /// result does not depend on the thread count.
     pub fn seeded(seed: u64, harmonics: usize, samples: usize) -> Self {
         let mut rng = Xoshiro256::new(seed);
         let mut phase: Vec<f32> = (0..=harmonics).map(|_| (rng.next_f32() * 2.0 - 1.0) * std::f32::consts::PI).collect();
         phase[0] = 0.0;
-        let noise = rng.gaussians((harmonics + 1) * samples);
+        let mut noise = vec![0f32; (harmonics + 1) * samples];
+        let band_seed = |h: usize| seed ^ (h as u64 + 1).wrapping_mul(0x9E37_79B9_7F4A_7C15);
+        in_parallel(noise.chunks_mut(samples.max(1)).enumerate(), |(h, band)| band.copy_from_slice(&Xoshiro256::new(band_seed(h)).gaussians(band.len())));
         SourceNoise { phase, noise }
     }
 }
+
+/// Runs `work` on every item, spread over the host's cores; items are
+/// independent, so results do not depend on how they were spread.
+fn in_parallel<T: Send>(items: impl Iterator<Item = T>, work: impl Fn(T) + Sync) {
+    let items: Vec<T> = items.collect();
+    let threads = std::thread::available_parallelism().map_or(1, |n| n.get()).min(items.len()).max(1);
+    if threads == 1 {
+        items.into_iter().for_each(work);
+        return;
+    }
+    let per_thread = items.len().div_ceil(threads);
+    let mut groups: Vec<Vec<T>> = Vec::new();
+    let mut items = items.into_iter().peekable();
+    while items.peek().is_some() {
+        groups.push(items.by_ref().take(per_thread).collect());
+    }
+    let work = &work;
+    std::thread::scope(|scope| {
+        for group in groups {
+            scope.spawn(move || group.into_iter().for_each(work));
+        }
+    });
+}
+
+/// Frames per parallel work item of the STFTs (large enough that a thread's
+/// start-up is noise beside its work).
+const FRAMES_PER_ITEM: usize = 2048;
 
 /// The excitation for `f0` (one value per mel frame, Hz): nearest-upsampled to
 /// samples, `harmonics + 1` sines (noise where unvoiced), merged by
@@ -52,11 +83,13 @@ pub fn excitation(hp: &HiftHparams, f0: &[f32], merge_weight: &[f32], merge_bias
     let sr = hp.sample_rate as f32;
     let two_pi = std::f64::consts::TAU as f32;
     let noise_unvoiced = hp.nsf_alpha / 3.0;
-    let mut merged = vec![merge_bias; samples];
-    for (h, &weight) in merge_weight.iter().enumerate() {
-        let mult = (h + 1) as f32;
+    // Each band's weighted contribution on its own thread (its phase is a
+    // running sum), then the bands summed in order as one loop would.
+    let mut bands_out = vec![0f32; bands * samples];
+    in_parallel(bands_out.chunks_mut(samples.max(1)).enumerate(), |(h, out)| {
+        let (mult, weight) = ((h + 1) as f32, merge_weight[h]);
         let mut cum = 0f64;
-        for (n, out) in merged.iter_mut().enumerate() {
+        for (n, out) in out.iter_mut().enumerate() {
             let f = f0[n / per_frame];
             cum += ((f * mult) / sr) as f64;
             let wrapped = {
@@ -67,8 +100,12 @@ pub fn excitation(hp: &HiftHparams, f0: &[f32], merge_weight: &[f32], merge_bias
             let voiced = f > hp.voiced_threshold;
             let amp = if voiced { hp.nsf_sigma } else { noise_unvoiced };
             let value = if voiced { sine } else { 0.0 } + amp * draws.noise[h * samples + n];
-            *out += weight * value;
+            *out = weight * value;
         }
+    });
+    let mut merged = vec![merge_bias; samples];
+    for band in bands_out.chunks(samples.max(1)) {
+        merged.iter_mut().zip(band).for_each(|(m, v)| *m += v);
     }
     merged.iter_mut().for_each(|v| *v = v.tanh());
     Ok(merged)
@@ -101,14 +138,20 @@ pub fn stft(x: &[f32], n_fft: usize, hop: usize) -> Result<Vec<f32>> {
     let bins = n_fft / 2 + 1;
     let window = hann(n_fft);
     let fft = RealFftPlanner::<f32>::new().plan_fft_forward(n_fft);
-    let mut buf = fft.make_input_vec();
-    let mut spec = fft.make_output_vec();
-    let mut out = vec![0f32; 2 * bins * frames];
-    for f in 0..frames {
-        for (k, b) in buf.iter_mut().enumerate() {
-            *b = reflect((f * hop + k) as isize - pad as isize) * window[k];
+    // Frame-major spectra, computed in parallel, then laid out bin-major.
+    let mut spectra = vec![realfft::num_complex::Complex::<f32>::default(); frames * bins];
+    in_parallel(spectra.chunks_mut(FRAMES_PER_ITEM * bins).enumerate(), |(item, out)| {
+        let (mut buf, mut scratch) = (fft.make_input_vec(), fft.make_scratch_vec());
+        for (i, spec) in out.chunks_mut(bins).enumerate() {
+            let f = item * FRAMES_PER_ITEM + i;
+            for (k, b) in buf.iter_mut().enumerate() {
+                *b = reflect((f * hop + k) as isize - pad as isize) * window[k];
+            }
+            fft.process_with_scratch(&mut buf, spec, &mut scratch).expect("buffer lengths come from the plan");
         }
-        fft.process(&mut buf, &mut spec).map_err(|e| format!("STFT: {e}"))?;
+    });
+    let mut out = vec![0f32; 2 * bins * frames];
+    for (f, spec) in spectra.chunks(bins).enumerate() {
         for (k, c) in spec.iter().enumerate() {
             out[k * frames + f] = c.re;
             out[(bins + k) * frames + f] = c.im;
@@ -127,14 +170,15 @@ pub fn istft_head(hp: &HiftHparams, conv_post: &[f32]) -> Result<Vec<f32>> {
     }
     let frames = conv_post.len() / (2 * bins);
     let mut spec = vec![0f32; conv_post.len()];
-    for k in 0..bins {
+    let (re, im) = spec.split_at_mut(bins * frames);
+    in_parallel(re.chunks_mut(frames).zip(im.chunks_mut(frames)).enumerate(), |(k, (re, im))| {
         for f in 0..frames {
             let mag = conv_post[k * frames + f].exp().min(100.0);
             let phase = conv_post[(bins + k) * frames + f].sin();
-            spec[k * frames + f] = mag * phase.cos();
-            spec[(bins + k) * frames + f] = mag * phase.sin();
+            re[f] = mag * phase.cos();
+            im[f] = mag * phase.sin();
         }
-    }
+    });
     let mut wav = istft(&spec, hp.n_fft, hp.hop)?;
     wav.iter_mut().for_each(|v| *v = v.clamp(-hp.audio_limit, hp.audio_limit));
     Ok(wav)
@@ -150,19 +194,26 @@ pub fn istft(spec: &[f32], n_fft: usize, hop: usize) -> Result<Vec<f32>> {
     }
     let window = hann(n_fft);
     let ifft = RealFftPlanner::<f32>::new().plan_fft_inverse(n_fft);
-    let mut bins_buf = ifft.make_input_vec();
-    let mut buf = ifft.make_output_vec();
+    // Every frame's windowed inverse in parallel; the overlap-add after, in
+    // frame order, sums as one sequential loop would.
+    let mut frame_out = vec![0f32; frames * n_fft];
+    in_parallel(frame_out.chunks_mut(FRAMES_PER_ITEM * n_fft).enumerate(), |(item, out)| {
+        let (mut bins_buf, mut scratch) = (ifft.make_input_vec(), ifft.make_scratch_vec());
+        for (i, buf) in out.chunks_mut(n_fft).enumerate() {
+            let f = item * FRAMES_PER_ITEM + i;
+            for (k, c) in bins_buf.iter_mut().enumerate() {
+                *c = realfft::num_complex::Complex::new(spec[k * frames + f], spec[(bins + k) * frames + f]);
+            }
+            // A real signal's DC and Nyquist bins are real; the inverse ignores their imaginary parts.
+            bins_buf[0].im = 0.0;
+            bins_buf[bins - 1].im = 0.0;
+            ifft.process_with_scratch(&mut bins_buf, buf, &mut scratch).expect("buffer lengths come from the plan");
+        }
+    });
     let total = n_fft + hop * (frames - 1);
     let mut acc = vec![0f32; total];
     let mut envelope = vec![0f32; total];
-    for f in 0..frames {
-        for (k, c) in bins_buf.iter_mut().enumerate() {
-            *c = realfft::num_complex::Complex::new(spec[k * frames + f], spec[(bins + k) * frames + f]);
-        }
-        // A real signal's DC and Nyquist bins are real; the inverse ignores their imaginary parts.
-        bins_buf[0].im = 0.0;
-        bins_buf[bins - 1].im = 0.0;
-        ifft.process(&mut bins_buf, &mut buf).map_err(|e| format!("ISTFT: {e}"))?;
+    for (f, buf) in frame_out.chunks(n_fft).enumerate() {
         for k in 0..n_fft {
             acc[f * hop + k] += buf[k] / n_fft as f32 * window[k];
             envelope[f * hop + k] += window[k] * window[k];
