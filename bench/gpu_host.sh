@@ -12,6 +12,8 @@
 #   nano        the same for Nano, tts only (the reference package predates Nano)
 #   supertonic  full-size random v2/v3 bundles, converted; tts (cuda, vulkan) vs onnxruntime (CPU)
 #   soak        50 syntheses of each family in one process on CUDA
+#   hift        Turbo with the transposed convolution native or decomposed, CUDA graphs on or off
+#   perf        every graph of a Turbo and a Supertonic synthesis, timed per op (patch 0003)
 # Work that takes long (the module, checkpoints) stays in /tmp/tts-gpu while
 # the machine does. Results go to $OUT (or /tmp/tts-gpu/out).
 set -uo pipefail
@@ -142,24 +144,26 @@ stage_hift() { # the transposed convolution native or decomposed, CUDA graphs on
   done
 }
 
-stage_perf() { # the per-op timing log (patch 0003) on T3 decode steps and one Supertonic synthesis
+stage_perf() { # the per-op timing log (patch 0003): every graph of a Turbo and a Supertonic synthesis, grouped
   chatterbox_ckpt "$root/target/chatterbox-full" turbo || return 1
-  local g=$root/target/chatterbox-full/gguf-f32
-  [ -f "$g/t3-turbo.gguf" ] || python3 tools/chatterbox/convert.py "$root/target/chatterbox-full" "$g" --weights f32 > /dev/null || return 1
+  local g=$root/target/chatterbox-full/gguf-f16
+  [ -f "$g/t3-turbo.gguf" ] || python3 tools/chatterbox/convert.py "$root/target/chatterbox-full" "$g" --weights f16 > /dev/null || return 1
+  [ -f "$root/target/supertonic-models/v2-f32.gguf" ] || python3 bench/supertonic_vs_ort.py --versions v2 --backends cuda --runs 1 --rounds 1 --threads 16 > /dev/null 2>&1
   profile cuda cuda
+  echo "== Turbo, 100 tokens, graphs on (wall) then logged"
+  "$rel/tts" bench --profile "$work/cuda.toml" --plugin-dir "$rel" --model "$g/t3-turbo.gguf" --model "$g/s3gen-meanflow.gguf" \
+    --text "The quick brown fox jumps over the lazy dog near the quiet river bank." --runs 3 --warmup 1 \
+    --set max_new_tokens=99 --set min_new_tokens=100 --set seed=0 | grep -vE "^\s*$"
   GGML_CUDA_PERF_LOGGER=1 "$rel/tts" bench --profile "$work/cuda.toml" --plugin-dir "$rel" --model "$g/t3-turbo.gguf" --model "$g/s3gen-meanflow.gguf" \
-    --text "The quick brown fox jumps over the lazy dog near the quiet river bank." --runs 1 --warmup 0 \
-    --set max_new_tokens=19 --set min_new_tokens=20 --set seed=0 > "$out/perf-chatterbox.txt" 2> "$out/perf-chatterbox.log"
-  echo "perf log: $(grep -c '^CUDA Timings:' "$out/perf-chatterbox.log") graphs"
-  # The last T3 step before S3Gen: the block before the first one holding a CONV_TRANSPOSE_1D or an IM2COL.
-  python3 - "$out/perf-chatterbox.log" <<'PY'
-import sys
-blocks = open(sys.argv[1]).read().split("----------------\n")[1:]
-steps = [b for b in blocks if "m=6563 n=1" in b or "m=6563 n=1 " in b]
-print(f"{len(blocks)} graphs, {len(steps)} T3 steps; the last step:")
-print(steps[-1] if steps else blocks[-1])
-PY
-  grep -E "ms_per_token|total" "$out/perf-chatterbox.txt"
+    --text "The quick brown fox jumps over the lazy dog near the quiet river bank." --runs 2 --warmup 1 \
+    --set max_new_tokens=99 --set min_new_tokens=100 --set seed=0 > "$out/perf-chatterbox.txt" 2> "$out/perf-chatterbox.log"
+  python3 bench/perf_summary.py "$out/perf-chatterbox.log" --top 10
+  echo "== Supertonic v2, long text, graphs on (wall) then logged"
+  local st=$root/target/supertonic-models/v2-f32.gguf
+  "$rel/tts" bench --profile "$work/cuda.toml" --plugin-dir "$rel" --model "$st" --text "$(cat bench/long_text.txt)" --runs 3 --warmup 1 | grep -vE "^\s*$"
+  GGML_CUDA_PERF_LOGGER=1 "$rel/tts" bench --profile "$work/cuda.toml" --plugin-dir "$rel" --model "$st" --text "$(cat bench/long_text.txt)" \
+    --runs 2 --warmup 1 > "$out/perf-supertonic.txt" 2> "$out/perf-supertonic.log"
+  python3 bench/perf_summary.py "$out/perf-supertonic.log" --top 10
 }
 
 stage_supertonic() {
