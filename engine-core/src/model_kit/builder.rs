@@ -88,6 +88,43 @@ impl<'c, 'w> Builder<'c, 'w> {
         c.add(c.scale(c.relu(x)?, 1.0 - slope)?, c.scale(x, slope)?)
     }
 
+    /// Depthwise 1-D convolution along time, no padding: `weight` `[C, K]`
+    /// (ggml order: channel fastest, as PyTorch's `[C, 1, K]` converts) over
+    /// `x` `[C, T, B]` → `[C, T − dilation·(K−1), B]`, no bias. The backend's
+    /// `CONV_2D_DW` on the channels-fastest layout (one launch), or a sum of
+    /// K shifted copies scaled by the per-channel taps where the device lacks
+    /// the node or a deny rule forbids it.
+    pub fn depthwise_conv_1d(&self, weight: Tensor<'c>, x: Tensor<'c>, dilation: usize) -> Result<Tensor<'c>> {
+        let c = self.ctx;
+        let [ch, k, _, _] = weight.ne();
+        let [_, t, b, _] = x.ne();
+        let out_len = t - dilation as i64 * (k - 1);
+        let x = if x.is_contiguous() { x } else { c.cont(x)? };
+        if self.policy.denial("CONV_2D_DW").is_none() && out_len > 0 && t > 1 {
+            // As [W, 1, C, N] with channels fastest in memory; the kernel as
+            // [K, 1, 1, C] with the channel stride smallest, as the CPU checks.
+            let input = c.permute(c.reshape(x, &[ch, t, 1, b])?, [2, 0, 1, 3])?;
+            let kernel = c.permute(c.reshape(weight, &[ch, 1, k, 1])?, [3, 2, 0, 1])?;
+            let y = c.conv_2d_dw_direct(kernel, input, [1, 1], [0, 0], [dilation as i32, 1])?; // [T', 1, C, B], channels fastest
+            if self.device.is_none_or(|dev| dev.supports_op(y)) {
+                return c.reshape(c.permute(y, [1, 2, 0, 3])?, &[ch, out_len, b]);
+            }
+        }
+        const F32: usize = std::mem::size_of::<f32>();
+        let nb = x.nb();
+        let mut acc: Option<Tensor<'c>> = None;
+        for tap in 0..k as usize {
+            let shifted = c.view(x, &[ch, out_len, b], &[nb[1], nb[2]], tap * dilation * nb[1])?;
+            let w = c.view(weight, &[ch], &[], tap * ch as usize * F32)?;
+            let term = c.mul(shifted, w)?;
+            acc = Some(match acc {
+                None => term,
+                Some(a) => c.add(a, term)?,
+            });
+        }
+        Ok(acc.expect("a kernel has at least one tap"))
+    }
+
     /// Transposed 1-D convolution, no padding, dilation 1: kernel `[K, Cout,
     /// Cin]`, input `[T, Cin]` → `[(T−1)·stride + K, Cout]`. The backend's
     /// `CONV_TRANSPOSE_1D`, or: one product gives every tap's contribution

@@ -72,6 +72,27 @@ impl Context {
         self.wrap(unsafe { sys::ggml_scale(self.as_ptr(), a.as_ptr(), s) })
     }
 
+    /// Depthwise 2-D convolution: kernel `[KW, KH, 1, C]`, input `[W, H, C, N]`
+    /// (or the same shape with channels fastest in memory, which the result
+    /// then keeps).
+    pub fn conv_2d_dw_direct<'a>(
+        &'a self,
+        kernel: Tensor<'a>,
+        input: Tensor<'a>,
+        stride: [i32; 2],
+        padding: [i32; 2],
+        dilation: [i32; 2],
+    ) -> Result<Tensor<'a>> {
+        let [kw, kh, one, kc] = kernel.ne();
+        let [_, _, c, _] = input.ne();
+        if one != 1 || kc != c || kw < 1 || kh < 1 {
+            return crate::err(format!("a depthwise kernel [{kw}, {kh}, {one}, {kc}] does not fit {c} channels"));
+        }
+        self.wrap(unsafe {
+            sys::ggml_conv_2d_dw_direct(self.as_ptr(), kernel.as_ptr(), input.as_ptr(), stride[0], stride[1], padding[0], padding[1], dilation[0], dilation[1])
+        })
+    }
+
     /// A tensor of `a`'s shape and type holding `value` everywhere.
     pub fn fill<'a>(&'a self, a: Tensor<'a>, value: f32) -> Result<Tensor<'a>> {
         self.wrap(unsafe { sys::ggml_fill(self.as_ptr(), a.as_ptr(), value) })

@@ -102,6 +102,7 @@ pub const GRAPH_OPS: &[&str] = &[
     "ADD",
     "CONCAT",
     "CONT",
+    "CONV_2D_DW",
     "DIV",
     "FLASH_ATTN_EXT",
     "GET_ROWS",

@@ -46,27 +46,14 @@ impl<'c> Builder<'c, '_> {
         Ok(out)
     }
 
-    /// Depthwise convolution along time, as a sum of shifted copies scaled by
-    /// the per-channel taps. `weight` is `[C, k]` (ggml order); padding by edge
-    /// replication, symmetric or all on the left (`causal`).
+    /// Depthwise convolution along time with edge-replication padding,
+    /// symmetric or all on the left (`causal`); `weight` is `[C, k]` (ggml order).
     pub fn depthwise_conv(&self, x: Tensor<'c>, prefix: &str, kernel: usize, dilation: usize, causal: bool) -> Result<Tensor<'c>> {
-        let [c, t, b, _] = x.ne();
         let span = dilation * (kernel - 1);
         let (left, right) = if causal { (span, 0) } else { (span / 2, span - span / 2) };
         let xp = self.ctx.cont(self.edge_pad(x, left, right)?)?;
-        let weight = self.w(&format!("{prefix}.weight"))?;
-        let nb = xp.nb();
-        let mut acc: Option<Tensor<'c>> = None;
-        for k in 0..kernel {
-            let shifted = self.ctx.view(xp, &[c, t, b], &[nb[1], nb[2]], k * dilation * nb[1])?;
-            let tap = self.ctx.view(weight, &[c], &[], k * c as usize * F32)?;
-            let term = self.ctx.mul(shifted, tap)?;
-            acc = Some(match acc {
-                None => term,
-                Some(a) => self.ctx.add(a, term)?,
-            });
-        }
-        self.ctx.add(acc.expect("kernel > 0"), self.w(&format!("{prefix}.bias"))?)
+        let y = self.kit.depthwise_conv_1d(self.w(&format!("{prefix}.weight"))?, xp, dilation)?;
+        self.ctx.add(y, self.w(&format!("{prefix}.bias"))?)
     }
 
     /// ConvNeXt block: `x + γ · pw2(gelu(pw1(LN(dwconv(x)))))`.
