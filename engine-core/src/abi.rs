@@ -19,7 +19,7 @@ use abi_stable::{
 use std::ffi::c_void;
 
 /// Version of this ABI. Plugins built against another major version are refused.
-pub const PLUGIN_ABI_VERSION: &str = "4.0.0";
+pub const PLUGIN_ABI_VERSION: &str = "5.0.0";
 
 /// Identity of a plugin file.
 #[repr(C)]
@@ -296,6 +296,10 @@ pub struct ResolvedPolicies {
     pub pinned_host: bool,
     /// Ops a deny rule forbids on this device; model plugins use fallbacks or refuse to load.
     pub denied_ops: RVec<DeniedOp>,
+    /// The policies the profile sets to "on" rather than "auto": a model that
+    /// cannot honour one of them on this device refuses to load instead of
+    /// falling back.
+    pub forced: RVec<RString>,
 }
 
 /// Which families and GGUF files a model plugin takes.

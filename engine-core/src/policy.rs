@@ -5,6 +5,7 @@
 
 use crate::abi::{DeniedOp, KvType, ProbeResult, ResolvedPolicies, WeightStorage};
 use crate::probes;
+use abi_stable::std_types::RString;
 use serde::{Deserialize, Serialize};
 
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Deserialize, Serialize, Default)]
@@ -220,6 +221,7 @@ pub fn resolve(config: &PolicyConfig, deny: &[DenyRule], device: &DeviceRef<'_>,
         conv_transpose_1d: on("conv_transpose_1d"),
         pinned_host: on("pinned_host"),
         denied_ops: denied_with_rules.into(),
+        forced: FEATURES.iter().filter(|f| config.get(f) == Policy::On).map(|f| RString::from(*f)).collect(),
     };
     Ok(Resolution { decisions, kv_type: kv_type.as_str().into(), matmul_weights: matmul_weights.as_str().into(), denied_ops, policies })
 }
@@ -260,6 +262,16 @@ mod tests {
         assert!(!r.policies.flash_attn);
         assert_eq!(r.policies.matmul_weights, WeightStorage::F32);
         assert_eq!(r.policies.kv_type, KvType::F32);
+    }
+
+    #[test]
+    fn the_policies_set_on_reach_the_plugin_as_forced() {
+        let cfg = PolicyConfig { flash_attn: Policy::On, kv_bf16: Policy::On, kv_f16: Policy::Off, ..Default::default() };
+        let r = resolve(&cfg, &[], &DEV, &all_probes(true)).unwrap();
+        let forced: Vec<&str> = r.policies.forced.iter().map(|f| f.as_str()).collect();
+        assert_eq!(forced, ["flash_attn", "kv_bf16"]);
+        let r = resolve(&PolicyConfig::default(), &[], &DEV, &all_probes(true)).unwrap();
+        assert!(r.policies.forced.is_empty(), "auto forces nothing: {:?}", r.policies.forced);
     }
 
     #[test]

@@ -59,5 +59,6 @@ pub fn all_on_denying(ops: &[&str]) -> ResolvedPolicies {
         conv_transpose_1d: true,
         pinned_host: false,
         denied_ops: ops.iter().map(|op| DeniedOp { op: (*op).into(), rule: rule.into() }).collect(),
+        forced: Default::default(),
     }
 }

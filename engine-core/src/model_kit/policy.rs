@@ -23,6 +23,9 @@ pub struct OpPolicy {
     pub pinned_host: bool,
     /// `(op, rule)`: ops a deny rule forbids, with the rule as errors name it.
     pub denied: Vec<(String, String)>,
+    /// Policies the profile sets to "on": where a model cannot honour one on
+    /// this device it refuses to load ([`OpPolicy::refuse_if_forced`]).
+    pub forced: Vec<String>,
 }
 
 impl OpPolicy {
@@ -43,6 +46,7 @@ impl OpPolicy {
             native_conv_transpose_1d: p.conv_transpose_1d && !denied("CONV_TRANSPOSE_1D"),
             pinned_host: p.pinned_host,
             denied: p.denied_ops.iter().map(|d| (d.op.to_string(), d.rule.to_string())).collect(),
+            forced: p.forced.iter().map(|f| f.to_string()).collect(),
         }
     }
 
@@ -57,6 +61,7 @@ impl OpPolicy {
             native_conv_transpose_1d: false,
             pinned_host: false,
             denied: Vec::new(),
+            forced: Vec::new(),
         }
     }
 
@@ -64,6 +69,17 @@ impl OpPolicy {
     /// staging where the device offers it.
     pub fn native(kv_type: Type) -> Self {
         OpPolicy { fused_attention: true, kv_type, native_leaky_relu: true, native_conv_transpose_1d: true, pinned_host: true, ..Self::reference() }
+    }
+
+    /// Where a model must fall back from what the policies enabled (`why`
+    /// says what it cannot do): an error naming the first of `policies` the
+    /// profile forced on, or Ok when each was only `auto`, so the caller
+    /// warns and falls back.
+    pub fn refuse_if_forced(&self, policies: &[&str], why: &str) -> Result<()> {
+        match policies.iter().find(|p| self.forced.iter().any(|f| f == *p)) {
+            Some(p) => Err(format!("policy `{p}` is on, but {why}").into()),
+            None => Ok(()),
+        }
     }
 
     /// The rule that forbids `op`, if one does.
@@ -102,5 +118,18 @@ impl OpPolicy {
             }
         }
         Ok(())
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::OpPolicy;
+
+    #[test]
+    fn a_fallback_from_a_forced_policy_is_an_error_naming_it() {
+        let policy = OpPolicy { forced: vec!["kv_bf16".into()], ..OpPolicy::native(ggml_sys::TYPE_BF16) };
+        let e = policy.refuse_if_forced(&["flash_attn", "kv_bf16"], "CUDA0 has no kernel").unwrap_err();
+        assert_eq!(e.to_string(), "policy `kv_bf16` is on, but CUDA0 has no kernel");
+        assert!(policy.refuse_if_forced(&["flash_attn", "kv_f16"], "CUDA0 has no kernel").is_ok(), "auto policies fall back");
     }
 }

@@ -102,21 +102,38 @@ impl T3 {
         let (hp, table) = check_file(&gguf)?;
         let weights = Weights::load(gguf, &backend, table, policy.matmul_weights, is_matmul_weight)?;
         let attention = AttentionConfig::from_policy(policy);
+        let kv_policy = match attention.kv_type {
+            ggml_sys::TYPE_BF16 => "kv_bf16",
+            ggml_sys::TYPE_Q8_0 => "kv_q8_0",
+            _ => "kv_f16",
+        };
+        let head_dim = hp.head_dim();
         let attention = match attention.path {
             AttentionPath::Explicit => AttentionConfig { path: AttentionPath::Explicit, kv_type: TYPE_F32 },
             // A block-quantized cache row must split into whole blocks per head.
-            AttentionPath::Flash if !hp.head_dim().is_multiple_of(unsafe { ggml_sys::sys::ggml_blck_size(attention.kv_type) } as usize) => {
-                tracing::warn!(head_dim = hp.head_dim(), "heads do not split into K/V cache blocks; using an F16 cache");
+            AttentionPath::Flash if !head_dim.is_multiple_of(unsafe { ggml_sys::sys::ggml_blck_size(attention.kv_type) } as usize) => {
+                policy.refuse_if_forced(&[kv_policy], &format!("T3's heads of {head_dim} do not split into {kv_policy} cache blocks"))?;
+                tracing::warn!(head_dim, "heads do not split into K/V cache blocks; using an F16 cache");
                 AttentionConfig { path: AttentionPath::Flash, kv_type: ggml_sys::TYPE_F16 }
             }
             AttentionPath::Flash => attention,
         };
         // The cache layout follows the path, so a device without a fused
         // kernel for this head size and cache type gets the explicit path
-        // for the whole model, decided here rather than per node.
+        // for the whole model, decided here rather than per node (or, where
+        // the profile forced fused attention or the cache type, an error).
         let attention = match backend.device() {
-            Some(dev) if attention.path == AttentionPath::Flash && !engine_core::probes::flash_attn_runs(dev, attention.kv_type, hp.head_dim() as i64) => {
-                tracing::warn!(head_dim = hp.head_dim(), kv = ggml_sys::type_name(attention.kv_type), device = %dev.name(), "no fused attention kernel for T3's heads; using explicit attention");
+            Some(dev) if attention.path == AttentionPath::Flash && !engine_core::probes::flash_attn_runs(dev, attention.kv_type, head_dim as i64) => {
+                let kv = ggml_sys::type_name(attention.kv_type);
+                let probe = format!("flash_attn_{}_kv", kv.to_ascii_lowercase());
+                policy.refuse_if_forced(
+                    &["flash_attn", kv_policy],
+                    &format!(
+                        "{} has no fused attention kernel for T3's head size {head_dim} with a {kv} K/V cache (probe {probe} passes only for other head sizes)",
+                        dev.name()
+                    ),
+                )?;
+                tracing::warn!(head_dim, kv, device = %dev.name(), "no fused attention kernel for T3's heads; using explicit attention");
                 AttentionConfig::REFERENCE
             }
             _ => attention,
