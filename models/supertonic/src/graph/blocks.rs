@@ -51,7 +51,9 @@ impl<'c> Builder<'c, '_> {
     pub fn depthwise_conv(&self, x: Tensor<'c>, prefix: &str, kernel: usize, dilation: usize, causal: bool) -> Result<Tensor<'c>> {
         let span = dilation * (kernel - 1);
         let (left, right) = if causal { (span, 0) } else { (span / 2, span - span / 2) };
-        let xp = self.ctx.cont(self.edge_pad(x, left, right)?)?;
+        // Concatenation leaves the padded frames contiguous; without padding
+        // the kit makes a strided input contiguous itself.
+        let xp = self.edge_pad(x, left, right)?;
         let y = self.kit.depthwise_conv_1d(self.w(&format!("{prefix}.weight"))?, xp, dilation)?;
         self.ctx.add(y, self.w(&format!("{prefix}.bias"))?)
     }
