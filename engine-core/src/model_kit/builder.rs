@@ -203,11 +203,13 @@ impl<'c, 'w> Builder<'c, 'w> {
     pub fn attention(&self, q: Tensor<'c>, k: Tensor<'c>, v: Tensor<'c>, mask: Option<Tensor<'c>>, scale: f32) -> Result<Tensor<'c>> {
         let c = self.ctx;
         let [d, tq, h, b] = q.ne();
+        // The mask the fused node takes, or None where it may not run here.
         let fused_mask = match mask {
+            _ if !self.policy.fused_attention => None,
             None if !self.unmasked_fused_attention_safe(k) => self.zero_mask_bounds_reads().then(|| self.zero_mask(k.ne()[1], tq)).transpose()?.map(Some),
             m => Some(m),
         };
-        if let Some(mask) = fused_mask.filter(|_| self.policy.fused_attention) {
+        if let Some(mask) = fused_mask {
             let fused = c.flash_attn_ext(q, k, v, mask, scale)?; // [D, H, Tq, B]
             if self.device.is_none_or(|dev| dev.supports_op(fused)) {
                 return c.reshape(fused, &[d * h, tq, b]);
