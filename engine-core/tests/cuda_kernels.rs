@@ -9,7 +9,7 @@ mod common;
 use common::{artifact_dir, one_at_a_time, open_device};
 use engine_core::abi::{BackendHandle, OptionValue};
 use engine_core::loader;
-use ggml_sys::{Context, TYPE_F32};
+use ggml_sys::{Context, Tensor, TYPE_F32};
 
 fn cuda() -> Option<BackendHandle> {
     loader::open_device_or_skip(&artifact_dir().join(loader::backend_file_name("cuda")), "cuda")
@@ -28,20 +28,30 @@ fn values(n: usize, seed: u64) -> Vec<f32> {
         .collect()
 }
 
-/// One transposed convolution `[k, c_out, c_in]` over `[t, c_in]` with `stride`.
-fn conv_transpose_1d(handle: &BackendHandle, k: usize, c_out: usize, c_in: usize, t: usize, stride: usize) -> Vec<f32> {
+/// Builds a graph with `build` (inputs and their values, then the output),
+/// runs it on `handle`'s backend and returns the output.
+fn run_graph(handle: &BackendHandle, build: impl for<'c> FnOnce(&'c Context) -> (Vec<(Tensor<'c>, Vec<f32>)>, Tensor<'c>)) -> Vec<f32> {
     let backend = handle.ggml_backend();
     let ctx = Context::new_no_alloc(8, 8).unwrap();
-    let kernel = ctx.new_tensor(TYPE_F32, &[k as i64, c_out as i64, c_in as i64]).unwrap();
-    let input = ctx.new_tensor(TYPE_F32, &[t as i64, c_in as i64]).unwrap();
-    let out = ctx.conv_transpose_1d(kernel, input, stride as i32, 0, 1).unwrap();
+    let (inputs, out) = build(&ctx);
     let mut graph = ctx.new_graph(8).unwrap();
     graph.build_forward(out);
     let _buffer = backend.alloc_ctx_tensors(&ctx).unwrap();
-    kernel.set_f32(&values(k * c_out * c_in, (k * 1000 + c_in) as u64)).unwrap();
-    input.set_f32(&values(t * c_in, (t * 1000 + c_in) as u64)).unwrap();
+    for (t, v) in &inputs {
+        t.set_f32(v).unwrap();
+    }
     backend.compute(&graph).unwrap();
     out.get_f32().unwrap()
+}
+
+/// One transposed convolution `[k, c_out, c_in]` over `[t, c_in]` with `stride`.
+fn conv_transpose_1d(handle: &BackendHandle, k: usize, c_out: usize, c_in: usize, t: usize, stride: usize) -> Vec<f32> {
+    run_graph(handle, |ctx| {
+        let kernel = ctx.new_tensor(TYPE_F32, &[k as i64, c_out as i64, c_in as i64]).unwrap();
+        let input = ctx.new_tensor(TYPE_F32, &[t as i64, c_in as i64]).unwrap();
+        let out = ctx.conv_transpose_1d(kernel, input, stride as i32, 0, 1).unwrap();
+        (vec![(kernel, values(k * c_out * c_in, (k * 1000 + c_in) as u64)), (input, values(t * c_in, (t * 1000 + c_in) as u64))], out)
+    })
 }
 
 /// HiFT's three upsamplers (rates 8, 5, 3; kernels 16, 11, 7; 512 → 64
@@ -82,22 +92,15 @@ fn conv_transpose_1d_edge_shapes_match_the_cpu() {
 /// LayerNorm as the kit builds it (`NORM`, `MUL` by the weight row, `ADD` the
 /// bias row), over `[cols, rows]`.
 fn layer_norm(handle: &BackendHandle, cols: usize, rows: usize) -> Vec<f32> {
-    let backend = handle.ggml_backend();
-    let ctx = Context::new_no_alloc(8, 8).unwrap();
-    let x = ctx.new_tensor(TYPE_F32, &[cols as i64, rows as i64]).unwrap();
-    let w = ctx.new_tensor(TYPE_F32, &[cols as i64]).unwrap();
-    let b = ctx.new_tensor(TYPE_F32, &[cols as i64]).unwrap();
-    let out = ctx.add(ctx.mul(ctx.norm(x, 1e-5).unwrap(), w).unwrap(), b).unwrap();
-    let mut graph = ctx.new_graph(8).unwrap();
-    graph.build_forward(out);
-    let _buffer = backend.alloc_ctx_tensors(&ctx).unwrap();
     // An offset and a spread per row, as activations have.
     let xs: Vec<f32> = values(cols * rows, (cols * 7 + rows) as u64).iter().enumerate().map(|(i, v)| v * (1 + i / cols % 5) as f32 + 0.3).collect();
-    x.set_f32(&xs).unwrap();
-    w.set_f32(&values(cols, 11)).unwrap();
-    b.set_f32(&values(cols, 12)).unwrap();
-    backend.compute(&graph).unwrap();
-    out.get_f32().unwrap()
+    run_graph(handle, |ctx| {
+        let x = ctx.new_tensor(TYPE_F32, &[cols as i64, rows as i64]).unwrap();
+        let w = ctx.new_tensor(TYPE_F32, &[cols as i64]).unwrap();
+        let b = ctx.new_tensor(TYPE_F32, &[cols as i64]).unwrap();
+        let out = ctx.add(ctx.mul(ctx.norm(x, 1e-5).unwrap(), w).unwrap(), b).unwrap();
+        (vec![(x, xs), (w, values(cols, 11)), (b, values(cols, 12))], out)
+    })
 }
 
 /// Patch 0004 runs a LayerNorm as one kernel: T3's decode and prefill rows

@@ -28,6 +28,18 @@ pub struct OpPolicy {
     pub forced: Vec<String>,
 }
 
+/// The profile policy that selects a K/V cache element type (`flash_attn`
+/// for F32), and the probe that policy resolves with.
+pub fn kv_cache_policy(kv_type: Type) -> (&'static str, &'static str) {
+    let feature = match kv_type {
+        ggml_sys::TYPE_F16 => "kv_f16",
+        ggml_sys::TYPE_BF16 => "kv_bf16",
+        ggml_sys::TYPE_Q8_0 => "kv_q8_0",
+        _ => "flash_attn",
+    };
+    (feature, crate::policy::feature_probe(feature))
+}
+
 impl OpPolicy {
     /// What the host resolved for the chosen device.
     pub fn from_resolved(p: &ResolvedPolicies) -> Self {
@@ -123,7 +135,15 @@ impl OpPolicy {
 
 #[cfg(test)]
 mod tests {
-    use super::OpPolicy;
+    use super::{kv_cache_policy, OpPolicy};
+
+    #[test]
+    fn each_cache_type_names_its_policy_and_probe() {
+        assert_eq!(kv_cache_policy(ggml_sys::TYPE_BF16), ("kv_bf16", crate::probes::FLASH_ATTN_BF16_KV));
+        assert_eq!(kv_cache_policy(ggml_sys::TYPE_Q8_0), ("kv_q8_0", crate::probes::FLASH_ATTN_Q8_0_KV));
+        assert_eq!(kv_cache_policy(ggml_sys::TYPE_F16), ("kv_f16", crate::probes::FLASH_ATTN_F16_KV));
+        assert_eq!(kv_cache_policy(ggml_sys::TYPE_F32), ("flash_attn", crate::probes::FLASH_ATTN_F32_KV));
+    }
 
     #[test]
     fn a_fallback_from_a_forced_policy_is_an_error_naming_it() {

@@ -102,11 +102,7 @@ impl T3 {
         let (hp, table) = check_file(&gguf)?;
         let weights = Weights::load(gguf, &backend, table, policy.matmul_weights, is_matmul_weight)?;
         let attention = AttentionConfig::from_policy(policy);
-        let kv_policy = match attention.kv_type {
-            ggml_sys::TYPE_BF16 => "kv_bf16",
-            ggml_sys::TYPE_Q8_0 => "kv_q8_0",
-            _ => "kv_f16",
-        };
+        let (kv_policy, kv_probe) = engine_core::model_kit::policy::kv_cache_policy(attention.kv_type);
         let head_dim = hp.head_dim();
         let attention = match attention.path {
             AttentionPath::Explicit => AttentionConfig { path: AttentionPath::Explicit, kv_type: TYPE_F32 },
@@ -125,11 +121,10 @@ impl T3 {
         let attention = match backend.device() {
             Some(dev) if attention.path == AttentionPath::Flash && !engine_core::probes::flash_attn_runs(dev, attention.kv_type, head_dim as i64) => {
                 let kv = ggml_sys::type_name(attention.kv_type);
-                let probe = format!("flash_attn_{}_kv", kv.to_ascii_lowercase());
                 policy.refuse_if_forced(
                     &["flash_attn", kv_policy],
                     &format!(
-                        "{} has no fused attention kernel for T3's head size {head_dim} with a {kv} K/V cache (probe {probe} passes only for other head sizes)",
+                        "{} has no fused attention kernel for T3's head size {head_dim} with a {kv} K/V cache (probe {kv_probe} passes only for other head sizes)",
                         dev.name()
                     ),
                 )?;
