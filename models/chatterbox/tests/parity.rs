@@ -7,7 +7,7 @@ mod common;
 use common::suites::{self, CPU};
 use common::{check, npy, npy_i64, open};
 use engine_core::model_kit::OpPolicy;
-use ggml_sys::{TYPE_F16, TYPE_F32};
+use ggml_sys::{TYPE_BF16, TYPE_F16, TYPE_F32};
 use tts_model_chatterbox::sampler::{self, SamplingParams};
 use tts_model_chatterbox::t3::T3;
 
@@ -25,12 +25,16 @@ fn t3_on_both_attention_paths() {
 }
 
 #[test]
-fn t3_with_an_f16_cache_drifts_little() {
+fn t3_with_a_half_precision_cache_drifts_little() {
     let handle = open("cpu");
-    let mut t3 = T3::load(&common::t3_file(), handle.ggml_backend(), &OpPolicy::native(TYPE_F16)).unwrap();
-    let e = suites::teacher_forced(&mut t3);
-    println!("  T3 teacher-forced logits (flash, F16 K/V): rel err {e:.3e} (tolerance 1e-2)");
-    assert!(e <= 1e-2, "F16 cache drift {e:.3e}");
+    for kv in [TYPE_F16, TYPE_BF16] {
+        let mut t3 = T3::load(&common::t3_file(), handle.ggml_backend(), &OpPolicy::native(kv)).unwrap();
+        assert_eq!(t3.attention().kv_type, kv, "the CPU runs fused attention over this cache");
+        let e = suites::teacher_forced(&mut t3);
+        let name = ggml_sys::type_name(kv);
+        println!("  T3 teacher-forced logits (flash, {name} K/V): rel err {e:.3e} (tolerance 1e-2)");
+        assert!(e <= 1e-2, "{name} cache drift {e:.3e}");
+    }
 }
 
 #[test]

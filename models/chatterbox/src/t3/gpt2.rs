@@ -42,8 +42,8 @@ pub struct Shape {
     pub kv_len: usize,
 }
 
-/// Input names. `positions` index `wpe`; `kv_rows` are the cache rows written
-/// (for the transposed V of the explicit path, `kv_rows_v` hold one index per
+/// Input names. `positions` index `wpe` and are the cache rows written (for
+/// the transposed V of the explicit path, `kv_rows_v` hold one index per
 /// element); `mask` is `[kv_len, n_tokens]`, 0 where visible and -inf elsewhere.
 pub mod input {
     pub const SPEAKER: &str = "speaker";
@@ -52,7 +52,6 @@ pub mod input {
     pub const START_TOKEN: &str = "start_token";
     pub const TOKEN: &str = "token";
     pub const POSITIONS: &str = "positions";
-    pub const KV_ROWS: &str = "kv_rows";
     pub const KV_ROWS_V: &str = "kv_rows_v";
     pub const MASK: &str = "mask";
 }
@@ -95,7 +94,6 @@ pub fn build<'c>(b: &Builder<'c, '_>, hp: &T3Hparams, kv: &KvCache, shape: Shape
         }
     };
     let positions = new_input(input::POSITIONS, TYPE_I32, &[n])?;
-    let kv_rows = new_input(input::KV_ROWS, TYPE_I32, &[n])?;
     let kv_rows_v = match kv.path {
         AttentionPath::Explicit => Some(new_input(input::KV_ROWS_V, TYPE_I32, &[n * hp.n_embd as i64])?),
         AttentionPath::Flash => None,
@@ -108,7 +106,7 @@ pub fn build<'c>(b: &Builder<'c, '_>, hp: &T3Hparams, kv: &KvCache, shape: Shape
         let p = format!("t3.blk.{l}");
         let a = b.layer_norm(h, &format!("{p}.ln1"), hp.layer_norm_eps)?;
         let qkv = b.linear(a, &format!("{p}.attn.qkv"))?;
-        let attn = attention(ctx, hp, kv, l, qkv, kv_rows, kv_rows_v, mask, shape.kv_len)?;
+        let attn = attention(ctx, hp, kv, l, qkv, positions, kv_rows_v, mask, shape.kv_len)?;
         h = ctx.add(h, b.linear(attn, &format!("{p}.attn.out"))?)?;
         let m = b.layer_norm(h, &format!("{p}.ln2"), hp.layer_norm_eps)?;
         let ff = b.linear(b.gelu_tanh(b.linear(m, &format!("{p}.ffn.up"))?)?, &format!("{p}.ffn.down"))?;
@@ -143,26 +141,27 @@ fn attention<'c>(
     let part = |i: usize| ctx.view(qkv, &[d, n], &[row], i * d as usize * f);
     let q = ctx.view(qkv, &[hd, nh, n], &[hd as usize * f, row], 0)?;
     let q = ctx.permute(q, [0, 2, 1, 3])?; // [hd, n, nh]
-    let (k_cache, v_cache) = kv.layer(ctx, layer);
     let scale = 1.0 / (hd as f32).sqrt();
     let kv_len = kv_len as i64;
 
-    let k_all = ctx.set_rows(k_cache, part(1)?, kv_rows)?;
-    let k_row = Context::row_size(kv.ty, d);
-    let k_head = Context::row_size(kv.ty, hd);
-    let k = ctx.view(k_all, &[hd, kv_len, nh], &[k_row, k_head], 0)?;
-
     let out = match kv.path {
         AttentionPath::Flash => {
-            let v_all = ctx.set_rows(v_cache, part(2)?, kv_rows)?;
-            let v = ctx.view(v_all, &[hd, kv_len, nh], &[k_row, k_head], 0)?;
+            // K and V side by side, as the projection lays them out.
+            let kv_pair = ctx.view(qkv, &[2 * d, n], &[row], d as usize * f)?;
+            let kv_all = ctx.set_rows(kv.tensor(ctx, "kv", layer), kv_pair, kv_rows)?;
+            let pos_row = Context::row_size(kv.ty, 2 * d);
+            let head = Context::row_size(kv.ty, hd);
+            let k = ctx.view(kv_all, &[hd, kv_len, nh], &[pos_row, head], 0)?;
+            let v = ctx.view(kv_all, &[hd, kv_len, nh], &[pos_row, head], Context::row_size(kv.ty, d))?;
             ctx.flash_attn_ext(q, k, v, Some(mask), scale)? // [hd, nh, n]
         }
         AttentionPath::Explicit => {
+            let k_all = ctx.set_rows(kv.tensor(ctx, "k", layer), part(1)?, kv_rows)?;
+            let k = ctx.view(k_all, &[hd, kv_len, nh], &[Context::row_size(kv.ty, d), Context::row_size(kv.ty, hd)], 0)?;
             // V^T: element (channel e, position p) at e * n_ctx + p.
             let n_ctx = kv.n_ctx as i64;
             let v_t = ctx.cont(ctx.transpose(part(2)?)?)?; // [n, d]
-            let v_flat = ctx.reshape(v_cache, &[1, n_ctx * d])?;
+            let v_flat = ctx.reshape(kv.tensor(ctx, "v", layer), &[1, n_ctx * d])?;
             let v_all = ctx.set_rows(v_flat, ctx.reshape(v_t, &[1, n * d])?, kv_rows_v.expect("explicit path has V row indices"))?;
             let pos = f * kv.n_ctx;
             let v = ctx.view(v_all, &[kv_len, hd, nh], &[pos, hd as usize * pos], 0)?;

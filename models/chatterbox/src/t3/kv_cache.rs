@@ -1,14 +1,16 @@
-//! Static K/V cache: one K and one V tensor per layer, sized for the whole
-//! context and resident in a backend buffer for the model's lifetime. Graphs
-//! write the new rows with `set_rows` at positions given as an input tensor,
-//! so a graph built once serves every decode step.
+//! Static K/V cache, sized for the whole context and resident in a backend
+//! buffer for the model's lifetime. Graphs write the new rows with `set_rows`
+//! at positions given as an input tensor, so a graph built once serves every
+//! decode step.
 
 use ggml_sys::{Backend, Buffer, Context, Result, Tensor, Type};
 
 /// How attention reads the cache.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 pub enum AttentionPath {
-    /// `flash_attn_ext`: K and V stored row per position, in `KvCache::ty`.
+    /// `flash_attn_ext`: one tensor per layer whose row per position is K
+    /// then V, in `KvCache::ty`: the projection's adjacent K and V columns go
+    /// in with one `set_rows`, and attention reads both through strided views.
     Flash,
     /// Explicit QK^T, softmax, V products: V is stored transposed (one row per
     /// channel) so the product reads it contiguously; both F32.
@@ -29,13 +31,17 @@ pub struct KvCache {
 impl KvCache {
     pub fn new(backend: &Backend, n_layer: usize, n_embd: usize, n_ctx: usize, ty: Type, path: AttentionPath) -> Result<Self> {
         let ctx = Context::new_no_alloc(2 * n_layer, 0)?;
+        let (d, n) = (n_embd as i64, n_ctx as i64);
         for l in 0..n_layer {
-            let _ = ctx.new_tensor(ty, &[n_embd as i64, n_ctx as i64])?.set_name(&format!("k.{l}"));
-            let v_shape = match path {
-                AttentionPath::Flash => [n_embd as i64, n_ctx as i64],
-                AttentionPath::Explicit => [n_ctx as i64, n_embd as i64],
-            };
-            let _ = ctx.new_tensor(ty, &v_shape)?.set_name(&format!("v.{l}"));
+            match path {
+                AttentionPath::Flash => {
+                    let _ = ctx.new_tensor(ty, &[2 * d, n])?.set_name(&format!("kv.{l}"));
+                }
+                AttentionPath::Explicit => {
+                    let _ = ctx.new_tensor(ty, &[d, n])?.set_name(&format!("k.{l}"));
+                    let _ = ctx.new_tensor(ty, &[n, d])?.set_name(&format!("v.{l}"));
+                }
+            }
         }
         let buffer = backend.alloc_ctx_tensors(&ctx)?;
         // Positions past the written ones are masked, but a masked NaN still
@@ -48,10 +54,10 @@ impl KvCache {
         self.buffer.size()
     }
 
-    /// Layer `l`'s K and V, usable in a graph built in `ctx`. Graphs are owned
-    /// next to the cache and dropped before it, so the rebinding is sound.
-    pub fn layer<'c>(&self, ctx: &'c Context, l: usize) -> (Tensor<'c>, Tensor<'c>) {
-        let get = |n: String| unsafe { self.ctx.get_tensor(&n).expect("cache tensor").rebind(ctx) };
-        (get(format!("k.{l}")), get(format!("v.{l}")))
+    /// Layer `l`'s cache tensor named `part` (`kv` on the fused path, `k` and
+    /// `v` on the explicit one), usable in a graph built in `ctx`. Graphs are
+    /// owned next to the cache and dropped before it, so the rebinding is sound.
+    pub fn tensor<'c>(&self, ctx: &'c Context, part: &str, l: usize) -> Tensor<'c> {
+        unsafe { self.ctx.get_tensor(&format!("{part}.{l}")).expect("cache tensor").rebind(ctx) }
     }
 }

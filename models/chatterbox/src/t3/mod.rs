@@ -226,7 +226,6 @@ impl T3 {
         let kv = self.kv.as_ref().expect("cache reserved");
         let rows: Vec<i32> = (start..start + n).map(|p| p as i32).collect();
         graph.set_i32(input::POSITIONS, &rows)?;
-        graph.set_i32(input::KV_ROWS, &rows)?;
         if kv.path == AttentionPath::Explicit {
             let v_rows: Vec<i32> = (0..self.hp.n_embd).flat_map(|e| rows.iter().map(move |&p| (e * kv.n_ctx) as i32 + p)).collect();
             graph.set_i32(input::KV_ROWS_V, &v_rows)?;
