@@ -34,7 +34,7 @@ pub use options::OptionReader;
 pub use policy::OpPolicy;
 pub use tensors::{Dim, Storage, TensorTable};
 pub use timings::Timings;
-pub use weights::Weights;
+pub use weights::{DerivedTensor, Weights};
 
 /// `Ok` when `file`'s `general.architecture` is `arch`; else an error naming
 /// the file, what it holds and what was expected (`what`: "a Chatterbox T3 model").

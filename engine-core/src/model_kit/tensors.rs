@@ -145,6 +145,11 @@ impl TensorTable {
         self.specs.contains_key(name)
     }
 
+    /// Every tensor name of the table, in declaration order.
+    pub fn names(&self) -> impl Iterator<Item = &str> {
+        self.specs.keys().map(String::as_str)
+    }
+
     /// Checks a file: every table entry present with its shape and an allowed
     /// type, no tensor the table does not know, free dimensions bound
     /// consistently and within range (read them with [`dim`](Self::dim)).

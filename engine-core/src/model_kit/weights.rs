@@ -1,6 +1,7 @@
 //! A model file's tensors, checked against the family's [`TensorTable`] and
-//! resident in backend buffers. Graphs get weights only through
-//! [`Weights::tensor`], which serves only names the table checked.
+//! resident in backend buffers, plus the tensors a family derives from them
+//! once at load. Graphs get weights only through [`Weights::tensor`], which
+//! serves only names the table checked and derived ones.
 
 use super::tensors::TensorTable;
 use crate::abi::WeightStorage;
@@ -12,8 +13,20 @@ pub struct Weights {
     _buffers: Vec<Buffer>,
     gguf: GgufTensors,
     table: TensorTable,
+    /// Tensors computed at load from checked weights, each batch in its own
+    /// buffer (dropped before its context).
+    derived: Vec<(Buffer, Context)>,
     /// Matrices placed in a device-specific layout (CPU: repacked / AMX).
     pub in_extra_buffers: usize,
+}
+
+/// An F32 tensor a family computes on the host from checked weights, so that
+/// graphs read it instead of recomputing it every run (a reciprocal, say).
+pub struct DerivedTensor {
+    pub name: String,
+    /// ggml order.
+    pub ne: Vec<i64>,
+    pub values: Vec<f32>,
 }
 
 impl Weights {
@@ -46,10 +59,51 @@ impl Weights {
             }
         }
         let (buffers, in_extra) = gguf.load_into_with_extra(backend, is_matmul_weight)?;
-        Ok(Weights { _buffers: buffers, gguf, table, in_extra_buffers: in_extra })
+        Ok(Weights { _buffers: buffers, gguf, table, derived: Vec::new(), in_extra_buffers: in_extra })
+    }
+
+    /// Names of the file's tensors, as the table declares them.
+    pub fn names(&self) -> impl Iterator<Item = &str> {
+        self.table.names()
+    }
+
+    /// Places `tensors` on `backend` beside the weights; [`tensor`](Self::tensor)
+    /// serves them by name from then on. A name the file or an earlier
+    /// derivation already uses is a plugin bug, reported as an error.
+    pub fn add_derived(&mut self, backend: &Backend, tensors: Vec<DerivedTensor>) -> Result<()> {
+        if tensors.is_empty() {
+            return Ok(());
+        }
+        let ctx = Context::new_no_alloc(tensors.len(), 0)?;
+        for t in &tensors {
+            if self.table.contains(&t.name) || self.derived_tensor(&t.name).is_some() || ctx.get_tensor(&t.name).is_some() {
+                return Err(Error::Msg(format!("derived tensor '{}' is already defined (a bug in the plugin)", t.name)));
+            }
+            let n: i64 = t.ne.iter().product();
+            if n < 0 || n as usize != t.values.len() {
+                return Err(Error::Msg(format!("derived tensor '{}' has {} values for shape {:?} (a bug in the plugin)", t.name, t.values.len(), t.ne)));
+            }
+            let tensor = ctx.new_tensor(ggml_sys::TYPE_F32, &t.ne)?.set_name(&t.name);
+            if tensor.name() != t.name {
+                return Err(Error::Msg(format!("derived tensor name '{}' is longer than ggml keeps (a bug in the plugin)", t.name)));
+            }
+        }
+        let buffer = backend.alloc_ctx_tensors(&ctx)?;
+        for t in &tensors {
+            ctx.get_tensor(&t.name).expect("created above").set_f32(&t.values)?;
+        }
+        self.derived.push((buffer, ctx));
+        Ok(())
+    }
+
+    fn derived_tensor(&self, name: &str) -> Option<Tensor<'_>> {
+        self.derived.iter().find_map(|(_, ctx)| ctx.get_tensor(name))
     }
 
     fn checked(&self, name: &str) -> Result<Tensor<'_>> {
+        if let Some(t) = self.derived_tensor(name) {
+            return Ok(t);
+        }
         if !self.table.contains(name) {
             return Err(Error::Msg(format!("tensor '{name}' is not in the model's tensor table (a bug in the plugin)")));
         }

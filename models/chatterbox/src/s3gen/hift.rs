@@ -7,7 +7,7 @@
 //! im2col convolution and transposed convolution take.
 
 use crate::hparams::HiftHparams;
-use engine_core::model_kit::Builder;
+use engine_core::model_kit::{Builder, DerivedTensor};
 use ggml_sys::{GraphIo, Result, Tensor, TYPE_F32};
 
 pub const MEL: &str = "mel";
@@ -135,12 +135,31 @@ fn upsample<'c>(b: &Builder<'c, '_>, x: Tensor<'c>, prefix: &str, rate: usize, k
     ctx.add(y, channel_vec(b, &format!("{prefix}.bias"))?)
 }
 
-/// `x + 1/(α + 1e-9) · sin²(αx)`, α per channel.
+/// Suffix of the derived tensor holding `1/(α + 1e-9)` for a Snake's `α`.
+const SNAKE_RECIPROCAL: &str = ".reciprocal";
+
+/// Every Snake's `1/(α + 1e-9)` as `[1, C]`, computed once at load: a graph
+/// then multiplies by it instead of adding and dividing per run.
+pub fn snake_reciprocals(weights: &engine_core::model_kit::Weights) -> Result<Vec<DerivedTensor>> {
+    let alphas: Vec<String> = weights.names().filter(|n| n.starts_with(P) && n.ends_with(".alpha")).map(str::to_string).collect();
+    alphas
+        .into_iter()
+        .map(|name| {
+            let values: Vec<f32> = weights.host_f32(&name)?.iter().map(|a| 1.0 / (a + 1e-9)).collect();
+            Ok(DerivedTensor { ne: vec![1, values.len() as i64], name: format!("{name}{SNAKE_RECIPROCAL}"), values })
+        })
+        .collect()
+}
+
+/// `x + 1/(α + 1e-9) · sin²(αx)`, α per channel. The ops come in the order
+/// (MUL, SIN, SQR, MUL, ADD) that ggml-cuda runs as one Snake kernel: the
+/// reciprocal is a weight of shape `[1, C]`, no node of its own between them.
 fn snake<'c>(b: &Builder<'c, '_>, x: Tensor<'c>, alpha_name: &str) -> Result<Tensor<'c>> {
     let ctx = b.ctx;
+    let reciprocal = b.w(&format!("{alpha_name}{SNAKE_RECIPROCAL}"))?;
     let alpha = channel_vec(b, alpha_name)?;
-    let s = ctx.sqr(ctx.sin(ctx.mul(x, alpha)?)?)?;
-    ctx.add(x, ctx.div(s, ctx.scale_bias(alpha, 1.0, 1e-9)?)?)
+    let s = ctx.mul(ctx.sqr(ctx.sin(ctx.mul(x, alpha)?)?)?, reciprocal)?;
+    ctx.add(x, s)
 }
 
 /// HiFi-GAN ResBlock with Snake: for each dilation d,

@@ -94,7 +94,9 @@ impl S3Gen {
     pub fn load(path: &Path, backend: Backend, policy: &OpPolicy) -> Result<Self> {
         let gguf = GgufTensors::open(path)?;
         let (hp, table) = check_file(&gguf)?;
-        let weights = Weights::load(gguf, &backend, table, policy.matmul_weights, is_matmul_weight)?;
+        let mut weights = Weights::load(gguf, &backend, table, policy.matmul_weights, is_matmul_weight)?;
+        let snake_reciprocals = hift::snake_reciprocals(&weights)?;
+        weights.add_derived(&backend, snake_reciprocals)?;
         let source_merge = (weights.host_f32("hift.m_source.l_linear.weight")?, weights.host_f32("hift.m_source.l_linear.bias")?[0]);
         let speaker_affine = (weights.host_f32("flow.spk_embed_affine_layer.weight")?, weights.host_f32("flow.spk_embed_affine_layer.bias")?);
         Ok(S3Gen {
