@@ -215,3 +215,43 @@ fn matvec_with_gelu_matches_the_cpu_and_the_unfused_kernels() {
         assert!(e <= 1e-6, "F16 [{cols} -> {rows}]: relative error {e:.3e}");
     }
 }
+
+/// `W x + b` for `W` `[cols, rows]` of type `ty` holding `weights`.
+fn matvec(handle: &BackendHandle, ty: Type, weights: &[f32], cols: usize, rows: usize) -> Vec<f32> {
+    run_graph(handle, |ctx| {
+        let w = ctx.new_tensor(ty, &[cols as i64, rows as i64]).unwrap();
+        let x = ctx.new_tensor(TYPE_F32, &[cols as i64, 1]).unwrap();
+        let b = ctx.new_tensor(TYPE_F32, &[rows as i64, 1]).unwrap();
+        let out = ctx.add(ctx.mul_mat(w, x).unwrap(), b).unwrap();
+        (vec![(w, weights.to_vec()), (x, values(cols, 41)), (b, values(rows, 42))], out)
+    })
+}
+
+/// Values as F16 holds them (so an F32 copy of the weights is the same matrix).
+fn through_f16(v: &[f32]) -> Vec<f32> {
+    let mut half = vec![0u16; v.len()];
+    let mut back = vec![0f32; v.len()];
+    unsafe {
+        ggml_sys::sys::ggml_fp32_to_fp16_row(v.as_ptr(), half.as_mut_ptr().cast(), v.len() as i64);
+        ggml_sys::sys::ggml_fp16_to_fp32_row(half.as_ptr().cast(), back.as_mut_ptr(), v.len() as i64);
+    }
+    back
+}
+
+/// Patch 0007's F16 matrix-vector kernel (16-byte loads, one warp a row, F32
+/// sums) on T3's decode products and the speech head's odd row count, against
+/// the F32 kernel on the same matrix; and a width it does not take, which
+/// stays with the generic kernel (half-precision sums: 1e-2).
+#[test]
+fn wide_f16_matvec_matches_the_f32_kernel() {
+    let _serial = one_at_a_time();
+    let Some(gpu) = cuda() else { return };
+    for (cols, rows, tolerance) in [(1024, 3072, 1e-5), (1024, 4096, 1e-5), (4096, 1024, 1e-5), (1024, 6563, 1e-5), (80, 33, 1e-2)] {
+        let weights = through_f16(&values(cols * rows, (cols * 3 + rows) as u64));
+        let want = matvec(&gpu, TYPE_F32, &weights, cols, rows);
+        let got = matvec(&gpu, TYPE_F16, &weights, cols, rows);
+        let e = engine_core::compare::max_rel_err(&got, &want).unwrap();
+        println!("matvec F16 [{cols} -> {rows}] vs F32 weights: rel err {e:.3e} (tolerance {tolerance:.0e})");
+        assert!(e <= tolerance, "[{cols} -> {rows}]: relative error {e:.3e}");
+    }
+}
