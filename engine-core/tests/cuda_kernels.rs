@@ -210,9 +210,13 @@ fn matvec_with_gelu_matches_the_cpu_and_the_unfused_kernels() {
         assert!(e <= 1e-5, "[{cols} -> {rows}]: relative error {e:.3e}");
         let fused = matvec_gelu(&gpu, TYPE_F16, cols, rows, Gelu::Node);
         let unfused = matvec_gelu(&gpu, TYPE_F16, cols, rows, Gelu::NodeUnfused);
+        // Patch 0007's kernel sums in F32 the same way with or without the
+        // GELU: equal results. Upstream's (80 wide) sums in half precision;
+        // its fused and unfused launches differed by 1.8e-4 on the H100.
+        let tolerance = if cols % 256 == 0 { 1e-6 } else { 1e-3 };
         let e = engine_core::compare::max_rel_err(&fused, &unfused).unwrap();
-        println!("matvec + bias + gelu F16 [{cols} -> {rows}] fused vs unfused: rel err {e:.3e} (tolerance 1e-6)");
-        assert!(e <= 1e-6, "F16 [{cols} -> {rows}]: relative error {e:.3e}");
+        println!("matvec + bias + gelu F16 [{cols} -> {rows}] fused vs unfused: rel err {e:.3e} (tolerance {tolerance:.0e})");
+        assert!(e <= tolerance, "F16 [{cols} -> {rows}]: relative error {e:.3e}");
     }
 }
 
@@ -238,15 +242,18 @@ fn through_f16(v: &[f32]) -> Vec<f32> {
     back
 }
 
-/// Patch 0007's F16 matrix-vector kernel (16-byte loads, one warp a row, F32
-/// sums) on T3's decode products and the speech head's odd row count, against
+/// Patch 0007's F16 matrix-vector kernel (16-byte loads, F32 sums) on T3's
+/// decode products and the speech head's odd row count, against
 /// the F32 kernel on the same matrix; and a width it does not take, which
 /// stays with the generic kernel (half-precision sums: 1e-2).
 #[test]
 fn wide_f16_matvec_matches_the_f32_kernel() {
     let _serial = one_at_a_time();
     let Some(gpu) = cuda() else { return };
-    for (cols, rows, tolerance) in [(1024, 3072, 1e-5), (1024, 4096, 1e-5), (4096, 1024, 1e-5), (1024, 6563, 1e-5), (80, 33, 1e-2)] {
+    // Many rows (a warp each), few rows (a row split over four warps), the
+    // narrowest rows the kernel takes, the speech head's odd row count.
+    let shapes = [(1024, 3072, 1e-5), (1024, 4096, 1e-5), (4096, 1024, 1e-5), (1024, 1024, 1e-5), (256, 512, 1e-5), (1024, 6563, 1e-5), (80, 33, 1e-2)];
+    for (cols, rows, tolerance) in shapes {
         let weights = through_f16(&values(cols * rows, (cols * 3 + rows) as u64));
         let want = matvec(&gpu, TYPE_F32, &weights, cols, rows);
         let got = matvec(&gpu, TYPE_F16, &weights, cols, rows);
