@@ -201,6 +201,21 @@ fn staged_vs_direct(handle: &BackendHandle, buft: ggml_sys::BufferType) {
     assert!(a.0.iter().any(|v| *v != 0.0));
     // A second round through the same staging slots.
     assert_eq!(run(&staged).0, b.0);
+    // Uploads, graph and download queued together, with new inputs each round:
+    // every round must see its own inputs (the staged copies are deferred to
+    // the compute), and agree with computing and downloading apart.
+    for (g, seed) in [(&direct, 21), (&staged, 21), (&staged, 22), (&direct, 22)] {
+        g.set_f32("table", &values(K * M, seed)).unwrap();
+        g.set_i32("rows", &rows).unwrap();
+        g.set_f32("x", &values(K * N, seed + 1)).unwrap();
+        let together = g.compute_and_get_f32(&backend, "product").unwrap();
+        g.set_f32("table", &values(K * M, seed)).unwrap();
+        g.set_i32("rows", &rows).unwrap();
+        g.set_f32("x", &values(K * N, seed + 1)).unwrap();
+        g.compute(&backend).unwrap();
+        assert_eq!(together, g.get_f32("product").unwrap(), "compute_and_get_f32 differs (seed {seed})");
+        assert_ne!(together, b.0, "seed {seed} computed the earlier inputs");
+    }
     for g in [&direct, &staged] {
         assert_eq!(g.set_f32("x", &[1.0; 3]).unwrap_err().to_string(), format!("tensor 'x' has {} elements, got 3", K * N));
         assert_eq!(g.set_i32("table", &[1; 3]).unwrap_err().to_string(), "tensor 'table' is not I32");

@@ -287,6 +287,21 @@ impl Backend {
             err(format!("{}: graph compute failed (status {status})", self.name()))
         }
     }
+
+    /// Queues `graph` on the backend's stream and returns; [`synchronize`](Self::synchronize) waits.
+    pub fn compute_async(&self, graph: &Graph<'_>) -> Result<()> {
+        let status = unsafe { sys::ggml_backend_graph_compute_async(self.as_ptr(), graph.as_ptr()) };
+        if status == sys::GGML_STATUS_SUCCESS {
+            Ok(())
+        } else {
+            err(format!("{}: graph compute failed (status {status})", self.name()))
+        }
+    }
+
+    /// Waits for everything queued on the backend's stream.
+    pub fn synchronize(&self) {
+        unsafe { sys::ggml_backend_synchronize(self.as_ptr()) }
+    }
 }
 
 impl Drop for Backend {

@@ -5,6 +5,7 @@
 use crate::backend::{Backend, Buffer, BufferType, GraphAllocator};
 use crate::context::{decode_f32, encode_f32, Context, Graph, Tensor};
 use crate::{err, sys, Result};
+use std::cell::Cell;
 use std::ptr::NonNull;
 
 /// What a graph builder returns: named inputs and outputs.
@@ -96,13 +97,13 @@ impl ComputeGraph {
             return err("staging needs a host buffer type");
         }
         let align = buft.alignment().max(64);
-        let mut slots = Vec::new();
+        let mut slots: Vec<(NonNull<sys::ggml_tensor>, usize, Cell<bool>)> = Vec::new();
         let mut size = 0usize;
         for (_, p) in self.inputs.iter().chain(&self.outputs) {
-            if slots.iter().any(|(q, _)| q == p) {
+            if slots.iter().any(|(q, ..)| q == p) {
                 continue;
             }
-            slots.push((*p, size));
+            slots.push((*p, size, Cell::new(false)));
             size += unsafe { sys::ggml_nbytes(p.as_ptr()) }.div_ceil(align) * align;
         }
         let buffer = buft.alloc(size.max(align))?;
@@ -119,46 +120,67 @@ impl ComputeGraph {
         self.staging.is_some()
     }
 
-    /// The staging address of `t`, when staged.
-    fn staged(&self, t: &Tensor<'_>) -> Option<*mut u8> {
+    /// The staging address of `t` and its upload-pending flag, when staged.
+    fn staged(&self, t: &Tensor<'_>) -> Option<(*mut u8, &Cell<bool>)> {
         let s = self.staging.as_ref()?;
-        s.slots.iter().find(|(p, _)| p.as_ptr() == t.as_ptr()).map(|(_, off)| unsafe { s.base.add(*off) })
+        s.slots.iter().find(|(p, ..)| p.as_ptr() == t.as_ptr()).map(|(_, off, pending)| (unsafe { s.base.add(*off) }, pending))
+    }
+
+    /// Queues the copies of staged inputs written since the last compute on
+    /// `backend`'s stream, ahead of the graph. The slots stay untouched until
+    /// the next `set_*`, which callers make only after a compute that waited
+    /// for the stream, so the copies always read what was written. A tensor
+    /// outside the backend's own buffer type is copied synchronously.
+    fn flush_inputs(&self, backend: &Backend) {
+        let Some(s) = self.staging.as_ref() else { return };
+        let own = unsafe { sys::ggml_backend_get_default_buffer_type(backend.as_ptr()) };
+        for (p, off, pending) in &s.slots {
+            if !pending.replace(false) {
+                continue;
+            }
+            let t = p.as_ptr();
+            unsafe {
+                let src = s.base.add(*off).cast::<std::ffi::c_void>();
+                let buffer = if (*t).view_src.is_null() { (*t).buffer } else { (*(*t).view_src).buffer };
+                if !buffer.is_null() && sys::ggml_backend_buffer_get_type(buffer) == own {
+                    sys::ggml_backend_tensor_set_async(backend.as_ptr(), t, src, 0, sys::ggml_nbytes(t));
+                } else {
+                    sys::ggml_backend_tensor_set(t, src, 0, sys::ggml_nbytes(t));
+                }
+            }
+        }
     }
 
     /// Uploads f32 values into the input `name` (converted to its type).
     pub fn set_f32(&self, name: &str, values: &[f32]) -> Result<()> {
         let t = self.input(name)?;
-        let Some(dst) = self.staged(&t) else {
+        let Some((dst, pending)) = self.staged(&t) else {
             return t.set_f32(values);
         };
         t.check_f32_upload(values.len())?;
-        // The slot holds n_bytes of this tensor; nothing else refers to it
-        // while the copy runs (the graph is not shared between threads).
-        unsafe {
-            encode_f32(values, t.ty(), dst)?;
-            sys::ggml_backend_tensor_set(t.as_ptr(), dst.cast(), 0, t.n_bytes());
-        }
+        // The slot holds n_bytes of this tensor; the copy to the device is
+        // queued by the next compute (see `flush_inputs`).
+        unsafe { encode_f32(values, t.ty(), dst)? };
+        pending.set(true);
         Ok(())
     }
 
     /// Uploads I32 values into the input `name`.
     pub fn set_i32(&self, name: &str, values: &[i32]) -> Result<()> {
         let t = self.input(name)?;
-        let Some(dst) = self.staged(&t) else {
+        let Some((dst, pending)) = self.staged(&t) else {
             return t.set_i32(values);
         };
         t.check_i32_upload(values.len())?;
-        unsafe {
-            std::ptr::copy_nonoverlapping(values.as_ptr(), dst.cast::<i32>(), values.len());
-            sys::ggml_backend_tensor_set(t.as_ptr(), dst.cast(), 0, t.n_bytes());
-        }
+        unsafe { std::ptr::copy_nonoverlapping(values.as_ptr(), dst.cast::<i32>(), values.len()) };
+        pending.set(true);
         Ok(())
     }
 
     /// Downloads the output `name` as f32.
     pub fn get_f32(&self, name: &str) -> Result<Vec<f32>> {
         let t = self.output(name)?;
-        let Some(src) = self.staged(&t) else {
+        let Some((src, _)) = self.staged(&t) else {
             return t.get_f32();
         };
         t.check_buffer()?;
@@ -169,7 +191,30 @@ impl ComputeGraph {
     }
 
     pub fn compute(&self, backend: &Backend) -> Result<()> {
+        self.flush_inputs(backend);
         backend.compute(&self.graph())
+    }
+
+    /// Computes and downloads the output `name`, waiting for the device once:
+    /// the staged inputs' copies, the graph and the output's copy are queued
+    /// on the backend's stream together (a decode step's round trip).
+    /// Unstaged graphs compute, then download.
+    pub fn compute_and_get_f32(&self, backend: &Backend, name: &str) -> Result<Vec<f32>> {
+        let t = self.output(name)?;
+        let own = unsafe { sys::ggml_backend_get_default_buffer_type(backend.as_ptr()) };
+        let queued = match self.staged(&t) {
+            Some((slot, _)) if !t.buffer_ptr().is_null() && unsafe { sys::ggml_backend_buffer_get_type(t.buffer_ptr()) } == own => Some(slot),
+            _ => None,
+        };
+        let Some(slot) = queued else {
+            self.compute(backend)?;
+            return self.get_f32(name);
+        };
+        self.flush_inputs(backend);
+        backend.compute_async(&self.graph())?;
+        unsafe { sys::ggml_backend_tensor_get_async(backend.as_ptr(), t.as_ptr(), slot.cast(), 0, t.n_bytes()) };
+        backend.synchronize();
+        unsafe { decode_f32(slot, t.ty(), t.n_elements()) }
     }
 }
 
@@ -177,8 +222,9 @@ impl ComputeGraph {
 struct HostStaging {
     _buffer: Buffer,
     base: *mut u8,
-    /// Each tensor's slot offset from `base` (aligned, `ggml_nbytes` long).
-    slots: Vec<(NonNull<sys::ggml_tensor>, usize)>,
+    /// Each tensor's slot offset from `base` (aligned, `ggml_nbytes` long) and,
+    /// for inputs, whether it holds values not yet copied to the device.
+    slots: Vec<(NonNull<sys::ggml_tensor>, usize, Cell<bool>)>,
 }
 
 /// Refuses a graph with a node the device cannot run: a backend computing an

@@ -279,9 +279,9 @@ impl T3 {
         }
         graph.set_i32(input::START_TOKEN, &[self.hp.start_speech_token as i32])?;
         self.set_positions(graph, prefix, suffix.n_tokens(), shape.kv_len)?;
-        graph.compute(&self.backend)?;
+        let logits = graph.compute_and_get_f32(&self.backend, gpt2::LOGITS)?;
         self.n_past = n;
-        Ok(graph.get_f32(gpt2::LOGITS)?)
+        Ok(logits)
     }
 
     /// Feeds one speech token at the next position; returns the next logits.
@@ -305,9 +305,9 @@ impl T3 {
         let graph = &self.step_graphs[&kv_len];
         graph.set_i32(input::TOKEN, &[token as i32])?;
         self.set_positions(graph, pos, 1, kv_len)?;
-        graph.compute(&self.backend)?;
+        let logits = graph.compute_and_get_f32(&self.backend, gpt2::LOGITS)?;
         self.n_past += 1;
-        Ok(graph.get_f32(gpt2::LOGITS)?)
+        Ok(logits)
     }
 }
 
