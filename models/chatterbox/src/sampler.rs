@@ -56,20 +56,20 @@ pub fn apply_top_p(logits: &mut [f32], p: f64) {
     }
     let probs = softmax(logits);
     // Entries already at −∞ (top-k's cut) hold no mass and stay −∞: only the
-    // rest need sorting (a stable sort keeps their order, so the result is the
-    // same as sorting all of them).
-    let mut order: Vec<usize> = (0..logits.len()).filter(|&i| logits[i] != f32::NEG_INFINITY).collect();
+    // rest need sorting, ascending with ties in index order, which is the
+    // order a stable sort of all of them gives.
+    let mut order: Vec<(f32, u32)> = logits.iter().enumerate().filter(|(_, v)| **v != f32::NEG_INFINITY).map(|(i, &v)| (v, i as u32)).collect();
     if order.is_empty() {
         return;
     }
-    order.sort_by(|&a, &b| logits[a].total_cmp(&logits[b]));
+    order.sort_unstable_by(|a, b| a.0.total_cmp(&b.0).then(a.1.cmp(&b.1)));
     let cut = (1.0 - p) as f32;
     let mut cum = 0f64;
     let last = order.len() - 1;
-    for (rank, &i) in order.iter().enumerate() {
-        cum += probs[i] as f64;
+    for (rank, &(_, i)) in order.iter().enumerate() {
+        cum += probs[i as usize] as f64;
         if (cum as f32) <= cut && rank != last {
-            logits[i] = f32::NEG_INFINITY;
+            logits[i as usize] = f32::NEG_INFINITY;
         }
     }
 }
@@ -95,7 +95,8 @@ pub fn softmax(logits: &[f32]) -> Vec<f32> {
     if max == f32::NEG_INFINITY {
         return vec![0.0; logits.len()];
     }
-    let mut out: Vec<f32> = logits.iter().map(|&v| (v - max).exp()).collect();
+    // −∞ entries (the filters' cuts, most of them) are exactly 0 without an exp.
+    let mut out: Vec<f32> = logits.iter().map(|&v| if v == f32::NEG_INFINITY { 0.0 } else { (v - max).exp() }).collect();
     let sum: f32 = out.iter().sum();
     out.iter_mut().for_each(|v| *v /= sum);
     out
@@ -119,14 +120,19 @@ pub fn argmax(values: &[f32]) -> usize {
 /// Inverse-CDF draw: the first id whose cumulative probability (ids in
 /// ascending order) exceeds `u` times the total.
 pub fn draw_with_uniform(probs: &[f32], u: f32) -> usize {
-    let mut cum = Vec::with_capacity(probs.len());
+    // The cumulative sums are accumulated in f64 and read rounded to f32, as
+    // torch's CPU cumsum gives them; two passes instead of storing them.
+    let total = probs.iter().fold(0f64, |acc, &p| acc + p as f64) as f32;
+    let target = u * total;
     let mut acc = 0f64;
-    for &p in probs {
-        acc += p as f64;
-        cum.push(acc as f32);
-    }
-    let target = u * cum.last().copied().unwrap_or(0.0);
-    cum.partition_point(|&c| c <= target).min(probs.len() - 1)
+    probs
+        .iter()
+        .position(|&p| {
+            acc += p as f64;
+            acc as f32 > target
+        })
+        .unwrap_or(probs.len())
+        .min(probs.len() - 1)
 }
 
 /// Uniform draws for sampling: seeded (xoshiro256**, reproducible across
