@@ -280,17 +280,15 @@ impl Backend {
     }
 
     pub fn compute(&self, graph: &Graph<'_>) -> Result<()> {
-        let status = unsafe { sys::ggml_backend_graph_compute(self.as_ptr(), graph.as_ptr()) };
-        if status == sys::GGML_STATUS_SUCCESS {
-            Ok(())
-        } else {
-            err(format!("{}: graph compute failed (status {status})", self.name()))
-        }
+        self.check_status(unsafe { sys::ggml_backend_graph_compute(self.as_ptr(), graph.as_ptr()) })
     }
 
     /// Queues `graph` on the backend's stream and returns; [`synchronize`](Self::synchronize) waits.
     pub fn compute_async(&self, graph: &Graph<'_>) -> Result<()> {
-        let status = unsafe { sys::ggml_backend_graph_compute_async(self.as_ptr(), graph.as_ptr()) };
+        self.check_status(unsafe { sys::ggml_backend_graph_compute_async(self.as_ptr(), graph.as_ptr()) })
+    }
+
+    fn check_status(&self, status: sys::ggml_status) -> Result<()> {
         if status == sys::GGML_STATUS_SUCCESS {
             Ok(())
         } else {
