@@ -211,7 +211,11 @@ impl ComputeGraph {
             return self.get_f32(name);
         };
         self.flush_inputs(backend);
-        backend.compute_async(&self.graph())?;
+        if let Err(e) = backend.compute_async(&self.graph()) {
+            // The queued input copies still read the slots: let them finish.
+            backend.synchronize();
+            return Err(e);
+        }
         unsafe { sys::ggml_backend_tensor_get_async(backend.as_ptr(), t.as_ptr(), slot.cast(), 0, t.n_bytes()) };
         backend.synchronize();
         unsafe { decode_f32(slot, t.ty(), t.n_elements()) }
