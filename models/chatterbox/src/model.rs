@@ -9,8 +9,8 @@ use crate::s3gen::{S3Gen, S3GenConditioning};
 use crate::sampler::{SamplingParams, UniformSource, Xoshiro256};
 use crate::t3::{self, T3Conditioning, TokenChoice, T3};
 use crate::text::{self, TextTokenizer};
-use engine_core::model_kit::Result;
 use engine_core::model_kit::{npy, OpPolicy, Timings};
+use engine_core::model_kit::{Error, Result};
 use ggml_sys::gguf::GgufFile;
 use ggml_sys::Backend;
 use std::path::{Path, PathBuf};
@@ -243,22 +243,33 @@ impl Chatterbox {
             None => Xoshiro256::new(seed ^ 0x5EED_CF31).gaussians(frames * mel_ch),
         };
         let steps = params.cfm_steps.unwrap_or(s3.hp.n_timesteps);
-        let x = timings.time("s3gen.cfm", || s3.integrate(&z, &encoded.mu, &spks, &cond, steps))?;
-        let mel = &x[prompt_frames * mel_ch..];
-
-        let hp = &s3.hp.hift;
-        let samples = (frames - prompt_frames) * hp.samples_per_frame();
-        let noise = match draws {
+        let (harmonics, samples) = (s3.hp.hift.harmonics, (frames - prompt_frames) * s3.hp.hift.samples_per_frame());
+        let recorded_noise = match draws {
             Some(RecordedDraws { sine_phase: Some(p), sine_noise: Some(n), .. }) => {
                 let mut phase = p.clone();
                 if let Some(first) = phase.first_mut() {
                     *first = 0.0;
                 }
-                SourceNoise { phase, noise: n.clone() }
+                Some(SourceNoise { phase, noise: n.clone() })
             }
-            _ => SourceNoise::seeded(seed ^ 0x50_0C3E, hp.harmonics, samples),
+            _ => None,
         };
-        let trim = hp.trim_fade_samples;
+        let seeded_noise = move || SourceNoise::seeded(seed ^ 0x50_0C3E, harmonics, samples);
+        // While a GPU integrates the CFM, the host draws HiFT's source noise
+        // (the same draws either way); on the CPU backend it waits its turn.
+        let overlap = recorded_noise.is_none() && !s3.runs_on_host();
+        let (x, noise) = std::thread::scope(|scope| -> Result<_> {
+            let drawing = overlap.then(|| scope.spawn(seeded_noise));
+            let x = timings.time("s3gen.cfm", || s3.integrate(&z, &encoded.mu, &spks, &cond, steps));
+            let noise = match (drawing, recorded_noise) {
+                (Some(drawing), _) => drawing.join().map_err(|_| Error::msg("drawing HiFT's source noise failed"))?,
+                (None, Some(recorded)) => recorded,
+                (None, None) => seeded_noise(),
+            };
+            Ok((x?, noise))
+        })?;
+        let mel = &x[prompt_frames * mel_ch..];
+        let trim = s3.hp.hift.trim_fade_samples;
         let out = timings.time("hift", || s3.vocode(mel, &noise))?;
         let mut wav = out.wav;
         apply_trim_fade(&mut wav, trim);

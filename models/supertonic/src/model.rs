@@ -274,8 +274,7 @@ impl Supertonic {
                 cache.get_or_build(ids.len(), || self.build_graph("the duration predictor", |b| duration::build(b, &self.hp.dp, self.dp_prelu, ids.len())))?;
             g.set_i32("text_ids", ids)?;
             g.set_f32("style_dp", &voice.style_dp)?;
-            g.compute(&self.backend)?;
-            Ok(g.get_f32("duration")?[0])
+            Ok(g.compute_and_get_f32(&self.backend, "duration")?[0])
         })();
         self.graphs.duration = cache;
         result
@@ -289,8 +288,7 @@ impl Supertonic {
             let g = cache.get_or_build(ids.len(), || self.build_graph("the text encoder", |b| text_encoder::build(b, &self.hp.te, sd, st, ids.len())))?;
             g.set_i32("text_ids", ids)?;
             g.set_f32("style_ttl", &voice.style_ttl)?;
-            g.compute(&self.backend)?;
-            Ok(g.get_f32("text_emb")?)
+            Ok(g.compute_and_get_f32(&self.backend, "text_emb")?)
         })();
         self.graphs.text_encoder = cache;
         result
@@ -328,8 +326,7 @@ impl Supertonic {
                 let features = vector_estimator::time_features(&self.time_freqs, self.hp.ve.time_scale, step, steps);
                 g.set_f32("time_features", &features)?;
                 g.set_f32("noisy_latent", &x)?;
-                g.compute(&self.backend)?;
-                x = g.get_f32("denoised_latent")?;
+                x = g.compute_and_get_f32(&self.backend, "denoised_latent")?;
                 on_step(step, &x, start.elapsed().as_secs_f64() * 1e3);
             }
             Ok(x)
@@ -345,8 +342,7 @@ impl Supertonic {
         let result = (|| -> Result<_> {
             let g = cache.get_or_build(latent_len, || self.build_graph("the vocoder", |b| vocoder::build(b, &self.hp, self.vocoder_prelu, latent_len)))?;
             g.set_f32("latent", latent)?;
-            g.compute(&self.backend)?;
-            Ok(g.get_f32("wav")?)
+            Ok(g.compute_and_get_f32(&self.backend, "wav")?)
         })();
         self.graphs.vocoder = cache;
         result

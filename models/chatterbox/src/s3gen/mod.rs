@@ -114,6 +114,12 @@ impl S3Gen {
         })
     }
 
+    /// Whether S3Gen's graphs run on the host's cores (the CPU backend): host
+    /// work done beside them would compete with them for those cores.
+    pub fn runs_on_host(&self) -> bool {
+        self.backend.device().is_none_or(|d| d.kind() == ggml_sys::DeviceKind::Cpu)
+    }
+
     /// The graphs built so far, by stage (census tests).
     pub fn graphs(&self) -> Vec<(&'static str, &ggml_sys::ComputeGraph)> {
         let slots = [("s3gen.encoder", &self.encoder_graph), ("s3gen.cfm", &self.cfm_graph), ("hift.f0", &self.f0_graph), ("hift", &self.hift_graph)];
@@ -191,8 +197,7 @@ impl S3Gen {
         if meanflow {
             set(cfm::R_EMB, &cfm::time_embedding(c.in_channels, c.time_scale, r))?;
         }
-        graph.compute(&self.backend)?;
-        Ok(graph.get_f32(cfm::VELOCITY)?)
+        Ok(graph.compute_and_get_f32(&self.backend, cfm::VELOCITY)?)
     }
 
     /// Meanflow Euler integration from `x0`: steps at t = i/n with r = (i+1)/n,
@@ -229,8 +234,7 @@ impl S3Gen {
             })
         })?;
         graph.set_f32(hift::MEL, mel)?;
-        graph.compute(&self.backend)?;
-        Ok(graph.get_f32(hift::F0)?)
+        Ok(graph.compute_and_get_f32(&self.backend, hift::F0)?)
     }
 
     /// The excitation for `f0` with the given random draws.
@@ -254,8 +258,7 @@ impl S3Gen {
         })?;
         graph.set_f32(hift::MEL, mel)?;
         graph.set_f32(hift::SOURCE_STFT, &stft)?;
-        graph.compute(&self.backend)?;
-        Ok(graph.get_f32(hift::CONV_POST)?)
+        Ok(graph.compute_and_get_f32(&self.backend, hift::CONV_POST)?)
     }
 
     /// The whole vocoder on a mel `[frames][mel_channels]`, with the source's random draws given.
