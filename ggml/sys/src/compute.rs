@@ -133,7 +133,6 @@ impl ComputeGraph {
     /// outside the backend's own buffer type is copied synchronously.
     fn flush_inputs(&self, backend: &Backend) {
         let Some(s) = self.staging.as_ref() else { return };
-        let own = unsafe { sys::ggml_backend_get_default_buffer_type(backend.as_ptr()) };
         for (p, off, pending) in &s.slots {
             if !pending.replace(false) {
                 continue;
@@ -141,8 +140,7 @@ impl ComputeGraph {
             let t = p.as_ptr();
             unsafe {
                 let src = s.base.add(*off).cast::<std::ffi::c_void>();
-                let buffer = if (*t).view_src.is_null() { (*t).buffer } else { (*(*t).view_src).buffer };
-                if !buffer.is_null() && sys::ggml_backend_buffer_get_type(buffer) == own {
+                if in_own_buffer(backend, t) {
                     sys::ggml_backend_tensor_set_async(backend.as_ptr(), t, src, 0, sys::ggml_nbytes(t));
                 } else {
                     sys::ggml_backend_tensor_set(t, src, 0, sys::ggml_nbytes(t));
@@ -201,9 +199,8 @@ impl ComputeGraph {
     /// Unstaged graphs compute, then download.
     pub fn compute_and_get_f32(&self, backend: &Backend, name: &str) -> Result<Vec<f32>> {
         let t = self.output(name)?;
-        let own = unsafe { sys::ggml_backend_get_default_buffer_type(backend.as_ptr()) };
         let queued = match self.staged(&t) {
-            Some((slot, _)) if !t.buffer_ptr().is_null() && unsafe { sys::ggml_backend_buffer_get_type(t.buffer_ptr()) } == own => Some(slot),
+            Some((slot, _)) if in_own_buffer(backend, t.as_ptr()) => Some(slot),
             _ => None,
         };
         let Some(slot) = queued else {
@@ -219,6 +216,15 @@ impl ComputeGraph {
         unsafe { sys::ggml_backend_tensor_get_async(backend.as_ptr(), t.as_ptr(), slot.cast(), 0, t.n_bytes()) };
         backend.synchronize();
         unsafe { decode_f32(slot, t.ty(), t.n_elements()) }
+    }
+}
+
+/// Whether `t`'s data (its view source's, for a view) lives in a buffer of
+/// `backend`'s own type, the only memory its asynchronous copies take.
+fn in_own_buffer(backend: &Backend, t: *const sys::ggml_tensor) -> bool {
+    unsafe {
+        let buffer = if (*t).view_src.is_null() { (*t).buffer } else { (*(*t).view_src).buffer };
+        !buffer.is_null() && sys::ggml_backend_buffer_get_type(buffer) == sys::ggml_backend_get_default_buffer_type(backend.as_ptr())
     }
 }
 

@@ -288,16 +288,6 @@ impl<'ctx> Tensor<'ctx> {
         encoded_size(self.ty(), n).map(|_| ())
     }
 
-    /// The backend buffer holding the tensor's data (its view source's, for a view).
-    pub(crate) fn buffer_ptr(&self) -> sys::ggml_backend_buffer_t {
-        let raw = self.raw();
-        if raw.view_src.is_null() {
-            raw.buffer
-        } else {
-            unsafe { (*raw.view_src).buffer }
-        }
-    }
-
     pub(crate) fn check_buffer(&self) -> Result<()> {
         if self.raw().buffer.is_null() {
             return err(format!("tensor '{}' has no backend buffer", self.name()));
