@@ -10,7 +10,8 @@
 #   parity      the parity suites on CUDA, and CPU/CUDA/Vulkan compared on the tiny fixtures
 #   chatterbox  full-size random Turbo checkpoints, converted; tts (cuda, vulkan) vs PyTorch on the GPU
 #   nano        the same for Nano, tts only (the reference package predates Nano)
-#   supertonic  full-size random v2/v3 bundles, converted; tts (cuda, vulkan) vs onnxruntime (CPU)
+#   supertonic  full-size random v2/v3 bundles, converted; tts (cuda, vulkan) vs onnxruntime (CPU),
+#               a ~10 s utterance and a two-chunk text
 #   soak        50 syntheses of each family in one process on CUDA
 #   hift        Turbo with the transposed convolution native or decomposed, CUDA graphs on or off
 #   perf        every graph of a Turbo and a Supertonic synthesis, timed per op (patch 0003)
@@ -148,7 +149,6 @@ stage_perf() { # the per-op timing log (patch 0003): every graph of a Turbo and 
   chatterbox_ckpt "$root/target/chatterbox-full" turbo || return 1
   local g=$root/target/chatterbox-full/gguf-f16
   [ -f "$g/t3-turbo.gguf" ] || python3 tools/chatterbox/convert.py "$root/target/chatterbox-full" "$g" --weights f16 > /dev/null || return 1
-  [ -f "$root/target/supertonic-models/v2-f32.gguf" ] || python3 bench/supertonic_vs_ort.py --versions v2 --backends cuda --runs 1 --rounds 1 --threads 16 > /dev/null 2>&1
   profile cuda cuda
   echo "== Turbo, 100 tokens, graphs on (wall) then logged"
   "$rel/tts" bench --profile "$work/cuda.toml" --plugin-dir "$rel" --model "$g/t3-turbo.gguf" --model "$g/s3gen-meanflow.gguf" \
@@ -158,15 +158,22 @@ stage_perf() { # the per-op timing log (patch 0003): every graph of a Turbo and 
     --text "The quick brown fox jumps over the lazy dog near the quiet river bank." --runs 2 --warmup 1 \
     --set max_new_tokens=99 --set min_new_tokens=100 --set seed=0 > "$out/perf-chatterbox.txt" 2> "$out/perf-chatterbox.log"
   python3 bench/perf_summary.py "$out/perf-chatterbox.log" --top 10
-  echo "== Supertonic v2, long text, graphs on (wall) then logged"
-  local st=$root/target/supertonic-models/v2-f32.gguf
-  "$rel/tts" bench --profile "$work/cuda.toml" --plugin-dir "$rel" --model "$st" --text "$(cat bench/long_text.txt)" --runs 3 --warmup 1 | grep -vE "^\s*$"
-  GGML_CUDA_PERF_LOGGER=1 "$rel/tts" bench --profile "$work/cuda.toml" --plugin-dir "$rel" --model "$st" --text "$(cat bench/long_text.txt)" \
+  echo "== Supertonic v2, the 10 s utterance, graphs on (wall) then logged"
+  local st=$root/target/supertonic-models/v2-d10.5-f32.gguf
+  [ -f "$st" ] || python3 bench/supertonic_vs_ort.py --versions v2 --backends cuda --runs 1 --rounds 1 --threads 16 --duration 10.5 > /dev/null 2>&1
+  local text10="$(cat bench/utterance_10s.txt)"
+  "$rel/tts" bench --profile "$work/cuda.toml" --plugin-dir "$rel" --model "$st" --text "$text10" --runs 3 --warmup 1 | grep -vE "^\s*$"
+  GGML_CUDA_PERF_LOGGER=1 "$rel/tts" bench --profile "$work/cuda.toml" --plugin-dir "$rel" --model "$st" --text "$text10" \
     --runs 2 --warmup 1 > "$out/perf-supertonic.txt" 2> "$out/perf-supertonic.log"
   python3 bench/perf_summary.py "$out/perf-supertonic.log" --top 10
 }
 
 stage_supertonic() {
+  # The targets' case: one ~10 s utterance (one chunk; the random duration
+  # predictor set to say 10.5 s, 10 s at speed 1.05), then the two-chunk long text.
+  python3 bench/supertonic_vs_ort.py --versions v2 v3 --threads 16 --backends cuda vulkan --runs 5 --rounds 2 \
+    --text "$(cat bench/utterance_10s.txt)" --duration 10.5 --markdown "$out/supertonic-10s.md" 2> "$out/supertonic-10s.log"
+  cat "$out/supertonic-10s.md" || tail -20 "$out/supertonic-10s.log"
   python3 bench/supertonic_vs_ort.py --versions v2 v3 --threads 16 --backends cuda vulkan --runs 5 --rounds 2 \
     --text "$(cat bench/long_text.txt)" --markdown "$out/supertonic.md" 2> "$out/supertonic.log"
   cat "$out/supertonic.md" || tail -20 "$out/supertonic.log"

@@ -10,13 +10,14 @@ side's peak RSS. Each side runs in its own process so that RSS is its own.
 
     target/tools-venv/bin/python bench/supertonic_vs_ort.py [--versions v2 v3] [--threads 1 2]
         [--runs 5] [--rounds 3] [--weights f32 q8_0] [--backends cpu cuda vulkan] [--markdown out.md]
+        [--text TEXT] [--duration SECONDS]
 
 `--backends` picks the `tts` side's backends (one row each; GPU rows use the
 policies' defaults, F16 weights among them where the device runs them); ORT
 always runs on the CPU, the only provider the onnxruntime wheel has.
 
 Bundles are generated on demand (tools/supertonic/make_bundle.py, seed 0) into
-target/supertonic-bundles/<version>/ and converted into target/supertonic-models/.
+target/supertonic-bundles/<version>[-d<duration>]/ and converted into target/supertonic-models/.
 `tts` and the plugins come from target/release (`cargo build --release --workspace`).
 """
 import argparse
@@ -72,14 +73,16 @@ def ort_worker(a):
 
 
 
-def ensure_model(version, weights):
-    bundle = os.path.join(ROOT, "target", "supertonic-bundles", version)
+def ensure_model(version, weights, duration):
+    name = version if duration is None else f"{version}-d{duration:g}"
+    bundle = os.path.join(ROOT, "target", "supertonic-bundles", name)
     if not os.path.isfile(os.path.join(bundle, "onnx", "vector_estimator.onnx")):
-        print(f"generating the full-size {version} bundle ...", file=sys.stderr)
-        run([sys.executable, os.path.join(TOOLS, "make_bundle.py"), "--config", version, "--seed", "0", "--out", bundle])
+        print(f"generating the full-size {name} bundle ...", file=sys.stderr)
+        extra = [] if duration is None else ["--duration-s", str(duration)]
+        run([sys.executable, os.path.join(TOOLS, "make_bundle.py"), "--config", version, "--seed", "0", "--out", bundle] + extra)
     models = os.path.join(ROOT, "target", "supertonic-models")
     os.makedirs(models, exist_ok=True)
-    gguf = os.path.join(models, f"{version}-{weights}.gguf")
+    gguf = os.path.join(models, f"{name}-{weights}.gguf")
     if not os.path.isfile(gguf) or os.path.getmtime(gguf) < os.path.getmtime(os.path.join(bundle, "onnx", "vector_estimator.onnx")):
         run([sys.executable, os.path.join(TOOLS, "convert.py"), bundle, gguf, "--weights", weights])
     return bundle, gguf
@@ -114,6 +117,9 @@ def main():
     ap.add_argument("--rounds", type=int, default=3, help="alternating ORT / tts rounds (median of round medians)")
     ap.add_argument("--warmup", type=int, default=1)
     ap.add_argument("--text", default=DEFAULT_TEXT)
+    ap.add_argument("--duration", type=float,
+                    help="seconds the random duration predictor says per chunk (before the speed factor); "
+                         "random weights otherwise say about 2 s for any text, real ones about 10 s for 150 characters")
     ap.add_argument("--markdown", help="also write the table here")
     # worker mode
     ap.add_argument("--ort-worker", action="store_true", help=argparse.SUPPRESS)
@@ -128,7 +134,7 @@ def main():
     for version in a.versions:
         steps = STEPS[version]
         for weights in a.weights:
-            bundle, gguf = ensure_model(version, weights)
+            bundle, gguf = ensure_model(version, weights, a.duration)
             for threads in a.threads:
                 # Alternate the two sides over several rounds so that drift in the
                 # machine's speed (shared hosts) hits both alike; medians of rounds.
@@ -141,7 +147,8 @@ def main():
                     rows.append(table_row(version, weights, backend, threads, steps, ort_rounds, tts_rounds[backend]))
 
     gpu = gpu_name()
-    lines = [f"Machine: {cpu_name()}, {os.cpu_count()} cores{f'; GPU {gpu}' if gpu else ''}; text: \"{a.text}\" (voice F1, speed 1.05, seed 42); "
+    said = "" if a.duration is None else f"; the random duration predictor says {a.duration:g} s a chunk"
+    lines = [f"Machine: {cpu_name()}, {os.cpu_count()} cores{f'; GPU {gpu}' if gpu else ''}; text: \"{a.text}\" (voice F1, speed 1.05, seed 42{said}); "
              f"median over {a.rounds} alternating rounds of the median of {a.runs} runs (after {a.warmup} warm-up) per side; "
              "ORT on the CPU with the row's threads.", "",
              "| version | tts weights | tts backend | threads | steps | audio s | ORT ms | tts ms | ratio | VE ms ORT / tts | vocoder ms ORT / tts | peak RSS MiB ORT / tts |",

@@ -889,9 +889,11 @@ def tts_json(cfg):
 
 # ---------------------------------------------------------------------------
 
-def write_bundle(config, seed, out):
+def write_bundle(config, seed, out, duration_s=None):
     import onnx
     cfg = get_config(config)
+    if duration_s is not None:
+        cfg["dp"]["duration_s"] = duration_s
     P = make_params(cfg, seed)
     os.makedirs(os.path.join(out, "onnx"), exist_ok=True)
     os.makedirs(os.path.join(out, "voice_styles"), exist_ok=True)
@@ -921,8 +923,10 @@ def main():
     ap.add_argument("--config", required=True)
     ap.add_argument("--seed", type=int, default=0)
     ap.add_argument("--out", required=True)
+    ap.add_argument("--duration-s", type=float,
+                    help="what the random duration predictor says for any text, about (its output bias is the log of it)")
     a = ap.parse_args()
-    cfg = write_bundle(a.config, a.seed, a.out)
+    cfg = write_bundle(a.config, a.seed, a.out, a.duration_s)
     tot = 0
     for n in ("duration_predictor", "text_encoder", "vector_estimator", "vocoder"):
         sz = os.path.getsize(os.path.join(a.out, "onnx", n + ".onnx"))

@@ -1,7 +1,8 @@
 //! Speech-token sampling, in the reference's order for Turbo: temperature →
 //! top-k → top-p → repetition penalty (the `transformers` logits processors),
 //! softmax, then one draw. Every step is a separate function so tests can
-//! compare each against the reference's intermediate rows.
+//! compare each against the reference's intermediate rows; generation runs
+//! the same chain on top-k's survivors alone ([`candidates`]).
 
 use engine_core::model_kit::Result;
 
@@ -110,6 +111,142 @@ pub fn process(logits: &[f32], history: &[u32], params: &SamplingParams) -> Vec<
     apply_top_p(&mut l, params.top_p);
     apply_repetition_penalty(&mut l, history, params.repetition_penalty);
     l
+}
+
+/// The tokens `process` leaves finite, in id order, with their processed
+/// logits. Top-k keeps about a thousand of Turbo's 6563 speech tokens, so
+/// the nucleus filter, the penalty, the softmax and the draw work on those
+/// alone: the same token as the dense chain, at a fraction of its cost (it
+/// runs between every two decode steps, while the GPU waits).
+#[derive(Debug, Clone, PartialEq)]
+pub struct Candidates {
+    ids: Vec<u32>,
+    logits: Vec<f32>,
+    vocab: usize,
+}
+
+/// Maps an f32 to a u32 whose unsigned order is `f32::total_cmp`'s.
+fn order_key(v: f32) -> u32 {
+    let b = v.to_bits();
+    if b >> 31 == 1 {
+        !b
+    } else {
+        b | 0x8000_0000
+    }
+}
+
+fn from_order_key(k: u32) -> f32 {
+    f32::from_bits(if k >> 31 == 1 { k & 0x7fff_ffff } else { !k })
+}
+
+/// `process` computed on the top-k survivors; see [`Candidates`].
+pub fn candidates(logits: &[f32], history: &[u32], params: &SamplingParams) -> Candidates {
+    let n = logits.len();
+    let t = params.temperature;
+    let scaled = |v: f32| if t > 0.0 && t != 1.0 { v / t } else { v };
+    let keys: Vec<u32> = logits.iter().map(|&v| order_key(scaled(v))).collect();
+    // `apply_top_k` cuts the values below (by `<`) the k-th largest by total order.
+    let threshold = if params.top_k == 0 || params.top_k >= n {
+        f32::NEG_INFINITY
+    } else {
+        let mut copy = keys.clone();
+        from_order_key(*copy.select_nth_unstable(n - params.top_k).1)
+    };
+    // The same cut on the keys: `<` treats −0 as +0, total order puts it below.
+    let lowest_kept = order_key(if threshold == 0.0 { -0.0 } else { threshold }).max(order_key(f32::NEG_INFINITY) + 1);
+    let capacity = params.top_k.min(n) + 16;
+    let (mut ids, mut values) = (Vec::with_capacity(capacity), Vec::with_capacity(capacity));
+    for (i, &key) in keys.iter().enumerate() {
+        if key >= lowest_kept {
+            ids.push(i as u32);
+            values.push(from_order_key(key));
+        }
+    }
+    let mut kept = vec![true; ids.len()];
+    if params.top_p < 1.0 && !ids.is_empty() {
+        let probs = softmax(&values);
+        let order = ascending_slots(&values);
+        let cut = (1.0 - params.top_p) as f32;
+        let (mut cum, last) = (0f64, order.len() - 1);
+        for (rank, &slot) in order.iter().enumerate() {
+            cum += probs[slot as usize] as f64;
+            if (cum as f32) <= cut && rank != last {
+                kept[slot as usize] = false;
+            }
+        }
+    }
+    if params.repetition_penalty != 1.0 {
+        let mut penalised = vec![false; ids.len()];
+        for id in history {
+            if let Ok(slot) = ids.binary_search(id) {
+                if kept[slot] && !std::mem::replace(&mut penalised[slot], true) {
+                    let v = values[slot];
+                    values[slot] = if v < 0.0 { v * params.repetition_penalty } else { v / params.repetition_penalty };
+                }
+            }
+        }
+    }
+    let (ids, logits) = ids.into_iter().zip(values).zip(kept).filter(|(_, k)| *k).map(|(iv, _)| iv).unzip();
+    Candidates { ids, logits, vocab: n }
+}
+
+/// Slots of `values` ascending by total order, ties in slot order (the order
+/// a stable sort gives): a least-significant-digit radix sort of their keys.
+fn ascending_slots(values: &[f32]) -> Vec<u32> {
+    let keys: Vec<u32> = values.iter().map(|&v| order_key(v)).collect();
+    let mut counts = [[0u32; 256]; 4];
+    for &key in &keys {
+        for (digit, c) in counts.iter_mut().enumerate() {
+            c[((key >> (8 * digit)) & 255) as usize] += 1;
+        }
+    }
+    let mut order: Vec<u32> = (0..keys.len() as u32).collect();
+    let mut next = vec![0u32; keys.len()];
+    for (digit, c) in counts.iter().enumerate() {
+        if c.iter().any(|&n| n as usize == keys.len()) {
+            continue; // every key has this digit: the pass would not move anything
+        }
+        let mut start = [0u32; 256];
+        let mut sum = 0;
+        for (s, &n) in start.iter_mut().zip(c) {
+            *s = sum;
+            sum += n;
+        }
+        for &slot in &order {
+            let d = ((keys[slot as usize] >> (8 * digit)) & 255) as usize;
+            next[start[d] as usize] = slot;
+            start[d] += 1;
+        }
+        std::mem::swap(&mut order, &mut next);
+    }
+    order
+}
+
+impl Candidates {
+    /// Nothing survived the filters (every logit was −∞).
+    pub fn is_empty(&self) -> bool {
+        self.ids.is_empty()
+    }
+
+    /// `draw_with_uniform(&softmax(&processed), u)`: the entries cut to −∞
+    /// have probability 0, which changes neither the sums (taken in id order)
+    /// nor where the cumulative sum first exceeds the target.
+    pub fn draw(&self, u: f32) -> usize {
+        if self.ids.is_empty() {
+            return self.vocab.saturating_sub(1);
+        }
+        let probs = softmax(&self.logits);
+        let total = probs.iter().fold(0f64, |acc, &p| acc + p as f64) as f32;
+        let target = u * total;
+        let mut acc = 0f64;
+        match probs.iter().position(|&p| {
+            acc += p as f64;
+            acc as f32 > target
+        }) {
+            Some(slot) => self.ids[slot] as usize,
+            None => self.vocab - 1,
+        }
+    }
 }
 
 /// Index of the largest value (the first one on ties, as torch's argmax).
@@ -258,6 +395,50 @@ mod tests {
         let mut l = vec![0.0, 10.0, 0.0];
         apply_top_p(&mut l, 0.01);
         assert_eq!(l, vec![f32::NEG_INFINITY, 10.0, f32::NEG_INFINITY]);
+    }
+
+    /// The candidates' logits where `process` leaves them finite, −∞ elsewhere.
+    fn dense(c: &Candidates) -> Vec<f32> {
+        let mut out = vec![f32::NEG_INFINITY; c.vocab];
+        for (&i, &v) in c.ids.iter().zip(&c.logits) {
+            out[i as usize] = v;
+        }
+        out
+    }
+
+    #[test]
+    fn candidates_draw_the_dense_chains_token() {
+        let mut rng = Xoshiro256::new(11);
+        let params = [
+            SamplingParams::default(),
+            SamplingParams { temperature: 1.0, top_k: 0, top_p: 1.0, repetition_penalty: 1.0 },
+            SamplingParams { temperature: 0.7, top_k: 5, top_p: 0.5, repetition_penalty: 2.0 },
+            SamplingParams { temperature: 1.3, top_k: 6563, top_p: 0.99, repetition_penalty: 1.2 },
+            SamplingParams { temperature: 0.8, top_k: 1, top_p: 0.95, repetition_penalty: 1.2 },
+        ];
+        for (case, p) in params.iter().enumerate() {
+            for spread in [0.5f32, 3.0, 12.0] {
+                // Rounded values give ties; some −∞ (a suppressed stop token), a
+                // history with repeats and ids past the vocabulary.
+                let mut logits: Vec<f32> = rng.gaussians(6563).iter().map(|g| (g * spread * 8.0).round() / 8.0).collect();
+                logits[6562] = f32::NEG_INFINITY;
+                logits[17] = -0.0;
+                let history: Vec<u32> = (0..300).map(|_| (rng.next_u64() % 7000) as u32).collect();
+                let want = process(&logits, &history, p);
+                let got = candidates(&logits, &history, p);
+                assert_eq!(dense(&got), want, "case {case}, spread {spread}");
+                let probs = softmax(&want);
+                for _ in 0..200 {
+                    let u = rng.next_f32();
+                    assert_eq!(got.draw(u), draw_with_uniform(&probs, u), "case {case}, spread {spread}, u {u}");
+                }
+            }
+        }
+        let all_cut = vec![f32::NEG_INFINITY; 8];
+        assert!(candidates(&all_cut, &[], &SamplingParams::default()).is_empty());
+        for v in [f32::NEG_INFINITY, -3.5, -0.0, 0.0, 1e-30, 7.25, f32::INFINITY] {
+            assert_eq!(from_order_key(order_key(v)).to_bits(), v.to_bits());
+        }
     }
 
     #[test]

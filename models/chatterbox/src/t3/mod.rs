@@ -366,11 +366,11 @@ pub fn generate(
         let token = match choice {
             TokenChoice::Greedy => sampler::argmax(&logits) as u32,
             TokenChoice::Sample(params, uniforms) => {
-                let processed = sampler::process(&logits, history, params);
-                if processed.iter().all(|v| *v == f32::NEG_INFINITY) {
+                let candidates = sampler::candidates(&logits, history, params);
+                if candidates.is_empty() {
                     break;
                 }
-                sampler::draw_with_uniform(&sampler::softmax(&processed), uniforms.draw()?) as u32
+                candidates.draw(uniforms.draw()?) as u32
             }
         };
         tokens.push(token);
