@@ -98,6 +98,15 @@ impl Context {
         self.wrap(unsafe { sys::ggml_fill(self.as_ptr(), a.as_ptr(), value) })
     }
 
+    /// `[start, start + step, …)` below `stop`, F32, computed on the device.
+    pub fn arange(&self, start: f32, stop: f32, step: f32) -> Result<Tensor<'_>> {
+        self.wrap(unsafe { sys::ggml_arange(self.as_ptr(), start, stop, step) })
+    }
+
+    pub fn clamp<'a>(&'a self, a: Tensor<'a>, min: f32, max: f32) -> Result<Tensor<'a>> {
+        self.wrap(unsafe { sys::ggml_clamp(self.as_ptr(), a.as_ptr(), min, max) })
+    }
+
     pub fn cast<'a>(&'a self, a: Tensor<'a>, ty: Type) -> Result<Tensor<'a>> {
         self.wrap(unsafe { sys::ggml_cast(self.as_ptr(), a.as_ptr(), ty) })
     }

@@ -100,9 +100,12 @@ pub fn check_model_bytes(bytes: &[u8]) -> Result<()> {
 /// kit fallback is a load error.
 pub const GRAPH_OPS: &[&str] = &[
     "ADD",
+    "ARANGE",
+    "CLAMP",
     "CONCAT",
     "CONT",
     "CONV_2D_DW",
+    "CPY",
     "DIV",
     "FLASH_ATTN_EXT",
     "GET_ROWS",

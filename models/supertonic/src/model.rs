@@ -263,7 +263,7 @@ impl Supertonic {
 
     fn build_graph(&self, what: &str, f: impl for<'c> FnOnce(&Builder<'c, '_>) -> GgmlResult<GraphIo<'c>>) -> Result<ComputeGraph> {
         let ln_eps = self.hp.layer_norm_eps;
-        compute_graph(&self.backend, &self.weights, &self.policy, MAX_NODES, what, |kit| f(&Builder { kit, ln_eps }))
+        compute_graph(&self.backend, &self.weights, &self.policy, MAX_NODES, what, |kit| f(&Builder::new(kit, ln_eps)))
     }
 
     /// Duration predictor: seconds (before the speed factor).

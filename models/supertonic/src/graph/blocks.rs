@@ -4,13 +4,23 @@
 
 use crate::hparams::{AttnEncoderHp, ConvNextHp, CrossAttnHp};
 use engine_core::model_kit;
-use ggml_sys::{Result, Tensor};
+use ggml_sys::{Result, Tensor, TYPE_I32};
+use std::cell::RefCell;
 
 /// The kit's builder (policy-aware ops, weights, linear layers) plus the
 /// LayerNorm epsilon every Supertonic stage shares.
 pub struct Builder<'c, 'w> {
     pub kit: model_kit::Builder<'c, 'w>,
     pub ln_eps: f32,
+    /// Row indices of the edge paddings built so far, by `(T, left, right,
+    /// B)`: every convolution of one padding in a graph shares one.
+    pad_rows: RefCell<Vec<([i64; 4], Tensor<'c>)>>,
+}
+
+impl<'c, 'w> Builder<'c, 'w> {
+    pub fn new(kit: model_kit::Builder<'c, 'w>, ln_eps: f32) -> Self {
+        Builder { kit, ln_eps, pad_rows: RefCell::new(Vec::new()) }
+    }
 }
 
 impl<'c, 'w> std::ops::Deref for Builder<'c, 'w> {
@@ -29,8 +39,21 @@ impl<'c> Builder<'c, '_> {
     }
 
     /// Replicates the first and last frames: `[C, T, B]` → `[C, left + T + right, B]`.
+    /// One row gather where the device runs it (its indices, clamped to the
+    /// frames, are computed on the device once per graph and padding), else
+    /// repeats and concatenations.
     pub fn edge_pad(&self, x: Tensor<'c>, left: usize, right: usize) -> Result<Tensor<'c>> {
+        if left == 0 && right == 0 {
+            return Ok(x);
+        }
         let [c, t, b, _] = x.ne();
+        if let Some(rows) = self.pad_rows(t, left, right, b)? {
+            let x = if x.is_contiguous() { x } else { self.ctx.cont(x)? };
+            let padded = self.ctx.get_rows(x, rows)?;
+            if self.device.is_none_or(|dev| dev.supports_op(padded)) {
+                return Ok(padded);
+            }
+        }
         let nb = x.nb();
         let mut out = x;
         if left > 0 {
@@ -44,6 +67,27 @@ impl<'c> Builder<'c, '_> {
             out = self.ctx.concat(out, rep, 1)?;
         }
         Ok(out)
+    }
+
+    /// `clamp(i − left, 0, T − 1)` for `i < left + T + right`, as I32 rows
+    /// `[T', B]`; None where the device lacks a node of it.
+    fn pad_rows(&self, t: i64, left: usize, right: usize, b: i64) -> Result<Option<Tensor<'c>>> {
+        let key = [t, left as i64, right as i64, b];
+        if let Some((_, rows)) = self.pad_rows.borrow().iter().find(|(k, _)| *k == key) {
+            return Ok(Some(*rows));
+        }
+        let c = self.ctx;
+        let n = t + (left + right) as i64;
+        let mut index = c.clamp(c.arange(-(left as f32), (t as usize + right) as f32, 1.0)?, 0.0, (t - 1) as f32)?;
+        if b > 1 {
+            index = c.repeat_to(c.reshape(index, &[n, 1])?, [n, b, 1, 1])?;
+        }
+        let rows = c.cast(index, TYPE_I32)?;
+        if !self.device.is_none_or(|dev| dev.supports_op(index) && dev.supports_op(rows)) {
+            return Ok(None);
+        }
+        self.pad_rows.borrow_mut().push((key, rows));
+        Ok(Some(rows))
     }
 
     /// Depthwise convolution along time with edge-replication padding,
@@ -79,7 +123,8 @@ impl<'c> Builder<'c, '_> {
     pub fn split_heads(&self, x: Tensor<'c>, heads: usize) -> Result<Tensor<'c>> {
         let [u, t, b, _] = x.ne();
         let h = heads as i64;
-        let x = self.ctx.reshape(self.ctx.cont(x)?, &[u / h, h, t, b])?;
+        let x = if x.is_contiguous() { x } else { self.ctx.cont(x)? };
+        let x = self.ctx.reshape(x, &[u / h, h, t, b])?;
         self.ctx.cont(self.ctx.permute(x, [0, 2, 1, 3])?)
     }
 

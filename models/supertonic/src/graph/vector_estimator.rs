@@ -28,7 +28,7 @@ pub struct Dims {
 /// Inputs: `noisy_latent` `[latent_channels, L]`, `time_features` `[time_dim]`
 /// (the sinusoidal encoding of t, computed on the host), `text_emb` `[Ct, T]`,
 /// `style_ttl` `[style_dim, tokens]`, and the RoPE tables `rope_cos_q`/`rope_sin_q`
-/// `[head_dim, L]`, `rope_cos_k`/`rope_sin_k` `[head_dim, T]`.
+/// `[head_dim, L]`, `rope_cos_k`/`rope_sin_k` `[head_dim, T]` (see [`rope_tables`]).
 /// Output: `denoised_latent` `[latent_channels, L]`.
 pub fn build<'c>(b: &Builder<'c, '_>, hp: &VectorEstimatorHp, dims: &Dims, shape: StepShape) -> Result<GraphIo<'c>> {
     let ctx = b.ctx;
@@ -117,19 +117,22 @@ pub fn build<'c>(b: &Builder<'c, '_>, hp: &VectorEstimatorHp, dims: &Dims, shape
 }
 
 /// Half-split rotary embedding with host tables `[D, T]` (both halves hold the
-/// same angles): `x·cos + rotate_half(x)·sin` on `[D, T, H, B]`.
-fn rope<'c>(b: &Builder<'c, '_>, x: Tensor<'c>, cos: Tensor<'c>, sin: Tensor<'c>) -> Result<Tensor<'c>> {
+/// same angles, the sine's first half negated): `x·cos + rotate_half(x)·sin`
+/// on `[D, T, H, B]`, where `rotate_half(x) = [−x₂, x₁]` is the halves
+/// swapped (one concatenation of two views) times the signed sine.
+fn rope<'c>(b: &Builder<'c, '_>, x: Tensor<'c>, cos: Tensor<'c>, signed_sin: Tensor<'c>) -> Result<Tensor<'c>> {
     let ctx = b.ctx;
     let [d, t, h, n] = x.ne();
     let nb = x.nb();
     let half = d / 2;
-    let first = ctx.cont(ctx.view(x, &[half, t, h, n], &[nb[1], nb[2], nb[3]], 0)?)?;
-    let second = ctx.cont(ctx.view(x, &[half, t, h, n], &[nb[1], nb[2], nb[3]], half as usize * 4)?)?;
-    let rotated = ctx.concat(ctx.neg(second)?, first, 0)?;
-    ctx.add(ctx.mul(x, cos)?, ctx.mul(rotated, sin)?)
+    let first = ctx.view(x, &[half, t, h, n], &[nb[1], nb[2], nb[3]], 0)?;
+    let second = ctx.view(x, &[half, t, h, n], &[nb[1], nb[2], nb[3]], half as usize * 4)?;
+    let swapped = ctx.concat(second, first, 0)?;
+    ctx.add(ctx.mul(x, cos)?, ctx.mul(swapped, signed_sin)?)
 }
 
-/// Host tables for length-aware RoPE: angle(p, k) = (p / len) · θ_k.
+/// Host tables for length-aware RoPE: angle(p, k) = (p / len) · θ_k; the
+/// sine table's first half is negated (see [`rope`]).
 pub fn rope_tables(theta: &[f32], len: usize) -> (Vec<f32>, Vec<f32>) {
     let half = theta.len();
     let mut cos = vec![0f32; 2 * half * len];
@@ -137,9 +140,9 @@ pub fn rope_tables(theta: &[f32], len: usize) -> (Vec<f32>, Vec<f32>) {
     for p in 0..len {
         for (k, &th) in theta.iter().enumerate() {
             let angle = (p as f64 / len as f64) * th as f64;
-            for off in [0, half] {
+            for (off, sign) in [(0, -1.0), (half, 1.0)] {
                 cos[p * 2 * half + k + off] = angle.cos() as f32;
-                sin[p * 2 * half + k + off] = angle.sin() as f32;
+                sin[p * 2 * half + k + off] = sign * angle.sin() as f32;
             }
         }
     }

@@ -39,7 +39,8 @@ pub fn build<'c>(b: &Builder<'c, '_>, hp: &Hparams, prelu_slope: f32, latent_len
 fn causal_conv<'c>(b: &Builder<'c, '_>, x: Tensor<'c>, prefix: &str, kernel: usize) -> Result<Tensor<'c>> {
     let ctx = b.ctx;
     let [c, t, _, _] = x.ne();
-    let xp = ctx.cont(b.edge_pad(x, kernel - 1, 0)?)?;
+    let xp = b.edge_pad(x, kernel - 1, 0)?;
+    let xp = if xp.is_contiguous() { xp } else { ctx.cont(xp)? };
     let nb1 = xp.nb()[1];
     let mut stacked = ctx.view(xp, &[c, t], &[nb1], 0)?;
     for k in 1..kernel {
