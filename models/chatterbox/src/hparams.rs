@@ -294,7 +294,11 @@ impl S3GenHparams {
                 per_frame.map_or("too many".into(), |n| n.to_string())
             )
         })?;
-        m.require(h.hop <= h.n_fft && h.n_fft.is_multiple_of(2), || format!("hift.n_fft {} must be even and at least hift.hop {}", h.n_fft, h.hop))?;
+        // The ISTFT's overlap-add runs as n_fft/hop shifted views whose window
+        // envelope stays well above zero: whole hops, at least two per frame.
+        m.require(h.n_fft.is_multiple_of(2) && h.n_fft.is_multiple_of(h.hop) && 2 * h.hop <= h.n_fft, || {
+            format!("hift.n_fft {} must be even, a multiple of hift.hop {} and at least twice it", h.n_fft, h.hop)
+        })?;
         // "Same" convolutions pad (k - 1) / 2 on each side: their kernels must be odd.
         let odd = [("conv_pre_kernel", h.conv_pre_kernel), ("conv_post_kernel", h.conv_post_kernel), ("f0_kernel", h.f0_kernel)]
             .into_iter()

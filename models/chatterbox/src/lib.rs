@@ -111,9 +111,11 @@ pub fn params_from_options(options: &OptionList) -> Result<SynthesisParams> {
 /// kit fallback is a load error.
 pub const GRAPH_OPS: &[&str] = &[
     "ADD",
+    "CLAMP",
     "CONCAT",
     "CONT",
     "CONV_TRANSPOSE_1D",
+    "COS",
     "CPY",
     "DIV",
     "FLASH_ATTN_EXT",

@@ -1,7 +1,10 @@
-//! HiFT graphs: the F0 predictor and the decoder body (mel + source STFT →
-//! log-magnitude and phase channels). The sine source, the STFT/ISTFT and the
-//! trim fade run on the host (`source.rs`): they are cheap, and the source's
-//! phase is a long float32 running sum whose rounding the reference fixes.
+//! HiFT graphs: the F0 predictor and the decoder (the excitation's STFT, the
+//! body's log-magnitude and phase channels, and the ISTFT head down to the
+//! clamped waveform). The sine source and the trim fade run on the host
+//! (`source.rs`): the source's phase is a long float32 running sum whose
+//! rounding the reference fixes. The transforms are products with windowed
+//! DFT bases derived at load ([`stft_bases`]); `source.rs` keeps FFT
+//! versions of them as the host reference.
 //!
 //! Layout: time-first `[frames, channels]` (ne0 = time), which is what ggml's
 //! im2col convolution and transposed convolution take.
@@ -12,10 +15,19 @@ use ggml_sys::{GraphIo, Result, Tensor, TYPE_F32};
 
 pub const MEL: &str = "mel";
 pub const F0: &str = "f0";
-pub const SOURCE_STFT: &str = "source_stft";
+pub const SOURCE: &str = "source";
 pub const CONV_POST: &str = "conv_post";
+pub const WAV: &str = "wav";
+
+/// Derived tensors: the windowed forward DFT `[n_fft, n_fft + 2]` (real rows,
+/// then imaginary), the windowed inverse `[n_fft + 2, n_fft]` (with 1/n_fft
+/// and the one-sided spectrum's factor 2) and the squared window `[n_fft, 1]`.
+const STFT_BASIS: &str = "hift.stft.basis";
+const ISTFT_BASIS: &str = "hift.istft.basis";
+const WINDOW_SQUARED: &str = "hift.istft.window_sq";
 
 const P: &str = "hift";
+const F32: usize = std::mem::size_of::<f32>();
 
 /// `mel` `[mel_channels, T]` (frame-major, as the CFM produces it) → `f0` `[T]` in Hz.
 pub fn build_f0<'c>(b: &Builder<'c, '_>, hp: &HiftHparams, mel_channels: usize, frames: usize) -> Result<GraphIo<'c>> {
@@ -31,14 +43,16 @@ pub fn build_f0<'c>(b: &Builder<'c, '_>, hp: &HiftHparams, mel_channels: usize, 
     Ok(GraphIo { inputs: vec![(MEL, mel)], outputs: vec![(F0, f0)] })
 }
 
-/// Decoder body. Inputs: `mel` `[mel_channels, T]`, `source_stft` `[F, n_fft+2]`
-/// (F = T·∏rates + 1 STFT frames: real parts then imaginary parts). Output:
-/// `conv_post` `[F, n_fft+2]`: log-magnitudes then phases before `sin`.
+/// Decoder. Inputs: `mel` `[mel_channels, T]`, `source` `[T·∏rates·hop]`
+/// (the excitation). Outputs: `conv_post` `[F, n_fft+2]` (F = T·∏rates + 1
+/// STFT frames: log-magnitudes then phases before `sin`) and `wav`, the
+/// ISTFT head's waveform clamped to ±`audio_limit`.
 pub fn build_decoder<'c>(b: &Builder<'c, '_>, hp: &HiftHparams, mel_channels: usize, frames: usize) -> Result<GraphIo<'c>> {
     let ctx = b.ctx;
-    let stft_frames = frames * hp.upsample_rates.iter().product::<usize>() + 1;
+    let samples = frames * hp.samples_per_frame();
     let mel = ctx.new_tensor(TYPE_F32, &[mel_channels as i64, frames as i64])?.set_name(MEL);
-    let source = ctx.new_tensor(TYPE_F32, &[stft_frames as i64, hp.n_fft as i64 + 2])?.set_name(SOURCE_STFT);
+    let excitation = ctx.new_tensor(TYPE_F32, &[samples as i64])?.set_name(SOURCE);
+    let source = stft(b, hp, excitation)?;
 
     let x = ctx.cont(ctx.transpose(mel)?)?;
     let mut x = conv(b, x, &format!("{P}.conv_pre"), 1, hp.conv_pre_kernel / 2, 1)?;
@@ -74,7 +88,90 @@ pub fn build_decoder<'c>(b: &Builder<'c, '_>, hp: &HiftHparams, mel_channels: us
     // PyTorch's default slope here, not `lrelu_slope`.
     let x = b.leaky_relu(x, 0.01)?;
     let out = conv(b, x, &format!("{P}.conv_post"), 1, hp.conv_post_kernel / 2, 1)?;
-    Ok(GraphIo { inputs: vec![(MEL, mel), (SOURCE_STFT, source)], outputs: vec![(CONV_POST, out)] })
+    let wav = istft_head(b, hp, out)?;
+    Ok(GraphIo { inputs: vec![(MEL, mel), (SOURCE, excitation)], outputs: vec![(CONV_POST, out), (WAV, wav)] })
+}
+
+/// `torch.stft(x, n_fft, hop, hann, center=True, pad_mode="reflect")` of
+/// `x` `[L]` as `[L/hop + 1, n_fft + 2]` (real parts, then imaginary): the
+/// reflect-padded signal convolved at stride `hop` with the DFT basis, each
+/// basis row an output channel.
+fn stft<'c>(b: &Builder<'c, '_>, hp: &HiftHparams, x: Tensor<'c>) -> Result<Tensor<'c>> {
+    let ctx = b.ctx;
+    let n = hp.n_fft as i64;
+    let len = x.ne()[0];
+    let padded = ctx.pad_reflect_1d(ctx.reshape(x, &[len, 1])?, (n / 2) as i32, (n / 2) as i32)?;
+    let basis = ctx.reshape(b.w(STFT_BASIS)?, &[n, 1, n + 2])?;
+    ctx.conv_1d_time_first(basis, padded, hp.hop as i32, 0, 1)
+}
+
+/// The head on `conv_post` `[F, 2·bins]`: magnitude `min(e^x, 100)`, phase
+/// `sin(x)`, the windowed inverse of every frame, overlap-added and divided
+/// by the window's squared envelope (`torch.istft`, center=True), clamped.
+fn istft_head<'c>(b: &Builder<'c, '_>, hp: &HiftHparams, conv_post: Tensor<'c>) -> Result<Tensor<'c>> {
+    let ctx = b.ctx;
+    let (n, hop) = (hp.n_fft as i64, hp.hop as i64);
+    let bins = n / 2 + 1;
+    let [f, _, _, _] = conv_post.ne();
+    let nb1 = conv_post.nb()[1];
+    let log_mag = ctx.view(conv_post, &[f, bins], &[nb1], 0)?;
+    let phase = ctx.sin(ctx.view(conv_post, &[f, bins], &[nb1], bins as usize * nb1)?)?;
+    let mag = ctx.clamp(ctx.exp(log_mag)?, f32::MIN, 100.0)?;
+    let re = ctx.mul(mag, ctx.cos(phase)?)?;
+    let im = ctx.mul(mag, ctx.sin(phase)?)?;
+    let spectrum = ctx.cont(ctx.transpose(ctx.concat(re, im, 1)?)?)?; // [2·bins, F]
+    let frames = ctx.mul_mat(b.w(ISTFT_BASIS)?, spectrum)?; // [n_fft, F], windowed
+    let window_sq = ctx.repeat_to(b.w(WINDOW_SQUARED)?, [n, f, 1, 1])?;
+    let y = ctx.div(overlap_add(b, frames, hop)?, overlap_add(b, window_sq, hop)?)?;
+    let total = y.ne()[0] * y.ne()[1];
+    let y = ctx.view(ctx.reshape(y, &[total])?, &[total - n], &[], (n / 2) as usize * F32)?;
+    ctx.clamp(y, -hp.audio_limit, hp.audio_limit)
+}
+
+/// Overlap-add of frames `[n, F]` at `hop` (n a multiple of it) →
+/// `[hop, F + n/hop − 1]`, i.e. `n + hop·(F − 1)` samples: output block `j`
+/// sums the `q`-th hop of frame `j − q` over q, each q a view of the frames
+/// padded with empty ones (the adds run as one kernel where fused).
+fn overlap_add<'c>(b: &Builder<'c, '_>, frames: Tensor<'c>, hop: i64) -> Result<Tensor<'c>> {
+    let ctx = b.ctx;
+    let [n, f, _, _] = frames.ne();
+    let q = n / hop;
+    let padded = ctx.pad_ext(frames, [[0, 0], [q as i32 - 1, q as i32 - 1], [0, 0], [0, 0]])?;
+    let nb1 = padded.nb()[1];
+    let part = |j: i64| ctx.view(padded, &[hop, f + q - 1], &[nb1], (q - 1 - j) as usize * nb1 + (j * hop) as usize * F32);
+    let mut sum = part(0)?;
+    for j in 1..q {
+        sum = ctx.add(sum, part(j)?)?;
+    }
+    Ok(sum)
+}
+
+/// The STFT's and ISTFT's bases and the squared window, for `add_derived`.
+pub fn stft_bases(hp: &HiftHparams) -> Vec<DerivedTensor> {
+    let n = hp.n_fft;
+    let bins = n / 2 + 1;
+    let tau = std::f64::consts::TAU;
+    let window: Vec<f64> = (0..n).map(|i| 0.5 - 0.5 * (tau * i as f64 / n as f64).cos()).collect();
+    let angle = |k: usize, i: usize| tau * ((k * i) % n) as f64 / n as f64;
+    let mut forward = vec![0f32; n * 2 * bins];
+    let mut inverse = vec![0f32; 2 * bins * n];
+    for k in 0..bins {
+        // DC and Nyquist appear once in the one-sided sum, their imaginary parts not at all.
+        let edge = k == 0 || 2 * k == n;
+        let weight = if edge { 1.0 } else { 2.0 } / n as f64;
+        for i in 0..n {
+            let (sin, cos) = angle(k, i).sin_cos();
+            forward[k * n + i] = (window[i] * cos) as f32;
+            forward[(bins + k) * n + i] = (-window[i] * sin) as f32;
+            inverse[i * 2 * bins + k] = (weight * cos * window[i]) as f32;
+            inverse[i * 2 * bins + bins + k] = if edge { 0.0 } else { (-weight * sin * window[i]) as f32 };
+        }
+    }
+    vec![
+        DerivedTensor { name: STFT_BASIS.into(), ne: vec![n as i64, 2 * bins as i64], values: forward },
+        DerivedTensor { name: ISTFT_BASIS.into(), ne: vec![2 * bins as i64, n as i64], values: inverse },
+        DerivedTensor { name: WINDOW_SQUARED.into(), ne: vec![n as i64, 1], values: window.iter().map(|w| (w * w) as f32).collect() },
+    ]
 }
 
 /// Per-channel vector `[C]` as `[1, C]`, broadcastable over time.

@@ -35,8 +35,6 @@ pub struct VocoderOutput {
     pub f0: Vec<f32>,
     /// The excitation, one value per output sample.
     pub source: Vec<f32>,
-    /// The decoder body's output `[n_fft + 2][stft frames]`.
-    pub conv_post: Vec<f32>,
     /// The clamped waveform (before the trim fade).
     pub wav: Vec<f32>,
 }
@@ -95,8 +93,9 @@ impl S3Gen {
         let gguf = GgufTensors::open(path)?;
         let (hp, table) = check_file(&gguf)?;
         let mut weights = Weights::load(gguf, &backend, table, policy.matmul_weights, is_matmul_weight)?;
-        let snake_reciprocals = hift::snake_reciprocals(&weights)?;
-        weights.add_derived(&backend, snake_reciprocals)?;
+        let mut derived = hift::snake_reciprocals(&weights)?;
+        derived.extend(hift::stft_bases(&hp.hift));
+        weights.add_derived(&backend, derived)?;
         let source_merge = (weights.host_f32("hift.m_source.l_linear.weight")?, weights.host_f32("hift.m_source.l_linear.bias")?[0]);
         let speaker_affine = (weights.host_f32("flow.spk_embed_affine_layer.weight")?, weights.host_f32("flow.spk_embed_affine_layer.bias")?);
         Ok(S3Gen {
@@ -243,31 +242,40 @@ impl S3Gen {
         source::excitation(&self.hp.hift, f0, weight, *bias, draws)
     }
 
-    /// HiFT's decoder body: mel + excitation → `conv_post` `[n_fft + 2][stft frames]`.
-    pub fn hift_body(&mut self, mel: &[f32], excitation: &[f32]) -> Result<Vec<f32>> {
+    /// HiFT's decoder on a mel and its excitation, computed; the graph holds
+    /// both outputs until the next run.
+    fn run_hift(&mut self, mel: &[f32], excitation: &[f32], output: &str) -> Result<Vec<f32>> {
         let frames = self.mel_frames(mel)?;
         let hp = &self.hp.hift;
         if excitation.len() != frames * hp.samples_per_frame() {
             return Err(format!("the excitation has {} samples, {frames} mel frames need {}", excitation.len(), frames * hp.samples_per_frame()).into());
         }
-        let stft = source::stft(excitation, hp.n_fft, hp.hop)?;
         let graph = self.hift_graph.get_or_build(frames, || {
             compute_graph(&self.backend, &self.weights, &self.policy, MAX_NODES, "HiFT", |b| {
                 hift::build_decoder(&b, &self.hp.hift, self.hp.mel_channels, frames)
             })
         })?;
         graph.set_f32(hift::MEL, mel)?;
-        graph.set_f32(hift::SOURCE_STFT, &stft)?;
-        Ok(graph.compute_and_get_f32(&self.backend, hift::CONV_POST)?)
+        graph.set_f32(hift::SOURCE, excitation)?;
+        Ok(graph.compute_and_get_f32(&self.backend, output)?)
+    }
+
+    /// HiFT's decoder body: mel + excitation → `conv_post` `[n_fft + 2][stft frames]`.
+    pub fn hift_body(&mut self, mel: &[f32], excitation: &[f32]) -> Result<Vec<f32>> {
+        self.run_hift(mel, excitation, hift::CONV_POST)
+    }
+
+    /// HiFT's decoder down to the clamped waveform (before the trim fade).
+    pub fn hift_waveform(&mut self, mel: &[f32], excitation: &[f32]) -> Result<Vec<f32>> {
+        self.run_hift(mel, excitation, hift::WAV)
     }
 
     /// The whole vocoder on a mel `[frames][mel_channels]`, with the source's random draws given.
     pub fn vocode(&mut self, mel: &[f32], draws: &source::SourceNoise) -> Result<VocoderOutput> {
         let f0 = self.predict_f0(mel)?;
         let excitation = self.excitation(&f0, draws)?;
-        let conv_post = self.hift_body(mel, &excitation)?;
-        let wav = source::istft_head(&self.hp.hift, &conv_post)?;
-        Ok(VocoderOutput { f0, source: excitation, conv_post, wav })
+        let wav = self.hift_waveform(mel, &excitation)?;
+        Ok(VocoderOutput { f0, source: excitation, wav })
     }
 
     /// `spk_embed_affine_layer(normalize(embedding))`: the speaker vector the

@@ -61,9 +61,6 @@ fn in_parallel<T: Send>(items: impl Iterator<Item = T>, work: impl Fn(T) + Sync)
 /// start-up is noise beside its work).
 const FRAMES_PER_ITEM: usize = 2048;
 
-/// Samples per parallel work item of the per-sample loops.
-const SAMPLES_PER_ITEM: usize = 8192;
-
 /// The excitation for `f0` (one value per mel frame, Hz): nearest-upsampled to
 /// samples, `harmonics + 1` sines (noise where unvoiced), merged by
 /// `tanh(w · sines + b)`. Returns one value per output sample.
@@ -106,15 +103,11 @@ pub fn excitation(hp: &HiftHparams, f0: &[f32], merge_weight: &[f32], merge_bias
             *out = weight * value;
         }
     });
-    // Each sample adds the bands in order; spans of samples in parallel.
     let mut merged = vec![merge_bias; samples];
-    in_parallel(merged.chunks_mut(SAMPLES_PER_ITEM).enumerate(), |(item, out)| {
-        let start = item * SAMPLES_PER_ITEM;
-        for band in bands_out.chunks(samples.max(1)) {
-            out.iter_mut().zip(&band[start..]).for_each(|(m, v)| *m += v);
-        }
-        out.iter_mut().for_each(|v| *v = v.tanh());
-    });
+    for band in bands_out.chunks(samples.max(1)) {
+        merged.iter_mut().zip(band).for_each(|(m, v)| *m += v);
+    }
+    merged.iter_mut().for_each(|v| *v = v.tanh());
     Ok(merged)
 }
 
@@ -123,7 +116,8 @@ fn hann(n: usize) -> Vec<f32> {
     (0..n).map(|i| (0.5 - 0.5 * (std::f64::consts::TAU * i as f64 / n as f64).cos()) as f32).collect()
 }
 
-/// `torch.stft(x, n_fft, hop, window=hann, center=True, pad_mode="reflect")`:
+/// `torch.stft(x, n_fft, hop, window=hann, center=True, pad_mode="reflect")`
+/// (the host reference of the HiFT graph's own STFT):
 /// `[2·(n_fft/2+1)][frames]` flattened, real parts then imaginary parts.
 pub fn stft(x: &[f32], n_fft: usize, hop: usize) -> Result<Vec<f32>> {
     let pad = n_fft / 2;
@@ -217,24 +211,17 @@ pub fn istft(spec: &[f32], n_fft: usize, hop: usize) -> Result<Vec<f32>> {
             ifft.process_with_scratch(&mut bins_buf, buf, &mut scratch).expect("buffer lengths come from the plan");
         }
     });
-    // Overlap-add: each output sample sums the frames that cover it in frame
-    // order (as a loop over frames would), spans of samples in parallel.
     let total = n_fft + hop * (frames - 1);
-    let pad = n_fft / 2;
-    let mut wav = vec![0f32; total - 2 * pad];
-    in_parallel(wav.chunks_mut(SAMPLES_PER_ITEM).enumerate(), |(item, out)| {
-        for (j, out) in out.iter_mut().enumerate() {
-            let i = pad + item * SAMPLES_PER_ITEM + j;
-            let (mut acc, mut envelope) = (0f32, 0f32);
-            for f in (i + 1).saturating_sub(n_fft).div_ceil(hop)..=(i / hop).min(frames - 1) {
-                let k = i - f * hop;
-                acc += frame_out[f * n_fft + k] / n_fft as f32 * window[k];
-                envelope += window[k] * window[k];
-            }
-            *out = if envelope > 1e-11 { acc / envelope } else { acc };
+    let mut acc = vec![0f32; total];
+    let mut envelope = vec![0f32; total];
+    for (f, buf) in frame_out.chunks(n_fft).enumerate() {
+        for k in 0..n_fft {
+            acc[f * hop + k] += buf[k] / n_fft as f32 * window[k];
+            envelope[f * hop + k] += window[k] * window[k];
         }
-    });
-    Ok(wav)
+    }
+    let pad = n_fft / 2;
+    Ok((pad..total - pad).map(|i| if envelope[i] > 1e-11 { acc[i] / envelope[i] } else { acc[i] }).collect())
 }
 
 /// Silences the first `n` samples and fades the next `n` in with a raised

@@ -163,6 +163,8 @@ pub fn hift(backend: &str, policy: &OpPolicy, tol: &Tolerances) {
     check(&format!("{backend} HiFT body (conv_post)"), &body, &npy("hift_conv_post").1, tol.hift_body);
     let hp = s3.hp.hift.clone();
     let wav = tts_model_chatterbox::s3gen::source::istft_head(&hp, &body).unwrap();
+    check(&format!("{backend} HiFT waveform (reference source, host ISTFT)"), &wav, &npy("hift_wav").1, tol.waveform);
+    let wav = s3.hift_waveform(&mel, &source).unwrap();
     check(&format!("{backend} HiFT waveform (reference source)"), &wav, &npy("hift_wav").1, tol.waveform);
 
     let out = s3.vocode(&mel, &draws).unwrap();
