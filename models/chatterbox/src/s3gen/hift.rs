@@ -136,7 +136,11 @@ fn overlap_add<'c>(b: &Builder<'c, '_>, frames: Tensor<'c>, hop: i64) -> Result<
     let ctx = b.ctx;
     let [n, f, _, _] = frames.ne();
     let q = n / hop;
-    let padded = ctx.pad_ext(frames, [[0, 0], [q as i32 - 1, q as i32 - 1], [0, 0], [0, 0]])?;
+    // Padded as one row: ggml-cuda's PAD launches a block row per ne1, and
+    // minutes of audio have more frames than a grid dimension allows.
+    let edge = ((q - 1) * n) as i32;
+    let flat = ctx.pad_ext(ctx.reshape(frames, &[n * f])?, [[edge, edge], [0, 0], [0, 0], [0, 0]])?;
+    let padded = ctx.reshape(flat, &[n, f + 2 * (q - 1)])?;
     let nb1 = padded.nb()[1];
     let part = |j: i64| ctx.view(padded, &[hop, f + q - 1], &[nb1], (q - 1 - j) as usize * nb1 + (j * hop) as usize * F32);
     let mut sum = part(0)?;
