@@ -254,20 +254,24 @@ impl Chatterbox {
             }
             _ => None,
         };
-        let seeded_noise = move || SourceNoise::seeded(seed ^ 0x50_0C3E, harmonics, samples);
+        let noise_seed = seed ^ 0x50_0C3E;
         // While a GPU integrates the CFM, the host draws HiFT's source noise
         // (the same draws either way); on the CPU backend it waits its turn.
-        let overlap = recorded_noise.is_none() && !s3.runs_on_host();
-        let (x, noise) = std::thread::scope(|scope| -> Result<_> {
-            let drawing = overlap.then(|| scope.spawn(seeded_noise));
+        // The buffers are allocated here, on the calling thread.
+        let seeded = recorded_noise.is_none();
+        let overlap = seeded && !s3.runs_on_host();
+        let mut noise = recorded_noise.unwrap_or_else(|| SourceNoise::zeroed(harmonics, samples));
+        let x = std::thread::scope(|scope| {
+            let drawing = overlap.then(|| scope.spawn(|| noise.draw_seeded(noise_seed)));
             let x = timings.time("s3gen.cfm", || s3.integrate(&z, &encoded.mu, &spks, &cond, steps));
-            let noise = match (drawing, recorded_noise) {
-                (Some(drawing), _) => drawing.join().map_err(|_| Error::msg("drawing HiFT's source noise failed"))?,
-                (None, Some(recorded)) => recorded,
-                (None, None) => seeded_noise(),
-            };
-            Ok((x?, noise))
+            if let Some(drawing) = drawing {
+                drawing.join().map_err(|_| Error::msg("drawing HiFT's source noise failed"))?;
+            }
+            x
         })?;
+        if seeded && !overlap {
+            noise.draw_seeded(noise_seed);
+        }
         let mel = &x[prompt_frames * mel_ch..];
         let trim = s3.hp.hift.trim_fade_samples;
         let out = timings.time("hift", || s3.vocode(mel, &noise))?;

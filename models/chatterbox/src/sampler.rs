@@ -333,17 +333,24 @@ impl Xoshiro256 {
 
     /// `n` standard normals (Box–Muller on 53-bit uniforms).
     pub fn gaussians(&mut self, n: usize) -> Vec<f32> {
-        let mut out = Vec::with_capacity(n + 1);
-        while out.len() < n {
+        let mut out = vec![0f32; n];
+        self.fill_gaussians(&mut out);
+        out
+    }
+
+    /// Fills `out` with what `gaussians(out.len())` returns, without
+    /// allocating (worker threads fill buffers their caller owns).
+    pub fn fill_gaussians(&mut self, out: &mut [f32]) {
+        for pair in out.chunks_mut(2) {
             let u1 = (self.next_u64() >> 11) as f64 * (1.0 / (1u64 << 53) as f64);
             let u2 = (self.next_u64() >> 11) as f64 * (1.0 / (1u64 << 53) as f64);
             let r = (-2.0 * (1.0 - u1).ln()).sqrt();
             let a = std::f64::consts::TAU * u2;
-            out.push((r * a.cos()) as f32);
-            out.push((r * a.sin()) as f32);
+            pair[0] = (r * a.cos()) as f32;
+            if let Some(second) = pair.get_mut(1) {
+                *second = (r * a.sin()) as f32;
+            }
         }
-        out.truncate(n);
-        out
     }
 
     /// Uniform in [0, 1) with 24 random bits.
