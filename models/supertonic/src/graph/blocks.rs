@@ -78,12 +78,11 @@ impl<'c> Builder<'c, '_> {
         }
         let c = self.ctx;
         let n = t + (left + right) as i64;
-        let mut index = c.clamp(c.arange(-(left as f32), (t as usize + right) as f32, 1.0)?, 0.0, (t - 1) as f32)?;
-        if b > 1 {
-            index = c.repeat_to(c.reshape(index, &[n, 1])?, [n, b, 1, 1])?;
-        }
+        let positions = c.arange(-(left as f32), (t as usize + right) as f32, 1.0)?;
+        let clamped = c.clamp(positions, 0.0, (t - 1) as f32)?;
+        let index = if b > 1 { c.repeat_to(c.reshape(clamped, &[n, 1])?, [n, b, 1, 1])? } else { clamped };
         let rows = c.cast(index, TYPE_I32)?;
-        if !self.device.is_none_or(|dev| dev.supports_op(index) && dev.supports_op(rows)) {
+        if !self.device.is_none_or(|dev| [positions, clamped, index, rows].iter().all(|&node| dev.supports_op(node))) {
             return Ok(None);
         }
         self.pad_rows.borrow_mut().push((key, rows));
