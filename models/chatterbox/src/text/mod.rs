@@ -2,6 +2,9 @@
 //! sentence splitting for long input, and GPT-2 BPE tokenization through the
 //! `tokenizers` crate from the JSON embedded in the GGUF (the paralinguistic
 //! tags such as `[laugh]` are added tokens, so they stay single ids).
+//! Multilingual's frontend is in [`multilingual`].
+
+pub mod multilingual;
 
 use engine_core::model_kit::Result;
 use tokenizers::Tokenizer;
@@ -12,6 +15,12 @@ pub const EMPTY_TEXT_REPLACEMENT: &str = "You need to add some text for me to ta
 /// The reference `punc_norm` (Turbo): capitalise the first letter, collapse
 /// whitespace, replace rare punctuation, end with punctuation.
 pub fn normalize_punctuation(text: &str) -> String {
+    const REPLACE: [(&str, &str); 9] = [("…", ", "), (":", ","), ("—", "-"), ("–", "-"), (" ,", ","), ("“", "\""), ("”", "\""), ("‘", "'"), ("’", "'")];
+    normalize_punctuation_with(text, &REPLACE, &[".", "!", "?", "-", ","])
+}
+
+/// `punc_norm` with a variant's replacements (applied in order) and sentence enders.
+fn normalize_punctuation_with(text: &str, replace: &[(&str, &str)], enders: &[&str]) -> String {
     if text.is_empty() {
         return EMPTY_TEXT_REPLACEMENT.to_string();
     }
@@ -19,11 +28,11 @@ pub fn normalize_punctuation(text: &str) -> String {
     let first = chars.next().expect("not empty");
     let mut text = if first.is_lowercase() { first.to_uppercase().chain(chars).collect() } else { text.to_string() };
     text = text.split_whitespace().collect::<Vec<_>>().join(" ");
-    for (from, to) in [("…", ", "), (":", ","), ("—", "-"), ("–", "-"), (" ,", ","), ("“", "\""), ("”", "\""), ("‘", "'"), ("’", "'")] {
+    for (from, to) in replace {
         text = text.replace(from, to);
     }
     let mut text = text.trim_end_matches(' ').to_string();
-    if ![".", "!", "?", "-", ","].iter().any(|p| text.ends_with(p)) {
+    if !enders.iter().any(|p| text.ends_with(p)) {
         text.push('.');
     }
     text
@@ -93,6 +102,20 @@ fn merge_short(pieces: Vec<String>, max_chars: usize) -> Vec<String> {
     out
 }
 
+/// A `tokenizers` JSON embedded in a GGUF, checked against T3's text vocabulary.
+fn load_tokenizer(json: &str, vocab: usize) -> Result<Tokenizer> {
+    // The tokenizers crate panics (instead of returning an error) on some
+    // malformed JSON inside a component (found by the chatterbox_model fuzz
+    // target): check the syntax first.
+    serde_json::from_str::<serde::de::IgnoredAny>(json).map_err(|e| format!("the embedded tokenizer is not valid JSON: {e}"))?;
+    let tokenizer = Tokenizer::from_bytes(json.as_bytes()).map_err(|e| format!("the embedded tokenizer JSON does not load: {e}"))?;
+    let size = tokenizer.get_vocab_size(true);
+    if size != vocab {
+        return Err(format!("the embedded tokenizer has {size} tokens, T3's text vocabulary {vocab}").into());
+    }
+    Ok(tokenizer)
+}
+
 /// The model's tokenizer.
 pub struct TextTokenizer {
     tokenizer: Tokenizer,
@@ -100,16 +123,7 @@ pub struct TextTokenizer {
 
 impl TextTokenizer {
     pub fn from_json(json: &str, vocab: usize) -> Result<Self> {
-        // The tokenizers crate panics (instead of returning an error) on some
-        // malformed JSON inside a component (found by the chatterbox_model fuzz
-        // target): check the syntax first.
-        serde_json::from_str::<serde::de::IgnoredAny>(json).map_err(|e| format!("the embedded tokenizer is not valid JSON: {e}"))?;
-        let tokenizer = Tokenizer::from_bytes(json.as_bytes()).map_err(|e| format!("the embedded tokenizer JSON does not load: {e}"))?;
-        let size = tokenizer.get_vocab_size(true);
-        if size != vocab {
-            return Err(format!("the embedded tokenizer has {size} tokens, T3's text vocabulary {vocab}").into());
-        }
-        Ok(TextTokenizer { tokenizer })
+        Ok(TextTokenizer { tokenizer: load_tokenizer(json, vocab)? })
     }
 
     /// Token ids of already normalised text; no BOS/EOS (Turbo adds none).
