@@ -249,6 +249,61 @@ impl Candidates {
     }
 }
 
+/// Multilingual's guided sampling (`T3.inference` in chatterbox-tts 0.1.7):
+/// the combine of the guided pair of rows, then the repetition penalty,
+/// temperature, min-p and top-p, in that order. Defaults are 0.1.7's.
+#[derive(Debug, Clone, Copy, PartialEq)]
+pub struct GuidedSamplingParams {
+    /// `cond + w·(cond − uncond)`; 0 leaves the conditional row.
+    pub cfg_weight: f32,
+    pub repetition_penalty: f32,
+    /// Divides the logits unless 1.
+    pub temperature: f32,
+    /// Drops tokens whose probability is below `min_p` times the largest; 0 disables.
+    pub min_p: f32,
+    /// As [`SamplingParams::top_p`]; 1 disables.
+    pub top_p: f64,
+}
+
+impl Default for GuidedSamplingParams {
+    fn default() -> Self {
+        GuidedSamplingParams { cfg_weight: 0.5, repetition_penalty: 2.0, temperature: 0.8, min_p: 0.05, top_p: 1.0 }
+    }
+}
+
+/// Classifier-free guidance: `cond + w·(cond − uncond)`, in f32 as the reference.
+pub fn combine_guidance(cond: &[f32], uncond: &[f32], weight: f32) -> Vec<f32> {
+    cond.iter().zip(uncond).map(|(&c, &u)| c + weight * (c - u)).collect()
+}
+
+/// `MinPLogitsWarper`: tokens whose probability is below `min_p` times the
+/// largest become −∞ (the most probable token always stays).
+pub fn apply_min_p(logits: &mut [f32], min_p: f32) {
+    if min_p <= 0.0 {
+        return;
+    }
+    let probs = softmax(logits);
+    let threshold = min_p * probs.iter().copied().fold(0.0, f32::max);
+    let top = argmax(&probs);
+    for (i, (l, p)) in logits.iter_mut().zip(&probs).enumerate() {
+        if *p < threshold && i != top {
+            *l = f32::NEG_INFINITY;
+        }
+    }
+}
+
+/// Every step of the guided chain in the reference's order.
+pub fn process_guided(cond: &[f32], uncond: &[f32], history: &[u32], params: &GuidedSamplingParams) -> Vec<f32> {
+    let mut l = combine_guidance(cond, uncond, params.cfg_weight);
+    apply_repetition_penalty(&mut l, history, params.repetition_penalty);
+    if params.temperature != 1.0 {
+        l.iter_mut().for_each(|v| *v /= params.temperature);
+    }
+    apply_min_p(&mut l, params.min_p);
+    apply_top_p(&mut l, params.top_p);
+    l
+}
+
 /// Index of the largest value (the first one on ties, as torch's argmax).
 pub fn argmax(values: &[f32]) -> usize {
     values.iter().enumerate().fold((0, f32::NEG_INFINITY), |(bi, bv), (i, &v)| if v > bv { (i, v) } else { (bi, bv) }).0
