@@ -30,7 +30,7 @@ fuzz_target!(|data: &[u8]| {
         // is cut past MAX_SENTENCE_CHARS; a chunk is never empty or padded.
         let limit = (max as usize + 1).max(tts_model_supertonic::text::MAX_SENTENCE_CHARS);
         assert!(chunk.chars().count() <= limit || chunk.graphemes(true).count() == 1, "chunk over {limit}: {chunk:?}");
-        assert!(!chunk.is_empty() && chunk.trim_matches(tts_model_supertonic::text::is_space) == chunk, "chunk {chunk:?}");
+        assert!(!chunk.is_empty() && chunk.trim_matches(engine_core::model_kit::text::is_python_space) == chunk, "chunk {chunk:?}");
         let wrapped = wrap(&normalize(&chunk), "en", true);
         for policy in [UnsupportedChars::Skip, UnsupportedChars::Error, UnsupportedChars::Official] {
             if let Ok(e) = indexer().encode(&wrapped, policy) {

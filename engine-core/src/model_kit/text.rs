@@ -2,6 +2,13 @@
 
 use unicode_segmentation::UnicodeSegmentation;
 
+/// Whitespace as Python's `str.isspace` and `re`'s `\s` define it (what the
+/// reference front ends split and strip on): Unicode White_Space plus the
+/// information separators U+001C..U+001F.
+pub fn is_python_space(c: char) -> bool {
+    c.is_whitespace() || ('\u{1c}'..='\u{1f}').contains(&c)
+}
+
 /// The words of `text` (split where `is_space`) packed into pieces of at most
 /// `max_chars` characters, joined by single spaces; a word longer than that is
 /// cut between grapheme clusters (never inside one, so a piece exceeds the

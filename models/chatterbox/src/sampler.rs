@@ -155,17 +155,18 @@ pub fn candidates(logits: &[f32], history: &[u32], params: &SamplingParams) -> C
     // The same cut on the keys: `<` treats −0 as +0, total order puts it below.
     let lowest_kept = order_key(if threshold == 0.0 { -0.0 } else { threshold }).max(order_key(f32::NEG_INFINITY) + 1);
     let capacity = params.top_k.min(n) + 16;
-    let (mut ids, mut values) = (Vec::with_capacity(capacity), Vec::with_capacity(capacity));
+    let (mut ids, mut survivor_keys) = (Vec::with_capacity(capacity), Vec::with_capacity(capacity));
     for (i, &key) in keys.iter().enumerate() {
         if key >= lowest_kept {
             ids.push(i as u32);
-            values.push(from_order_key(key));
+            survivor_keys.push(key);
         }
     }
+    let mut values: Vec<f32> = survivor_keys.iter().map(|&k| from_order_key(k)).collect();
     let mut kept = vec![true; ids.len()];
     if params.top_p < 1.0 && !ids.is_empty() {
         let probs = softmax(&values);
-        let order = ascending_slots(&values);
+        let order = ascending_slots(&survivor_keys);
         let cut = (1.0 - params.top_p) as f32;
         let (mut cum, last) = (0f64, order.len() - 1);
         for (rank, &slot) in order.iter().enumerate() {
@@ -190,12 +191,11 @@ pub fn candidates(logits: &[f32], history: &[u32], params: &SamplingParams) -> C
     Candidates { ids, logits, vocab: n }
 }
 
-/// Slots of `values` ascending by total order, ties in slot order (the order
-/// a stable sort gives): a least-significant-digit radix sort of their keys.
-fn ascending_slots(values: &[f32]) -> Vec<u32> {
-    let keys: Vec<u32> = values.iter().map(|&v| order_key(v)).collect();
+/// Slots of `keys` ([`order_key`]s) ascending, ties in slot order (the order
+/// a stable sort gives): a least-significant-digit radix sort.
+fn ascending_slots(keys: &[u32]) -> Vec<u32> {
     let mut counts = [[0u32; 256]; 4];
-    for &key in &keys {
+    for &key in keys {
         for (digit, c) in counts.iter_mut().enumerate() {
             c[((key >> (8 * digit)) & 255) as usize] += 1;
         }
@@ -257,7 +257,7 @@ pub struct GuidedSamplingParams {
     /// `cond + w·(cond − uncond)`; 0 leaves the conditional row.
     pub cfg_weight: f32,
     pub repetition_penalty: f32,
-    /// Divides the logits unless 1.
+    /// Divides the logits unless 1 (the options keep it positive).
     pub temperature: f32,
     /// Drops tokens whose probability is below `min_p` times the largest; 0 disables.
     pub min_p: f32,
@@ -296,9 +296,7 @@ pub fn apply_min_p(logits: &mut [f32], min_p: f32) {
 pub fn process_guided(cond: &[f32], uncond: &[f32], history: &[u32], params: &GuidedSamplingParams) -> Vec<f32> {
     let mut l = combine_guidance(cond, uncond, params.cfg_weight);
     apply_repetition_penalty(&mut l, history, params.repetition_penalty);
-    if params.temperature != 1.0 {
-        l.iter_mut().for_each(|v| *v /= params.temperature);
-    }
+    apply_temperature(&mut l, params.temperature);
     apply_min_p(&mut l, params.min_p);
     apply_top_p(&mut l, params.top_p);
     l

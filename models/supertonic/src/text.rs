@@ -1,6 +1,7 @@
 //! The official text frontend: normalisation, language wrapping, code-point
 //! indexing and long-text chunking (Supertonic's `helper.py` behaviour).
 
+use engine_core::model_kit::text::is_python_space;
 use engine_core::model_kit::Result;
 use unicode_normalization::UnicodeNormalization;
 
@@ -23,16 +24,10 @@ const EMOJI_RANGES: &[(u32, u32)] = &[
 /// Characters a sentence may end with; anything else gets a final '.'.
 const TERMINALS: &[char] = &['.', '!', '?', ';', ':', ',', '\'', '"', ')', ']', '}', '…', '。', '」', '』', '】', '〉', '》', '›', '»'];
 
-/// Whitespace as Python's `str.isspace` and `re`'s `\s` define it: Unicode
-/// White_Space plus the information separators U+001C..U+001F.
-pub fn is_space(c: char) -> bool {
-    c.is_whitespace() || ('\u{1c}'..='\u{1f}').contains(&c)
-}
-
-/// `text` with every run of whitespace ([`is_space`]) as one space, trimmed
+/// `text` with every run of whitespace ([`is_python_space`]) as one space, trimmed
 /// (`re.sub(r"\s+", " ", text).strip()`).
 fn collapse_spaces(text: &str) -> String {
-    text.split(is_space).filter(|w| !w.is_empty()).collect::<Vec<_>>().join(" ")
+    text.split(is_python_space).filter(|w| !w.is_empty()).collect::<Vec<_>>().join(" ")
 }
 
 /// Normalises text as the official pipeline does before wrapping.
@@ -164,7 +159,7 @@ impl Indexer {
 const ABBREVIATIONS: &[&str] =
     &["Mr.", "Mrs.", "Ms.", "Dr.", "Prof.", "Sr.", "Jr.", "Ph.D.", "etc.", "e.g.", "i.e.", "vs.", "Inc.", "Ltd.", "Co.", "Corp.", "St.", "Ave.", "Blvd."];
 
-/// Splits a paragraph into sentences at whitespace ([`is_space`]) after `.`,
+/// Splits a paragraph into sentences at whitespace ([`is_python_space`]) after `.`,
 /// `!` or `?`, except after the abbreviations above or a single capital letter
 /// and period.
 fn sentences(paragraph: &str) -> Vec<&str> {
@@ -174,11 +169,11 @@ fn sentences(paragraph: &str) -> Vec<&str> {
     let mut i = 0;
     while i < chars.len() {
         let (pos, c) = chars[i];
-        if matches!(c, '.' | '!' | '?') && i + 1 < chars.len() && is_space(chars[i + 1].1) {
+        if matches!(c, '.' | '!' | '?') && i + 1 < chars.len() && is_python_space(chars[i + 1].1) {
             let before = &paragraph[..pos + c.len_utf8()];
             let abbreviation = ABBREVIATIONS.iter().any(|a| before.ends_with(a)) || single_initial(&chars[..=i]);
             let mut j = i + 1;
-            while j < chars.len() && is_space(chars[j].1) {
+            while j < chars.len() && is_python_space(chars[j].1) {
                 j += 1;
             }
             if !abbreviation {
@@ -220,16 +215,16 @@ pub const MAX_SENTENCE_CHARS: usize = 1000;
 /// [`MAX_SENTENCE_CHARS`] first cut between words).
 pub fn chunk_text(text: &str, max_len: usize) -> Vec<String> {
     let mut chunks = Vec::new();
-    for paragraph in split_paragraphs(text.trim_matches(is_space)) {
-        let paragraph = paragraph.trim_matches(is_space);
+    for paragraph in split_paragraphs(text.trim_matches(is_python_space)) {
+        let paragraph = paragraph.trim_matches(is_python_space);
         if paragraph.is_empty() {
             continue;
         }
         let mut current = String::new();
         let pieces = sentences(paragraph).into_iter().flat_map(|s| {
-            let s = s.trim_matches(is_space);
+            let s = s.trim_matches(is_python_space);
             if s.chars().count() > MAX_SENTENCE_CHARS {
-                engine_core::model_kit::text::pack_words(s, MAX_SENTENCE_CHARS, is_space)
+                engine_core::model_kit::text::pack_words(s, MAX_SENTENCE_CHARS, is_python_space)
             } else {
                 vec![s.to_string()]
             }

@@ -20,21 +20,15 @@ pub struct SourceNoise {
 }
 
 impl SourceNoise {
-    /// Seeded draws (uniform phases, Box–Muller normals). Each band's noise
-    /// comes from its own stream, so the bands are drawn in parallel and the
-    /// result does not depend on the thread count.
-    pub fn seeded(seed: u64, harmonics: usize, samples: usize) -> Self {
-        let mut draws = Self::zeroed(harmonics, samples);
-        draws.draw_seeded(seed);
-        draws
-    }
-
     /// Room for the draws of `harmonics + 1` bands over `samples`.
     pub fn zeroed(harmonics: usize, samples: usize) -> Self {
         SourceNoise { phase: vec![0.0; harmonics + 1], noise: vec![0.0; (harmonics + 1) * samples] }
     }
 
-    /// Overwrites the draws in place with `seeded`'s. The buffers belong to
+    /// Overwrites the draws with seeded ones (uniform phases, Box–Muller
+    /// normals). Each band's noise comes from its own stream, so the bands
+    /// are drawn in parallel and the result does not depend on the thread
+    /// count. The buffers belong to
     /// the caller: threads that only fill them leave no memory behind in
     /// their allocator arenas (a soak measured 1 MiB of resident memory a
     /// run when the bands were allocated on worker threads).

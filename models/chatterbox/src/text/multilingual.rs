@@ -11,6 +11,7 @@
 //! than spoken with a tokenization the model was not trained on.
 
 use super::{load_tokenizer, normalize_punctuation_with};
+use engine_core::model_kit::text::is_python_space;
 use engine_core::model_kit::{Error, Result};
 use tokenizers::Tokenizer;
 use unicode_normalization::UnicodeNormalization;
@@ -86,7 +87,8 @@ pub fn normalize_punctuation(text: &str) -> String {
 }
 
 /// Hangul syllables as conjoining Jamo (initial, medial, optional final),
-/// then surrounding whitespace trimmed, as the reference's `korean_normalize`.
+/// then surrounding whitespace trimmed (Python's `strip`), as the reference's
+/// `korean_normalize`.
 /// After NFKD no syllable is left (NFKD decomposes them the same way); the
 /// step is kept for what it also does, the trim.
 fn korean_jamo(text: &str) -> String {
@@ -105,13 +107,7 @@ fn korean_jamo(text: &str) -> String {
             out.push(jamo(0x11A7 + base % 28));
         }
     }
-    python_strip(&out).to_string()
-}
-
-/// Python's `str.strip()`: its whitespace also counts the information
-/// separators U+001C–U+001F, which Unicode's White_Space does not.
-fn python_strip(text: &str) -> &str {
-    text.trim_matches(|c: char| c.is_whitespace() || ('\u{1c}'..='\u{1f}').contains(&c))
+    out.trim_matches(is_python_space).to_string()
 }
 
 /// Multilingual's grapheme tokenizer with the reference's preprocessing.
@@ -176,7 +172,7 @@ mod tests {
         // NFKD gives the same decomposition, so the step only trims after it.
         let nfkd: String = "한국".nfkd().collect();
         assert_eq!(korean_jamo(&nfkd), korean_jamo("한국"));
-        assert_eq!(python_strip("\u{1f} a \u{1c}"), "a");
+        assert_eq!(korean_jamo("\u{1f} 가 \u{1c}"), "\u{1100}\u{1161}");
     }
 
     #[test]
