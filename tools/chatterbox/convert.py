@@ -1,10 +1,13 @@
 #!/usr/bin/env python3
-"""Convert an official Chatterbox Turbo (or Nano) checkpoint directory to GGUF.
+"""Convert an official Chatterbox Turbo, Nano or Multilingual checkpoint directory to GGUF.
 
-Input: the directory as published (`t3_turbo_v1.safetensors` or
+Input: the directory as published. Turbo/Nano: `t3_turbo_v1.safetensors` or
 `t3_nano_v1.safetensors`, `s3gen_meanflow.safetensors`, `ve.safetensors`,
 `conds.pt`, and the GPT-2 tokenizer files `vocab.json`, `merges.txt`,
-`added_tokens.json`).
+`added_tokens.json`. Multilingual (`--variant mtl`): `t3_mtl23ls_v2.safetensors`
+(or `_v3` with `--t3-file`), `s3gen.pt` or `s3gen.safetensors`, `ve.pt` or
+`ve.safetensors`, `conds.pt`, `grapheme_mtl_merged_expanded_v1.json`. Pickles
+are read with `torch.load(weights_only=True)` only.
 
 Output, in OUT_DIR:
 - `t3-<variant>.gguf` (architecture `chatterbox`): the GPT-2 backbone, text and
@@ -12,7 +15,9 @@ Output, in OUT_DIR:
   built-in voice's T3 conditioning and the tokenizer as a `tokenizers` JSON.
 - `s3gen-meanflow.gguf` (architecture `chatterbox-s3gen`): flow encoder, CFM
   estimator, HiFT (weight norm fused), CAMPPlus, S3Tokenizer, and the built-in
-  voice's S3Gen conditioning.
+  voice's S3Gen conditioning. Multilingual: `t3-mtl.gguf` (Llama backbone,
+  perceiver, emotion projection, learned positions) and `s3gen.gguf` (standard
+  CFM).
 
 Every dimension the engine needs is written as metadata; names and layouts are
 in docs/gguf.md. `--weights f16|q8_0|q4_0` stores the large 2-D matrices in that
@@ -20,7 +25,8 @@ type; embeddings, norms, biases, the voice encoder, CAMPPlus and the tokenizer
 stay F32 (quantising them breaks speaker embeddings and prompt tokens).
 
 Usage:
-    convert.py CKPT_DIR OUT_DIR [--variant turbo|nano] [--weights f32|f16|q8_0|q4_0] [--t3-heads N] [--cfm-heads N]
+    convert.py CKPT_DIR OUT_DIR [--variant turbo|nano|mtl] [--weights f32|f16|q8_0|q4_0] [--t3-heads N] [--cfm-heads N]
+               [--t3-file NAME] [--aligned-heads L:H,...]
 """
 
 from __future__ import annotations
@@ -38,13 +44,26 @@ import gguf
 sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
 from gguf_atomic import write_atomically  # noqa: E402
 
-T3_FILES = {"turbo": "t3_turbo_v1.safetensors", "nano": "t3_nano_v1.safetensors"}
+T3_FILES = {"turbo": "t3_turbo_v1.safetensors", "nano": "t3_nano_v1.safetensors", "mtl": "t3_mtl23ls_v2.safetensors"}
+# Multilingual T3 files of the same shapes: `--t3-file` picks one.
+MTL_T3_FILES = ("t3_mtl23ls_v2.safetensors", "t3_mtl23ls_v3.safetensors")
+MTL_TOKENIZER = "grapheme_mtl_merged_expanded_v1.json"
+START_TEXT, STOP_TEXT = 255, 0
+# The reference's Llama_520M configuration (t3/llama_configs.py): what the weights cannot show.
+LLAMA_ROPE_THETA = 500000.0
+LLAMA_ROPE_SCALING = {"factor": 8.0, "low_freq_factor": 1.0, "high_freq_factor": 4.0, "original_context": 8192}
+LLAMA_RMS_EPS = 1e-5
+# Perceiver(): AttentionBlock2(1024, 4 heads) with nn.LayerNorm's default eps.
+PERCEIVER_HEADS = 4
+# AlignmentStreamAnalyzer's LLAMA_ALIGNED_HEADS: (layer, head) pairs whose attention over the
+# text tracks where speech is; the Multilingual loop reads them to suppress or force the stop.
+ALIGNED_HEADS = [(12, 15), (13, 11), (9, 2)]
 # GPT-2 fixes the head width at 64 for every size (small 12x64, medium 16x64).
 GPT2_HEAD_DIM = 64
 START_SPEECH, STOP_SPEECH, SILENCE_TOKEN = 6561, 6562, 4299
 QUANT = {"f16": gguf.GGMLQuantizationType.F16, "q8_0": gguf.GGMLQuantizationType.Q8_0, "q4_0": gguf.GGMLQuantizationType.Q4_0}
 # Never quantised: what is read by row, small, or numerically fragile.
-KEEP_F32 = re.compile(r"(emb|wpe|bias|\.ln|norm|\.bn|builtin|alpha|beta|gamma|^ve\.|campplus|s3tok|mel_fb|pos_bias|query)")
+KEEP_F32 = re.compile(r"(emb|wpe|_pos$|bias|\.ln|norm|\.bn|builtin|alpha|beta|gamma|^ve\.|campplus|s3tok|mel_fb|pos_bias|query)")
 
 
 class ConversionError(Exception):
@@ -103,6 +122,62 @@ def t3_tensors(state: dict[str, np.ndarray], n_head: int | None = None) -> tuple
           "n_ff": state["tfmr.h.0.mlp.c_fc.weight"].shape[1], "text_vocab": state["text_emb.weight"].shape[0],
           "speech_vocab": state["speech_emb.weight"].shape[0], "speaker_dim": state["cond_enc.spkr_enc.weight"].shape[1]}
     return out, hp
+
+
+def t3_llama_tensors(state: dict[str, np.ndarray], n_head: int | None = None,
+                     aligned_heads: list[tuple[int, int]] | None = None) -> tuple[dict[str, np.ndarray], dict]:
+    """Llama T3 (Multilingual) → engine names. Q, K and V are fused into one `attn.qkv`
+    (rows Q, then K, then V), gate and up into one `ffn.gate_up` (rows gate, then up): one
+    product each, and ggml's SwiGLU takes the pair as one tensor."""
+    if "model" in state and not any(k.startswith("tfmr.") for k in state):
+        raise ConversionError("the T3 file is a legacy {'model': [...]} wrapper; save its state dict as safetensors")
+    n_layer = 1 + max(int(m.group(1)) for k in state if (m := re.match(r"tfmr\.layers\.(\d+)\.", k)))
+    q_width = state["tfmr.layers.0.self_attn.q_proj.weight"].shape[0]
+    kv_width = state["tfmr.layers.0.self_attn.k_proj.weight"].shape[0]
+    n_embd = state["tfmr.norm.weight"].shape[0]
+    if n_head is None:
+        if q_width % GPT2_HEAD_DIM or kv_width % GPT2_HEAD_DIM:
+            raise ConversionError(f"Llama query width {q_width} / key width {kv_width} are not multiples of 64; give --t3-heads")
+        n_head = q_width // GPT2_HEAD_DIM
+    if q_width % n_head:
+        raise ConversionError(f"Llama query width {q_width} does not split into {n_head} heads")
+    head_dim = q_width // n_head
+    if kv_width % head_dim or n_head % (kv_width // head_dim):
+        raise ConversionError(f"Llama key width {kv_width} is not a divisor count of {head_dim}-wide heads of {n_head}")
+    out = {"t3.norm_f.weight": state["tfmr.norm.weight"]}
+    for i in range(n_layer):
+        p, q = f"tfmr.layers.{i}", f"t3.blk.{i}"
+        out[f"{q}.attn_norm.weight"] = state[f"{p}.input_layernorm.weight"]
+        out[f"{q}.ffn_norm.weight"] = state[f"{p}.post_attention_layernorm.weight"]
+        out[f"{q}.attn.qkv.weight"] = np.concatenate([state[f"{p}.self_attn.{x}_proj.weight"] for x in "qkv"], axis=0)
+        out[f"{q}.attn.out.weight"] = state[f"{p}.self_attn.o_proj.weight"]
+        out[f"{q}.ffn.gate_up.weight"] = np.concatenate([state[f"{p}.mlp.{x}_proj.weight"] for x in ("gate", "up")], axis=0)
+        out[f"{q}.ffn.down.weight"] = state[f"{p}.mlp.down_proj.weight"]
+    out["t3.text_emb"] = state["text_emb.weight"]
+    out["t3.speech_emb"] = state["speech_emb.weight"]
+    out["t3.text_pos"] = state["text_pos_emb.emb.weight"]
+    out["t3.speech_pos"] = state["speech_pos_emb.emb.weight"]
+    out["t3.speech_head.weight"] = state["speech_head.weight"]
+    out["t3.cond.spkr.weight"] = state["cond_enc.spkr_enc.weight"]
+    out["t3.cond.spkr.bias"] = state["cond_enc.spkr_enc.bias"]
+    out["t3.cond.emotion.weight"] = state["cond_enc.emotion_adv_fc.weight"]
+    c = "cond_enc.perceiver"
+    out["t3.perceiver.query"] = state[f"{c}.pre_attention_query"].reshape(-1, n_embd)
+    for a, b in (("norm", "norm"), ("to_q", "q"), ("to_k", "k"), ("to_v", "v"), ("proj_out", "out")):
+        out[f"t3.perceiver.{b}.weight"], out[f"t3.perceiver.{b}.bias"] = state[f"{c}.attn.{a}.weight"], state[f"{c}.attn.{a}.bias"]
+    aligned = ALIGNED_HEADS if aligned_heads is None else aligned_heads
+    for layer, head in aligned:
+        if layer >= n_layer or head >= n_head:
+            raise ConversionError(f"aligned head ({layer}, {head}) is outside {n_layer} layers of {n_head} heads; give --aligned-heads")
+    hp = {"n_layer": n_layer, "n_embd": n_embd, "n_head": n_head, "n_head_kv": kv_width // head_dim, "head_dim": head_dim,
+          "n_ff": state["tfmr.layers.0.mlp.gate_proj.weight"].shape[0], "text_vocab": state["text_emb.weight"].shape[0],
+          "speech_vocab": state["speech_emb.weight"].shape[0], "speaker_dim": state["cond_enc.spkr_enc.weight"].shape[1],
+          "text_positions": state["text_pos_emb.emb.weight"].shape[0], "speech_positions": state["speech_pos_emb.emb.weight"].shape[0],
+          "perceiver.queries": out["t3.perceiver.query"].shape[0], "perceiver.n_head": PERCEIVER_HEADS}
+    if n_embd % PERCEIVER_HEADS:
+        raise ConversionError(f"the perceiver's width {n_embd} does not split into {PERCEIVER_HEADS} heads")
+    meta = [("aligned_heads", [x for pair in aligned for x in pair])]
+    return out, hp, meta
 
 
 def voice_encoder_tensors(state: dict[str, np.ndarray]) -> tuple[dict[str, np.ndarray], dict]:
@@ -314,29 +389,77 @@ def write(path: Path, arch: str, meta: list[tuple[str, object]], tensors: dict[s
     return converted
 
 
-def convert(ckpt: Path, out_dir: Path, variant: str, weights: str, n_head: int | None = None,
-            cfm_heads: int | None = None) -> list[str]:
-    out_dir.mkdir(parents=True, exist_ok=True)
-    conds = load_conds(ckpt / "conds.pt")
+def load_state(ckpt: Path, *names: str) -> dict[str, np.ndarray]:
+    """The first of `names` present in `ckpt`: safetensors, or a `torch.save` state dict read
+    with `weights_only=True` (tensors and containers only, never arbitrary objects)."""
+    for name in names:
+        path = ckpt / name
+        if not path.is_file():
+            continue
+        if path.suffix == ".safetensors":
+            return load_safetensors(path)
+        import torch
+        try:
+            state = torch.load(str(path), map_location="cpu", weights_only=True)
+        except Exception as e:
+            raise ConversionError(f"{path} is not a weights-only torch checkpoint ({type(e).__name__}: {str(e).splitlines()[0]})")
+        if not isinstance(state, dict) or not all(isinstance(v, torch.Tensor) for v in state.values()):
+            raise ConversionError(f"{path} is not a state dict of tensors")
+        return {k: v.detach().to(torch.float32 if v.is_floating_point() else v.dtype).numpy() for k, v in state.items()}
+    raise ConversionError(f"{ckpt}: none of {', '.join(names)}")
 
-    t3, hp = t3_tensors(load_safetensors(ckpt / T3_FILES[variant]), n_head)
-    ve, ve_hp = voice_encoder_tensors(load_safetensors(ckpt / "ve.safetensors"))
-    t3.update(ve)
-    t3["voice.builtin.speaker_emb"] = conds["speaker_emb"]
-    t3["voice.builtin.prompt_speech_tokens"] = conds["prompt_speech_tokens"]
-    a = "chatterbox"
-    meta = [(f"{a}.variant", variant), (f"{a}.backbone", "gpt2"), (f"{a}.weights", weights),
+
+def t3_meta(a: str, variant: str, backbone: str, weights: str, hp: dict, norms: list, conds: dict, ve_hp: dict,
+            tokenizer: str) -> list:
+    return [(f"{a}.variant", variant), (f"{a}.backbone", backbone), (f"{a}.weights", weights),
             *((f"{a}.{k}", int(v)) for k, v in hp.items()),
-            (f"{a}.layer_norm_eps", 1e-5),
+            *((f"{a}.{k}", v) for k, v in norms),
             (f"{a}.start_speech_token", START_SPEECH), (f"{a}.stop_speech_token", STOP_SPEECH),
             (f"{a}.silence_token", SILENCE_TOKEN),
             (f"{a}.cond_prompt_len", int(conds["prompt_speech_tokens"].size)),
             *((f"{a}.voice_encoder.{k}", int(v)) for k, v in ve_hp.items()),
-            (f"{a}.tokenizer_json", tokenizer_json(ckpt, hp["text_vocab"]))]
-    t3_path = out_dir / f"t3-{variant}.gguf"
-    n1 = write(t3_path, a, meta, t3, weights)
+            (f"{a}.tokenizer_json", tokenizer)]
 
-    s3 = fuse_weight_norm(load_safetensors(ckpt / "s3gen_meanflow.safetensors"))
+
+def convert_t3(ckpt: Path, out_dir: Path, variant: str, weights: str, conds: dict, n_head: int | None,
+               t3_file: str | None, aligned_heads) -> str:
+    ve, ve_hp = voice_encoder_tensors(load_state(ckpt, "ve.safetensors", "ve.pt"))
+    a = "chatterbox"
+    if variant == "mtl":
+        name = t3_file or MTL_T3_FILES[0]
+        if name not in MTL_T3_FILES:
+            raise ConversionError(f"--t3-file {name}: a Multilingual T3 is one of {', '.join(MTL_T3_FILES)}")
+        t3, hp, extra = t3_llama_tensors(load_state(ckpt, name), n_head, aligned_heads)
+        tok = ckpt / MTL_TOKENIZER
+        if not tok.is_file():
+            raise ConversionError(f"{tok} is missing")
+        meta = t3_meta(a, variant, "llama", weights, hp, [("rms_norm_eps", LLAMA_RMS_EPS), ("layer_norm_eps", 1e-5)],
+                       conds, ve_hp, tok.read_text())
+        meta += [(f"{a}.rope.freq_base", LLAMA_ROPE_THETA), (f"{a}.rope.scaling", "llama3"),
+                 *((f"{a}.rope.scaling.{k}", float(v)) for k, v in LLAMA_ROPE_SCALING.items()),
+                 (f"{a}.start_text_token", START_TEXT), (f"{a}.stop_text_token", STOP_TEXT),
+                 *((f"{a}.{k}", v) for k, v in extra)]
+    else:
+        t3, hp = t3_tensors(load_state(ckpt, t3_file or T3_FILES[variant]), n_head)
+        meta = t3_meta(a, variant, "gpt2", weights, hp, [("layer_norm_eps", 1e-5)], conds, ve_hp,
+                       tokenizer_json(ckpt, hp["text_vocab"]))
+    t3.update(ve)
+    t3["voice.builtin.speaker_emb"] = conds["speaker_emb"]
+    t3["voice.builtin.prompt_speech_tokens"] = conds["prompt_speech_tokens"]
+    t3_path = out_dir / f"t3-{variant}.gguf"
+    n = write(t3_path, a, meta, t3, weights)
+    stored = f", {n} stored {weights}" if weights != "f32" else ""
+    return f"{t3_path}: T3 {variant}, {len(t3)} tensors{stored}"
+
+
+def convert(ckpt: Path, out_dir: Path, variant: str, weights: str, n_head: int | None = None,
+            cfm_heads: int | None = None, t3_file: str | None = None, aligned_heads=None) -> list[str]:
+    out_dir.mkdir(parents=True, exist_ok=True)
+    conds = load_conds(ckpt / "conds.pt")
+    lines = [convert_t3(ckpt, out_dir, variant, weights, conds, n_head, t3_file, aligned_heads)]
+
+    s3_files = ("s3gen_meanflow.safetensors",) if variant in ("turbo", "nano") else ("s3gen.safetensors", "s3gen.pt")
+    s3 = fuse_weight_norm(load_state(ckpt, *s3_files))
     s3 = {s3gen_name(k): v for k, v in s3.items() if not k.endswith("num_batches_tracked")}
     s3["voice.builtin.prompt_token"] = conds["prompt_token"]
     s3["voice.builtin.prompt_feat"] = conds["prompt_feat"]
@@ -352,9 +475,18 @@ def convert(ckpt: Path, out_dir: Path, variant: str, weights: str, n_head: int |
             (f"{b}.weights", weights)]
     s3_path = out_dir / ("s3gen-meanflow.gguf" if meanflow else "s3gen.gguf")
     n2 = write(s3_path, b, meta, s3, weights)
-    stored = lambda n: f", {n} stored {weights}" if weights != "f32" else ""
-    return [f"{t3_path}: T3 {variant}, {len(t3)} tensors{stored(n1)}",
-            f"{s3_path}: S3Gen {'meanflow' if meanflow else 'standard'}, {len(s3)} tensors{stored(n2)}"]
+    stored = f", {n2} stored {weights}" if weights != "f32" else ""
+    return lines + [f"{s3_path}: S3Gen {'meanflow' if meanflow else 'standard'}, {len(s3)} tensors{stored}"]
+
+
+def parse_aligned_heads(text: str) -> list[tuple[int, int]]:
+    try:
+        pairs = [tuple(int(x) for x in item.split(":")) for item in text.split(",")]
+    except ValueError:
+        raise argparse.ArgumentTypeError(f"{text!r}: expected LAYER:HEAD[,LAYER:HEAD...]")
+    if not pairs or any(len(p) != 2 or min(p) < 0 for p in pairs):
+        raise argparse.ArgumentTypeError(f"{text!r}: expected LAYER:HEAD[,LAYER:HEAD...]")
+    return pairs
 
 
 def main(argv=None) -> int:
@@ -365,9 +497,14 @@ def main(argv=None) -> int:
     ap.add_argument("--weights", choices=("f32", "f16", "q8_0", "q4_0"), default="f32")
     ap.add_argument("--t3-heads", type=int, help="attention heads of a non-standard GPT-2 size (official sizes: width / 64)")
     ap.add_argument("--cfm-heads", type=int, help="attention heads of a non-standard CFM estimator (official: width / 64)")
+    ap.add_argument("--t3-file", help="the T3 checkpoint to read (Multilingual: %s)" % " or ".join(MTL_T3_FILES))
+    ap.add_argument("--aligned-heads", type=parse_aligned_heads,
+                    help="Multilingual: LAYER:HEAD pairs the alignment analyzer reads, for non-standard sizes "
+                         "(official: %s)" % ",".join(f"{l}:{h}" for l, h in ALIGNED_HEADS))
     args = ap.parse_args(argv)
     try:
-        for line in convert(args.ckpt, args.out_dir, args.variant, args.weights, args.t3_heads, args.cfm_heads):
+        for line in convert(args.ckpt, args.out_dir, args.variant, args.weights, args.t3_heads, args.cfm_heads,
+                            args.t3_file, args.aligned_heads):
             print(line)
     except Exception as e:  # one line for the user, whatever failed
         msg = str(e) if isinstance(e, ConversionError) else f"missing tensor or key {e}" if isinstance(e, KeyError) else f"{type(e).__name__}: {e}"

@@ -167,10 +167,10 @@ def build_ve(size):
     return VoiceEncoder(ve_config(size))
 
 
-def build_s3gen(size):
-    s3 = SIZES[size]["s3"]
+def build_s3gen(size, meanflow=True, s3=None):
+    s3 = s3 if s3 is not None else SIZES[size]["s3"]
     if s3 is None:
-        return S3Gen(meanflow=True)
+        return S3Gen(meanflow=meanflow)
     enc, dec = s3["enc"], s3["dec"]
     d = enc["size"]
     tok_cfg = S3TokenizerV2.__init__.__defaults__[0]  # shared default ModelConfig instance
@@ -194,7 +194,7 @@ def build_s3gen(size):
              patched(s3gen_mod, "CAMPPlus", _override(s3gen_mod.CAMPPlus, cam)), \
              patched(s3gen_mod, "ConvRNNF0Predictor", _override(s3gen_mod.ConvRNNF0Predictor, s3["f0"])), \
              patched(s3gen_mod, "HiFTGenerator", _override(s3gen_mod.HiFTGenerator, s3["hift"])):
-            model = S3Gen(meanflow=True)
+            model = S3Gen(meanflow=meanflow)
     finally:
         for k, v in saved.items():
             setattr(tok_cfg, k, v)
@@ -235,10 +235,12 @@ def randomize(t3, s3gen, ve, g):
         if name.endswith("parametrizations.weight.original0"):
             p.mul_(0.8 + 0.4 * torch.rand(p.shape, generator=g))
     # non-identity meanflow time mixer (default init is [I | 0])
-    mixer = s3gen.flow.decoder.estimator.time_embed_mixer
-    D = mixer.weight.shape[0]
-    mixer.weight.add_(rn(mixer.weight.shape, 0.5 / (2 * D) ** 0.5))
-    t3.speech_head.bias.copy_(rn(t3.speech_head.bias.shape, 0.5))
+    mixer = getattr(s3gen.flow.decoder.estimator, "time_embed_mixer", None)
+    if mixer is not None:
+        D = mixer.weight.shape[0]
+        mixer.weight.add_(rn(mixer.weight.shape, 0.5 / (2 * D) ** 0.5))
+    if t3.speech_head.bias is not None:
+        t3.speech_head.bias.copy_(rn(t3.speech_head.bias.shape, 0.5))
 
 
 @torch.no_grad()

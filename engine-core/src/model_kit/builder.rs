@@ -60,6 +60,11 @@ impl<'c, 'w> Builder<'c, 'w> {
         self.ctx.add(n, self.w(&format!("{prefix}.bias"))?)
     }
 
+    /// RMSNorm over ne0 with the gain `name`.
+    pub fn rms_norm(&self, x: Tensor<'c>, name: &str, eps: f32) -> Result<Tensor<'c>> {
+        self.ctx.mul(self.ctx.rms_norm(x, eps)?, self.w(name)?)
+    }
+
     /// GELU, tanh form (GPT-2's `gelu_new`): the backend's node on a GPU,
     /// which evaluates the formula in F32 in one launch; elsewhere from
     /// elementary ops, because ggml's CPU `gelu` reads an F16 table whose

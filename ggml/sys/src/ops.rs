@@ -73,6 +73,29 @@ impl Context {
         self.wrap(unsafe { sys::ggml_norm(self.as_ptr(), a.as_ptr(), eps) })
     }
 
+    /// Normalises along ne0 to unit root mean square (no affine).
+    pub fn rms_norm<'a>(&'a self, a: Tensor<'a>, eps: f32) -> Result<Tensor<'a>> {
+        self.wrap(unsafe { sys::ggml_rms_norm(self.as_ptr(), a.as_ptr(), eps) })
+    }
+
+    /// `silu(gate) * up` where ne0 of `a` is `[gate | up]` (half the width out).
+    pub fn swiglu<'a>(&'a self, a: Tensor<'a>) -> Result<Tensor<'a>> {
+        self.wrap(unsafe { sys::ggml_swiglu(self.as_ptr(), a.as_ptr()) })
+    }
+
+    /// Rotary position embedding, NEOX layout (the two halves of each head
+    /// rotate together, as Hugging Face's `rotate_half`), over `a` `[head_dim,
+    /// heads, tokens, ...]` at the I32 `positions` `[tokens]`. The angle of pair
+    /// `i` is `position · base^(-2i/head_dim) / freq_factors[i]`.
+    pub fn rope_neox<'a>(&'a self, a: Tensor<'a>, positions: Tensor<'a>, freq_factors: Option<Tensor<'a>>, base: f32) -> Result<Tensor<'a>> {
+        const GGML_ROPE_TYPE_NEOX: i32 = 2;
+        let ff = freq_factors.map_or(std::ptr::null_mut(), |t| t.as_ptr());
+        let n_dims = a.ne()[0] as i32;
+        self.wrap(unsafe {
+            sys::ggml_rope_ext(self.as_ptr(), a.as_ptr(), positions.as_ptr(), ff, n_dims, GGML_ROPE_TYPE_NEOX, 0, base, 1.0, 0.0, 1.0, 0.0, 0.0)
+        })
+    }
+
     /// `softmax(a * scale + mask)` along ne0.
     pub fn soft_max_ext<'a>(&'a self, a: Tensor<'a>, mask: Option<Tensor<'a>>, scale: f32) -> Result<Tensor<'a>> {
         let m = mask.map_or(std::ptr::null_mut(), |m| m.as_ptr());

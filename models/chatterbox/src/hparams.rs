@@ -12,28 +12,140 @@ pub const T3_ARCH: &str = "chatterbox";
 /// `general.architecture` of the S3Gen (+ HiFT) file.
 pub const S3GEN_ARCH: &str = "chatterbox-s3gen";
 
-/// The transformer under T3. Turbo and Nano are GPT-2; Multilingual (Llama)
-/// gets its own variant and graph builder.
-#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+/// The transformer under T3: GPT-2 (Turbo, Nano) or Llama (Multilingual),
+/// each with its own graph builder.
+#[derive(Debug, Clone, PartialEq)]
 pub enum Backbone {
     Gpt2,
+    Llama(LlamaHparams),
+}
+
+/// Llama-3-style rotary frequency scaling (Hugging Face's `rope_type = "llama3"`).
+#[derive(Debug, Clone, Copy, PartialEq)]
+pub struct Llama3RopeScaling {
+    pub factor: f32,
+    pub low_freq_factor: f32,
+    pub high_freq_factor: f32,
+    pub original_context: f32,
+}
+
+/// What the Llama T3 adds to [`T3Hparams`]: grouped-query attention, RMSNorm,
+/// rotary positions, learned text/speech positions, the perceiver that
+/// resamples the voice prompt, and the attention heads the alignment analyzer reads.
+#[derive(Debug, Clone, PartialEq)]
+pub struct LlamaHparams {
+    pub n_head_kv: usize,
+    pub head_dim: usize,
+    pub rms_norm_eps: f32,
+    pub rope_base: f32,
+    pub rope_scaling: Option<Llama3RopeScaling>,
+    /// Rows of the learned text position table (text tokens + SOT/EOT at most).
+    pub text_positions: usize,
+    /// Rows of the learned speech position table.
+    pub speech_positions: usize,
+    /// Learned queries the perceiver resamples the voice prompt to.
+    pub perceiver_queries: usize,
+    pub perceiver_heads: usize,
+    pub start_text_token: u32,
+    pub stop_text_token: u32,
+    /// (layer, head) pairs whose attention over the text the analyzer reads;
+    /// empty: no analyzer (the reference runs it for Multilingual only).
+    pub aligned_heads: Vec<(usize, usize)>,
+}
+
+impl LlamaHparams {
+    /// Width of the keys (and values): K/V heads × head width.
+    pub fn kv_width(&self) -> usize {
+        self.n_head_kv * self.head_dim
+    }
+
+    /// Positions of the conditioning: speaker, perceiver queries (none
+    /// without a voice prompt), emotion.
+    pub fn cond_len(&self, prompt_tokens: usize) -> usize {
+        2 + if prompt_tokens > 0 { self.perceiver_queries } else { 0 }
+    }
+
+    /// Per rotary pair `i`, the divisor of its frequency `base^(-2i/head_dim)`
+    /// (ggml's `freq_factors`): Hugging Face's llama3 rule keeps high
+    /// frequencies, divides low ones by `factor` and blends in between.
+    pub fn rope_freq_factors(&self) -> Vec<f32> {
+        let half = self.head_dim / 2;
+        let Some(s) = self.rope_scaling else { return vec![1.0; half] };
+        let (factor, low, high, orig) = (s.factor as f64, s.low_freq_factor as f64, s.high_freq_factor as f64, s.original_context as f64);
+        (0..half)
+            .map(|i| {
+                let inv_freq = (self.rope_base as f64).powf(-((2 * i) as f64) / self.head_dim as f64);
+                let wavelen = 2.0 * std::f64::consts::PI / inv_freq;
+                let scaled = if wavelen < orig / high {
+                    inv_freq
+                } else if wavelen > orig / low {
+                    inv_freq / factor
+                } else {
+                    let smooth = (orig / wavelen - low) / (high - low);
+                    (1.0 - smooth) * inv_freq / factor + smooth * inv_freq
+                };
+                (inv_freq / scaled) as f32
+            })
+            .collect()
+    }
+
+    fn load(m: &HparamReader, n_embd: usize, n_head: usize, n_layer: usize, text_vocab: usize) -> Result<Self> {
+        use engine_core::model_kit::hparams::{DIM, EPS, HEADS};
+        let rope_scaling = match m.choice("rope.scaling", &["llama3", "none"])?.as_str() {
+            "llama3" => Some(Llama3RopeScaling {
+                factor: m.real("rope.scaling.factor", 1.0..=1024.0)?,
+                low_freq_factor: m.real("rope.scaling.low_freq_factor", 1e-3..=1e3)?,
+                high_freq_factor: m.real("rope.scaling.high_freq_factor", 1e-3..=1e3)?,
+                original_context: m.real("rope.scaling.original_context", 1.0..=1e7)?,
+            }),
+            _ => None,
+        };
+        let pairs = m.counts("aligned_heads", 0..=64, 0..=4096)?;
+        let hp = LlamaHparams {
+            n_head_kv: m.count("n_head_kv", HEADS)?,
+            head_dim: m.count("head_dim", DIM)?,
+            rms_norm_eps: m.real("rms_norm_eps", EPS)?,
+            rope_base: m.real("rope.freq_base", 1.0..=1e9)?,
+            rope_scaling,
+            text_positions: m.count("text_positions", ranges::CONTEXT)?,
+            speech_positions: m.count("speech_positions", ranges::CONTEXT)?,
+            perceiver_queries: m.count("perceiver.queries", 1..=4096)?,
+            perceiver_heads: m.count("perceiver.n_head", HEADS)?,
+            start_text_token: m.token("start_text_token", text_vocab)?,
+            stop_text_token: m.token("stop_text_token", text_vocab)?,
+            aligned_heads: pairs.chunks(2).map(|p| (p[0], p[1])).collect(),
+        };
+        m.require(pairs.len() % 2 == 0, || format!("aligned_heads has {} values, not (layer, head) pairs", pairs.len()))?;
+        m.require(hp.aligned_heads.iter().all(|&(l, h)| l < n_layer && h < n_head), || {
+            format!("an aligned head in {:?} lies outside {n_layer} layers of {n_head} heads", hp.aligned_heads)
+        })?;
+        m.require(n_head.is_multiple_of(hp.n_head_kv), || format!("{n_head} query heads do not share {} K/V heads evenly", hp.n_head_kv))?;
+        m.require(hp.head_dim.is_multiple_of(2), || format!("head_dim {} is odd (rotary pairs)", hp.head_dim))?;
+        m.require(n_embd.is_multiple_of(hp.perceiver_heads), || format!("n_embd {n_embd} does not split into {} perceiver heads", hp.perceiver_heads))?;
+        if let Some(s) = hp.rope_scaling {
+            m.require(s.high_freq_factor > s.low_freq_factor, || "rope.scaling.high_freq_factor must exceed low_freq_factor".into())?;
+        }
+        Ok(hp)
+    }
 }
 
 #[derive(Debug, Clone, PartialEq)]
 pub struct T3Hparams {
-    /// `turbo` or `nano`.
+    /// `turbo` or `nano` (GPT-2), `mtl` (Llama).
     pub variant: String,
     pub backbone: Backbone,
     pub n_layer: usize,
     pub n_embd: usize,
     pub n_head: usize,
-    /// Positions of the learned position table (`wpe` rows): the context limit.
+    /// The context limit: GPT-2's position table (`wpe` rows); for Llama,
+    /// conditioning + text positions + speech positions.
     pub n_ctx: usize,
     pub n_ff: usize,
     pub text_vocab: usize,
     pub speech_vocab: usize,
     /// Width of the speaker embedding that `cond.spkr` projects.
     pub speaker_dim: usize,
+    /// GPT-2's LayerNorms; Llama's perceiver LayerNorm.
     pub layer_norm_eps: f32,
     pub start_speech_token: u32,
     pub stop_speech_token: u32,
@@ -68,20 +180,30 @@ impl T3Hparams {
     pub fn load(file: &GgufFile) -> Result<Self> {
         use engine_core::model_kit::hparams::{DIM, EPS, HEADS, LAYERS};
         let m = HparamReader::new(file, T3_ARCH);
+        let speech_vocab = m.count("speech_vocab", ranges::VOCAB)?;
+        let (n_layer, n_embd, n_head) = (m.count("n_layer", LAYERS)?, m.count("n_embd", DIM)?, m.count("n_head", HEADS)?);
+        let text_vocab = m.count("text_vocab", ranges::VOCAB)?;
         let backbone = match m.string("backbone")?.as_str() {
             "gpt2" => Backbone::Gpt2,
+            "llama" => Backbone::Llama(LlamaHparams::load(&m, n_embd, n_head, n_layer, text_vocab)?),
             other => return Err(m.error(format!("T3 backbone '{other}' is not supported by this plugin version"))),
         };
-        let speech_vocab = m.count("speech_vocab", ranges::VOCAB)?;
+        // A Llama T3 has no position table of its own: its context is what the
+        // learned text and speech positions allow after the conditioning.
+        let n_ctx = match &backbone {
+            Backbone::Gpt2 => m.count("n_ctx", ranges::CONTEXT)?,
+            Backbone::Llama(l) => l.cond_len(1) + l.text_positions + l.speech_positions,
+        };
+        let variants: &[&str] = if matches!(backbone, Backbone::Gpt2) { &["turbo", "nano"] } else { &["mtl"] };
         let hp = T3Hparams {
-            variant: m.choice("variant", &["turbo", "nano"])?,
+            variant: m.choice("variant", variants)?,
             backbone,
-            n_layer: m.count("n_layer", LAYERS)?,
-            n_embd: m.count("n_embd", DIM)?,
-            n_head: m.count("n_head", HEADS)?,
-            n_ctx: m.count("n_ctx", ranges::CONTEXT)?,
+            n_layer,
+            n_embd,
+            n_head,
+            n_ctx,
             n_ff: m.count("n_ff", DIM)?,
-            text_vocab: m.count("text_vocab", ranges::VOCAB)?,
+            text_vocab,
             speech_vocab,
             speaker_dim: m.count("speaker_dim", DIM)?,
             layer_norm_eps: m.real("layer_norm_eps", EPS)?,
@@ -90,7 +212,9 @@ impl T3Hparams {
             silence_token: m.token("silence_token", speech_vocab)?,
             cond_prompt_len: m.count("cond_prompt_len", ranges::PROMPT)?,
         };
-        m.require(hp.n_embd.is_multiple_of(hp.n_head), || format!("n_embd {} does not split into {} heads", hp.n_embd, hp.n_head))?;
+        m.require(!matches!(hp.backbone, Backbone::Gpt2) || hp.n_embd.is_multiple_of(hp.n_head), || {
+            format!("n_embd {} does not split into {} heads", hp.n_embd, hp.n_head)
+        })?;
         m.require(hp.cond_prompt_len + 2 < hp.n_ctx, || {
             format!("the voice prompt ({} tokens) leaves no room in the context of {}", hp.cond_prompt_len, hp.n_ctx)
         })?;
@@ -98,7 +222,18 @@ impl T3Hparams {
     }
 
     pub fn head_dim(&self) -> usize {
-        self.n_embd / self.n_head
+        match &self.backbone {
+            Backbone::Gpt2 => self.n_embd / self.n_head,
+            Backbone::Llama(l) => l.head_dim,
+        }
+    }
+
+    /// The Llama backbone's parameters, if this is one.
+    pub fn llama(&self) -> Option<&LlamaHparams> {
+        match &self.backbone {
+            Backbone::Llama(l) => Some(l),
+            Backbone::Gpt2 => None,
+        }
     }
 }
 

@@ -1,5 +1,6 @@
 //! Chatterbox model-family plugin (`libtts_model_chatterbox.so`): Turbo and
-//! Nano (GPT-2 T3), with Multilingual (Llama T3) planned on the same layout.
+//! Nano (GPT-2 T3). Multilingual's guided Llama T3 (`t3::guided`) and text
+//! frontend exist; its standard decoder and pipeline are still to come.
 //!
 //! Layout: [`hparams`] (GGUF metadata, range-checked), [`tensors`] (the tensor
 //! tables checked at load), [`text`] (normalisation,
@@ -120,6 +121,7 @@ pub const GRAPH_OPS: &[&str] = &[
     "DIV",
     "FLASH_ATTN_EXT",
     "GET_ROWS",
+    "GLU",
     "IM2COL",
     "LEAKY_RELU",
     "MUL",
@@ -130,6 +132,8 @@ pub const GRAPH_OPS: &[&str] = &[
     "PERMUTE",
     "REPEAT",
     "RESHAPE",
+    "RMS_NORM",
+    "ROPE",
     "SCALE",
     "SET_ROWS",
     "SIN",

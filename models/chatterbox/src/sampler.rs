@@ -295,11 +295,17 @@ pub fn apply_min_p(logits: &mut [f32], min_p: f32) {
 /// Every step of the guided chain in the reference's order.
 pub fn process_guided(cond: &[f32], uncond: &[f32], history: &[u32], params: &GuidedSamplingParams) -> Vec<f32> {
     let mut l = combine_guidance(cond, uncond, params.cfg_weight);
-    apply_repetition_penalty(&mut l, history, params.repetition_penalty);
-    apply_temperature(&mut l, params.temperature);
-    apply_min_p(&mut l, params.min_p);
-    apply_top_p(&mut l, params.top_p);
+    process_combined(&mut l, history, params);
     l
+}
+
+/// The chain after the guidance combine (where the Multilingual loop's
+/// alignment analyzer edits the logits): penalty, temperature, min-p, top-p.
+pub fn process_combined(l: &mut [f32], history: &[u32], params: &GuidedSamplingParams) {
+    apply_repetition_penalty(l, history, params.repetition_penalty);
+    apply_temperature(l, params.temperature);
+    apply_min_p(l, params.min_p);
+    apply_top_p(l, params.top_p);
 }
 
 /// Index of the largest value (the first one on ties, as torch's argmax).

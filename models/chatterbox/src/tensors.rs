@@ -5,7 +5,7 @@
 //! The voice encoder, CAMPPlus and the S3Tokenizer are carried for voice
 //! cloning, which does not run yet: their tensors are not checked.
 
-use crate::hparams::{CfmHparams, EncoderHparams, HiftHparams, S3GenHparams, T3Hparams};
+use crate::hparams::{Backbone, CfmHparams, EncoderHparams, HiftHparams, LlamaHparams, S3GenHparams, T3Hparams};
 use engine_core::model_kit::{Dim, Storage, TensorTable};
 
 pub const T3_SPEAKER_EMB: &str = "voice.builtin.speaker_emb";
@@ -19,8 +19,50 @@ pub const F0_CHANNELS: &str = "f0_channels";
 pub const PROMPT_FRAMES: &str = "prompt_frames";
 pub const PROMPT_TOKENS: &str = "prompt_tokens";
 
-/// `t3-<variant>.gguf` (GPT-2 backbone).
+/// Derived at load (not in the file): the rotary frequency divisors.
+pub const T3_ROPE_FREQ_FACTORS: &str = "t3.rope_freq_factors";
+
+/// `t3-<variant>.gguf`, by backbone.
 pub fn t3_table(hp: &T3Hparams) -> TensorTable {
+    let mut t = match &hp.backbone {
+        Backbone::Gpt2 => t3_gpt2(hp),
+        Backbone::Llama(l) => t3_llama(hp, l),
+    };
+    t.f32(T3_SPEAKER_EMB, &[hp.speaker_dim]).i32(T3_PROMPT_TOKENS, &[hp.cond_prompt_len]);
+    t.carry("ve.");
+    t
+}
+
+/// Llama (Multilingual): Q/K/V fused as `attn.qkv` (rows Q, K, V), gate and
+/// up as `ffn.gate_up`, no biases; the perceiver's one attention block.
+fn t3_llama(hp: &T3Hparams, l: &LlamaHparams) -> TensorTable {
+    let d = hp.n_embd;
+    let q = hp.n_head * l.head_dim;
+    let mut t = TensorTable::new();
+    t.f32("t3.text_emb", &[d, hp.text_vocab]).f32("t3.speech_emb", &[d, hp.speech_vocab]);
+    t.f32("t3.text_pos", &[d, l.text_positions]).f32("t3.speech_pos", &[d, l.speech_positions]);
+    for i in 0..hp.n_layer {
+        let p = format!("t3.blk.{i}");
+        t.f32(format!("{p}.attn_norm.weight"), &[d]).f32(format!("{p}.ffn_norm.weight"), &[d]);
+        t.matrix(format!("{p}.attn.qkv.weight"), d, q + 2 * l.kv_width());
+        t.matrix(format!("{p}.attn.out.weight"), q, d);
+        t.matrix(format!("{p}.ffn.gate_up.weight"), d, 2 * hp.n_ff);
+        t.matrix(format!("{p}.ffn.down.weight"), hp.n_ff, d);
+    }
+    t.f32("t3.norm_f.weight", &[d]);
+    t.matrix("t3.speech_head.weight", d, hp.speech_vocab);
+    t.linear("t3.cond.spkr", hp.speaker_dim, d);
+    t.f32("t3.cond.emotion.weight", &[1, d]);
+    t.f32("t3.perceiver.query", &[d, l.perceiver_queries]);
+    t.norm("t3.perceiver.norm", d);
+    for m in ["q", "k", "v", "out"] {
+        t.linear(&format!("t3.perceiver.{m}"), d, d);
+    }
+    t
+}
+
+/// GPT-2 (Turbo, Nano).
+fn t3_gpt2(hp: &T3Hparams) -> TensorTable {
     let d = hp.n_embd;
     let mut t = TensorTable::new();
     t.f32("t3.wpe", &[d, hp.n_ctx]).f32("t3.text_emb", &[d, hp.text_vocab]).f32("t3.speech_emb", &[d, hp.speech_vocab]);
@@ -35,8 +77,6 @@ pub fn t3_table(hp: &T3Hparams) -> TensorTable {
     t.norm("t3.ln_f", d);
     t.linear("t3.speech_head", d, hp.speech_vocab);
     t.linear("t3.cond.spkr", hp.speaker_dim, d);
-    t.f32(T3_SPEAKER_EMB, &[hp.speaker_dim]).i32(T3_PROMPT_TOKENS, &[hp.cond_prompt_len]);
-    t.carry("ve.");
     t
 }
 

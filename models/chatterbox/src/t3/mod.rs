@@ -2,8 +2,11 @@
 //! runtime: weights, the static K/V cache, cached graphs (one prompt graph per
 //! shape, one step graph per attention span) and the generation loop.
 
+pub mod alignment;
 pub mod gpt2;
+pub mod guided;
 pub mod kv_cache;
+pub mod llama;
 
 use crate::hparams::{T3Hparams, T3_ARCH};
 use crate::sampler::{self, SamplingParams, UniformSource};
@@ -14,7 +17,7 @@ use engine_core::model_kit::{Error, Result};
 use ggml_sys::gguf::GgufTensors;
 use ggml_sys::{Backend, ComputeGraph, GraphSlot, Type, TYPE_F32};
 use gpt2::{input, Feed, Shape};
-pub use kv_cache::{AttentionPath, KvCache};
+pub use kv_cache::{AttentionPath, KvCache, KvDims, KvLayout};
 use std::collections::HashMap;
 use std::path::Path;
 
@@ -42,6 +45,46 @@ impl AttentionConfig {
         } else {
             Self::REFERENCE
         }
+    }
+
+    /// The path and cache type `policy` allows for heads of `head_dim` on
+    /// `backend`'s device: a block-quantized cache whose blocks do not tile a
+    /// head falls back to F16, a device without a fused kernel for this head
+    /// size and cache type to the explicit path (or, where the profile forced
+    /// them, an error). Decided once per model, since the cache layout follows.
+    pub fn resolve(backend: &Backend, policy: &OpPolicy, head_dim: usize) -> Result<Self> {
+        let attention = AttentionConfig::from_policy(policy);
+        let (kv_policy, kv_probe) = engine_core::model_kit::policy::kv_cache_policy(attention.kv_type);
+        let attention = match attention.path {
+            AttentionPath::Explicit => AttentionConfig { path: AttentionPath::Explicit, kv_type: TYPE_F32 },
+            // A block-quantized cache row must split into whole blocks per head.
+            AttentionPath::Flash if !head_dim.is_multiple_of(unsafe { ggml_sys::sys::ggml_blck_size(attention.kv_type) } as usize) => {
+                policy.refuse_if_forced(&[kv_policy], &format!("T3's heads of {head_dim} do not split into {kv_policy} cache blocks"))?;
+                tracing::warn!(head_dim, "heads do not split into K/V cache blocks; using an F16 cache");
+                AttentionConfig { path: AttentionPath::Flash, kv_type: ggml_sys::TYPE_F16 }
+            }
+            AttentionPath::Flash => attention,
+        };
+        // The cache layout follows the path, so a device without a fused
+        // kernel for this head size and cache type gets the explicit path
+        // for the whole model, decided here rather than per node (or, where
+        // the profile forced fused attention or the cache type, an error).
+        let attention = match backend.device() {
+            Some(dev) if attention.path == AttentionPath::Flash && !engine_core::probes::flash_attn_runs(dev, attention.kv_type, head_dim as i64) => {
+                let kv = ggml_sys::type_name(attention.kv_type);
+                policy.refuse_if_forced(
+                        &["flash_attn", kv_policy],
+                        &format!(
+                            "{} has no fused attention kernel for T3's head size {head_dim} with a {kv} K/V cache (probe {kv_probe} passes only for other head sizes)",
+                            dev.name()
+                        ),
+                    )?;
+                tracing::warn!(head_dim, kv, device = %dev.name(), "no fused attention kernel for T3's heads; using explicit attention");
+                AttentionConfig::REFERENCE
+            }
+            _ => attention,
+        };
+        Ok(attention)
     }
 }
 
@@ -101,38 +144,7 @@ impl T3 {
         let gguf = GgufTensors::open(path)?;
         let (hp, table) = check_file(&gguf)?;
         let weights = Weights::load(gguf, &backend, table, policy.matmul_weights, is_matmul_weight)?;
-        let attention = AttentionConfig::from_policy(policy);
-        let (kv_policy, kv_probe) = engine_core::model_kit::policy::kv_cache_policy(attention.kv_type);
-        let head_dim = hp.head_dim();
-        let attention = match attention.path {
-            AttentionPath::Explicit => AttentionConfig { path: AttentionPath::Explicit, kv_type: TYPE_F32 },
-            // A block-quantized cache row must split into whole blocks per head.
-            AttentionPath::Flash if !head_dim.is_multiple_of(unsafe { ggml_sys::sys::ggml_blck_size(attention.kv_type) } as usize) => {
-                policy.refuse_if_forced(&[kv_policy], &format!("T3's heads of {head_dim} do not split into {kv_policy} cache blocks"))?;
-                tracing::warn!(head_dim, "heads do not split into K/V cache blocks; using an F16 cache");
-                AttentionConfig { path: AttentionPath::Flash, kv_type: ggml_sys::TYPE_F16 }
-            }
-            AttentionPath::Flash => attention,
-        };
-        // The cache layout follows the path, so a device without a fused
-        // kernel for this head size and cache type gets the explicit path
-        // for the whole model, decided here rather than per node (or, where
-        // the profile forced fused attention or the cache type, an error).
-        let attention = match backend.device() {
-            Some(dev) if attention.path == AttentionPath::Flash && !engine_core::probes::flash_attn_runs(dev, attention.kv_type, head_dim as i64) => {
-                let kv = ggml_sys::type_name(attention.kv_type);
-                policy.refuse_if_forced(
-                    &["flash_attn", kv_policy],
-                    &format!(
-                        "{} has no fused attention kernel for T3's head size {head_dim} with a {kv} K/V cache (probe {kv_probe} passes only for other head sizes)",
-                        dev.name()
-                    ),
-                )?;
-                tracing::warn!(head_dim, kv, device = %dev.name(), "no fused attention kernel for T3's heads; using explicit attention");
-                AttentionConfig::REFERENCE
-            }
-            _ => attention,
-        };
+        let attention = AttentionConfig::resolve(&backend, policy, hp.head_dim())?;
         Ok(T3 {
             prefix_graph: GraphSlot::default(),
             suffix_graph: GraphSlot::default(),
@@ -210,7 +222,13 @@ impl T3 {
         self.step_graphs.clear();
         self.cached_voice = None;
         self.kv = None;
-        let kv = KvCache::new(&self.backend, self.hp.n_layer, self.hp.n_embd, n_ctx, self.attention.kv_type, self.attention.path)?;
+        let kv = KvCache::new(
+            &self.backend,
+            KvDims { n_layer: self.hp.n_layer, width: self.hp.n_embd, n_ctx, rows: 1 },
+            self.attention.kv_type,
+            self.attention.path,
+            KvLayout::Fused,
+        )?;
         tracing::debug!(positions = n_ctx, mib = kv.bytes() as f64 / (1 << 20) as f64, "T3 K/V cache");
         self.kv = Some(kv);
         Ok(())
