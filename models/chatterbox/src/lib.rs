@@ -121,7 +121,6 @@ pub const GRAPH_OPS: &[&str] = &[
     "DIV",
     "FLASH_ATTN_EXT",
     "GET_ROWS",
-    "GLU",
     "IM2COL",
     "LEAKY_RELU",
     "MUL",
@@ -132,8 +131,6 @@ pub const GRAPH_OPS: &[&str] = &[
     "PERMUTE",
     "REPEAT",
     "RESHAPE",
-    "RMS_NORM",
-    "ROPE",
     "SCALE",
     "SET_ROWS",
     "SIN",
@@ -143,6 +140,10 @@ pub const GRAPH_OPS: &[&str] = &[
     "UNARY",
     "VIEW",
 ];
+
+/// What the Llama T3 (Multilingual) adds to [`GRAPH_OPS`]: a deny rule on one
+/// of these refuses that T3 only.
+pub const LLAMA_T3_OPS: &[&str] = &["GLU", "RMS_NORM", "ROPE"];
 
 /// The load-time checks of either Chatterbox file (T3 with its tokenizer, or
 /// S3Gen) on a file image in memory (no device, no weights loaded): what the

@@ -229,3 +229,21 @@ fn mtl_suite_on_vulkan() {
     logits_suite("vulkan", VULKAN);
     token_suite("vulkan", false);
 }
+
+#[test]
+fn the_llama_graphs_use_only_declared_ops_and_deny_rules_refuse_it() {
+    use engine_core::model_kit::census::{all_on_denying, assert_declared, census, StageNodes};
+    let handle = open("cpu");
+    for policy in [OpPolicy::reference(), OpPolicy::native(TYPE_F32)] {
+        let mut t3 = load(&policy, &handle);
+        let voice = t3.builtin_voice().unwrap();
+        guided::generate(&mut t3, &voice, EXAGGERATION, &text(), &reference_params(), &mut GuidedChoice::Greedy, 3).unwrap();
+        let nodes: StageNodes = t3.graphs().into_iter().map(|(s, g)| (s, census(g))).collect();
+        assert_eq!(nodes.len(), 3, "conditioning, text and step graphs built");
+        let declared: Vec<&str> = tts_model_chatterbox::GRAPH_OPS.iter().chain(tts_model_chatterbox::LLAMA_T3_OPS).copied().collect();
+        assert_declared(&nodes, &declared);
+    }
+    let policy = OpPolicy::from_resolved(&all_on_denying(&["ROPE"]));
+    let e = GuidedT3::load(&dir().join("t3-mtl.gguf"), handle.ggml_backend(), &policy).err().unwrap();
+    assert_eq!(e.to_string(), "ROPE is denied on this device by deny rule 1 (device \"CPU\"): census, and chatterbox has no fallback for it");
+}

@@ -81,6 +81,8 @@ fn is_matmul_weight(name: &str) -> bool {
 
 impl GuidedT3 {
     pub fn load(path: &Path, backend: Backend, policy: &OpPolicy) -> Result<Self> {
+        policy.check_denials("chatterbox", crate::GRAPH_OPS)?;
+        policy.check_denials("chatterbox", crate::LLAMA_T3_OPS)?;
         let gguf = GgufTensors::open(path)?;
         let (hp, table) = check_file(&gguf)?;
         let Some(l) = hp.llama().cloned() else {
@@ -121,10 +123,7 @@ impl GuidedT3 {
 
     /// The built-in voice's conditioning (`voice.builtin.*`, from `conds.pt`).
     pub fn builtin_voice(&self) -> Result<T3Conditioning> {
-        Ok(T3Conditioning {
-            speaker_emb: self.weights.host_f32(crate::tensors::T3_SPEAKER_EMB)?,
-            prompt_speech_tokens: self.weights.host_i32(crate::tensors::T3_PROMPT_TOKENS)?,
-        })
+        super::builtin_voice(&self.weights)
     }
 
     /// The graphs built so far, by stage (census tests).

@@ -95,6 +95,14 @@ pub struct T3Conditioning {
     pub prompt_speech_tokens: Vec<i32>,
 }
 
+/// The built-in voice a T3 file carries (`voice.builtin.*`, from `conds.pt`).
+pub fn builtin_voice(weights: &Weights) -> Result<T3Conditioning> {
+    Ok(T3Conditioning {
+        speaker_emb: weights.host_f32(crate::tensors::T3_SPEAKER_EMB)?,
+        prompt_speech_tokens: weights.host_i32(crate::tensors::T3_PROMPT_TOKENS)?,
+    })
+}
+
 /// Checks that the I32 tensor `name` holds only tokens below `vocab` (they
 /// index an embedding table), reading it from the file.
 pub fn check_tokens(gguf: &GgufTensors, name: &str, vocab: usize) -> Result<()> {
@@ -162,10 +170,7 @@ impl T3 {
 
     /// The built-in voice's conditioning (`voice.builtin.*`, from `conds.pt`).
     pub fn builtin_voice(&self) -> Result<T3Conditioning> {
-        Ok(T3Conditioning {
-            speaker_emb: self.weights.host_f32(crate::tensors::T3_SPEAKER_EMB)?,
-            prompt_speech_tokens: self.weights.host_i32(crate::tensors::T3_PROMPT_TOKENS)?,
-        })
+        builtin_voice(&self.weights)
     }
 
     /// The graphs built so far, by stage (census tests).
