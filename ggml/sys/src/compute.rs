@@ -14,6 +14,15 @@ pub struct GraphIo<'c> {
     pub outputs: Vec<(&'static str, Tensor<'c>)>,
 }
 
+impl<'c> GraphIo<'c> {
+    /// A new input tensor `name` of type `ty` and shape `ne` in `ctx`, registered here.
+    pub fn input(&mut self, ctx: &'c crate::Context, name: &'static str, ty: crate::Type, ne: &[i64]) -> crate::Result<Tensor<'c>> {
+        let t = ctx.new_tensor(ty, ne)?.set_name(name);
+        self.inputs.push((name, t));
+        Ok(t)
+    }
+}
+
 pub struct ComputeGraph {
     // Field order matters: the staging buffer, allocator and pointers die before the context.
     staging: Option<HostStaging>,

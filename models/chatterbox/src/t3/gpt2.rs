@@ -62,44 +62,39 @@ pub fn build<'c>(b: &Builder<'c, '_>, hp: &T3Hparams, kv: &KvCache, shape: Shape
     let ctx = b.ctx;
     let n = shape.feed.n_tokens() as i64;
     let mut io = GraphIo { inputs: Vec::new(), outputs: Vec::new() };
-    let mut new_input = |name: &'static str, ty, ne: &[i64]| -> Result<Tensor<'c>> {
-        let t = ctx.new_tensor(ty, ne)?.set_name(name);
-        io.inputs.push((name, t));
-        Ok(t)
-    };
 
     let x = match shape.feed {
         Feed::VoicePrefix { prompt_tokens } => {
-            let speaker = new_input(input::SPEAKER, TYPE_F32, &[hp.speaker_dim as i64, 1])?;
+            let speaker = io.input(ctx, input::SPEAKER, TYPE_F32, &[hp.speaker_dim as i64, 1])?;
             let x = b.linear(speaker, "t3.cond.spkr")?;
             if prompt_tokens > 0 {
-                let ids = new_input(input::PROMPT_TOKENS, TYPE_I32, &[prompt_tokens as i64])?;
+                let ids = io.input(ctx, input::PROMPT_TOKENS, TYPE_I32, &[prompt_tokens as i64])?;
                 ctx.concat(x, ctx.get_rows(b.w("t3.speech_emb")?, ids)?, 1)?
             } else {
                 x
             }
         }
         Feed::TextSuffix { text_tokens } => {
-            let start = ctx.get_rows(b.w("t3.speech_emb")?, new_input(input::START_TOKEN, TYPE_I32, &[1])?)?;
+            let start = ctx.get_rows(b.w("t3.speech_emb")?, io.input(ctx, input::START_TOKEN, TYPE_I32, &[1])?)?;
             if text_tokens > 0 {
-                let ids = new_input(input::TEXT_TOKENS, TYPE_I32, &[text_tokens as i64])?;
+                let ids = io.input(ctx, input::TEXT_TOKENS, TYPE_I32, &[text_tokens as i64])?;
                 ctx.concat(ctx.get_rows(b.w("t3.text_emb")?, ids)?, start, 1)?
             } else {
                 start
             }
         }
         Feed::Step => {
-            let token = new_input(input::TOKEN, TYPE_I32, &[1])?;
+            let token = io.input(ctx, input::TOKEN, TYPE_I32, &[1])?;
             ctx.get_rows(b.w("t3.speech_emb")?, token)?
         }
     };
-    let positions = new_input(input::POSITIONS, TYPE_I32, &[n])?;
+    let positions = io.input(ctx, input::POSITIONS, TYPE_I32, &[n])?;
     let kv_rows_v = match kv.path {
-        AttentionPath::Explicit => Some(new_input(input::KV_ROWS_V, TYPE_I32, &[n * hp.n_embd as i64])?),
+        AttentionPath::Explicit => Some(io.input(ctx, input::KV_ROWS_V, TYPE_I32, &[n * hp.n_embd as i64])?),
         AttentionPath::Flash => None,
     };
     let mask_ty = if kv.path == AttentionPath::Flash { TYPE_F16 } else { TYPE_F32 };
-    let mask = new_input(input::MASK, mask_ty, &[shape.kv_len as i64, n])?;
+    let mask = io.input(ctx, input::MASK, mask_ty, &[shape.kv_len as i64, n])?;
 
     let mut h = ctx.add(x, ctx.get_rows(b.w("t3.wpe")?, positions)?)?;
     for l in 0..hp.n_layer {

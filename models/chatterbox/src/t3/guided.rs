@@ -173,8 +173,7 @@ impl GuidedT3 {
     }
 
     fn span(&self, used: usize) -> usize {
-        let n_ctx = self.kv.as_ref().map_or(used, |kv| kv.n_ctx);
-        (used.div_ceil(KV_BLOCK) * KV_BLOCK).min(n_ctx)
+        super::attention_span(self.kv.as_ref(), used)
     }
 
     /// Uploads the position-dependent inputs of `shape` for its tokens at `start`.

@@ -131,25 +131,20 @@ pub fn build<'c>(b: &Builder<'c, '_>, hp: &T3Hparams, l: &LlamaHparams, kv: &KvC
     let batch = shape.batch() as i64;
     let written = shape.written_rows(kv.rows).len() as i64;
     let mut io = GraphIo { inputs: Vec::new(), outputs: Vec::new() };
-    let mut new_input = |name: &'static str, ty, ne: &[i64]| -> Result<Tensor<'c>> {
-        let t = ctx.new_tensor(ty, ne)?.set_name(name);
-        io.inputs.push((name, t));
-        Ok(t)
-    };
 
     let x = match shape.feed {
         Feed::Conditioning { prompt_tokens } => {
-            let speaker = new_input(input::SPEAKER, TYPE_F32, &[hp.speaker_dim as i64, 1])?;
+            let speaker = io.input(ctx, input::SPEAKER, TYPE_F32, &[hp.speaker_dim as i64, 1])?;
             let mut x = b.linear(speaker, "t3.cond.spkr")?;
             if prompt_tokens > 0 {
-                let ids = new_input(input::PROMPT_TOKENS, TYPE_I32, &[prompt_tokens as i64])?;
-                let pos = new_input(input::PROMPT_POSITIONS, TYPE_I32, &[prompt_tokens as i64])?;
+                let ids = io.input(ctx, input::PROMPT_TOKENS, TYPE_I32, &[prompt_tokens as i64])?;
+                let pos = io.input(ctx, input::PROMPT_POSITIONS, TYPE_I32, &[prompt_tokens as i64])?;
                 let prompt = ctx.add(ctx.get_rows(b.w("t3.speech_emb")?, ids)?, ctx.get_rows(b.w("t3.speech_pos")?, pos)?)?;
                 let resampled = perceiver(b, l, prompt, hp.layer_norm_eps)?;
                 io.outputs.push((output::PERCEIVER, resampled));
                 x = ctx.concat(x, resampled, 1)?;
             }
-            let emotion = new_input(input::EMOTION, TYPE_F32, &[1, 1])?;
+            let emotion = io.input(ctx, input::EMOTION, TYPE_F32, &[1, 1])?;
             let w = ctx.reshape(b.w("t3.cond.emotion.weight")?, &[hp.n_embd as i64, 1])?;
             let x = ctx.concat(x, ctx.mul(w, emotion)?, 1)?;
             io.outputs.push((output::COND_EMB, x));
@@ -157,10 +152,10 @@ pub fn build<'c>(b: &Builder<'c, '_>, hp: &T3Hparams, l: &LlamaHparams, kv: &KvC
         }
         Feed::Text { text_tokens } => {
             // Only the conditional row (0) reads the text tokens.
-            let ids = if shape.rows.first == 0 { Some(new_input(input::TEXT_TOKENS, TYPE_I32, &[text_tokens as i64])?) } else { None };
-            let pos = new_input(input::TEXT_POSITIONS, TYPE_I32, &[text_tokens as i64])?;
-            let start = new_input(input::START_TOKEN, TYPE_I32, &[1])?;
-            let speech_pos = new_input(input::SPEECH_POSITION, TYPE_I32, &[1])?;
+            let ids = if shape.rows.first == 0 { Some(io.input(ctx, input::TEXT_TOKENS, TYPE_I32, &[text_tokens as i64])?) } else { None };
+            let pos = io.input(ctx, input::TEXT_POSITIONS, TYPE_I32, &[text_tokens as i64])?;
+            let start = io.input(ctx, input::START_TOKEN, TYPE_I32, &[1])?;
+            let speech_pos = io.input(ctx, input::SPEECH_POSITION, TYPE_I32, &[1])?;
             let start = ctx.add(ctx.get_rows(b.w("t3.speech_emb")?, start)?, ctx.get_rows(b.w("t3.speech_pos")?, speech_pos)?)?;
             let starts = ctx.concat(start, start, 1)?;
             let text_pos = ctx.get_rows(b.w("t3.text_pos")?, pos)?;
@@ -179,8 +174,8 @@ pub fn build<'c>(b: &Builder<'c, '_>, hp: &T3Hparams, l: &LlamaHparams, kv: &KvC
             x.expect("at least one row")
         }
         Feed::Step => {
-            let token = new_input(input::TOKEN, TYPE_I32, &[1])?;
-            let speech_pos = new_input(input::SPEECH_POSITION, TYPE_I32, &[1])?;
+            let token = io.input(ctx, input::TOKEN, TYPE_I32, &[1])?;
+            let speech_pos = io.input(ctx, input::SPEECH_POSITION, TYPE_I32, &[1])?;
             let e = ctx.add(ctx.get_rows(b.w("t3.speech_emb")?, token)?, ctx.get_rows(b.w("t3.speech_pos")?, speech_pos)?)?;
             if batch == 2 {
                 ctx.concat(e, e, 1)?
@@ -189,18 +184,18 @@ pub fn build<'c>(b: &Builder<'c, '_>, hp: &T3Hparams, l: &LlamaHparams, kv: &KvC
             }
         }
     };
-    let positions = new_input(input::POSITIONS, TYPE_I32, &[n * batch])?;
-    let kv_rows = new_input(input::KV_ROWS, TYPE_I32, &[n * written])?;
+    let positions = io.input(ctx, input::POSITIONS, TYPE_I32, &[n * batch])?;
+    let kv_rows = io.input(ctx, input::KV_ROWS, TYPE_I32, &[n * written])?;
     let kv_rows_v = match kv.path {
-        AttentionPath::Explicit => Some(new_input(input::KV_ROWS_V, TYPE_I32, &[n * written * kv.width as i64])?),
+        AttentionPath::Explicit => Some(io.input(ctx, input::KV_ROWS_V, TYPE_I32, &[n * written * kv.width as i64])?),
         AttentionPath::Flash => None,
     };
     let mask_ty = if kv.path == AttentionPath::Flash { TYPE_F16 } else { TYPE_F32 };
-    let mask = new_input(input::MASK, mask_ty, &[shape.kv_len as i64, n])?;
+    let mask = io.input(ctx, input::MASK, mask_ty, &[shape.kv_len as i64, n])?;
     let freq_factors = l.rope_scaling.map(|_| b.w(T3_ROPE_FREQ_FACTORS)).transpose()?;
     let queries = shape.aligned_queries() as i64;
     let aligned_mask =
-        if queries > 0 && !l.aligned_heads.is_empty() { Some(new_input(input::ALIGNED_MASK, TYPE_F32, &[shape.kv_len as i64, queries])?) } else { None };
+        if queries > 0 && !l.aligned_heads.is_empty() { Some(io.input(ctx, input::ALIGNED_MASK, TYPE_F32, &[shape.kv_len as i64, queries])?) } else { None };
 
     let io_in = Inputs { positions, freq_factors, kv_rows, kv_rows_v, mask, aligned_mask };
     let mut h = x;

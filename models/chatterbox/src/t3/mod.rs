@@ -95,6 +95,13 @@ pub struct T3Conditioning {
     pub prompt_speech_tokens: Vec<i32>,
 }
 
+/// Cache positions a graph attends over when `used` are written: whole
+/// blocks, so one graph serves a block of positions, within the cache.
+fn attention_span(kv: Option<&KvCache>, used: usize) -> usize {
+    let n_ctx = kv.map_or(used, |kv| kv.n_ctx);
+    (used.div_ceil(KV_BLOCK) * KV_BLOCK).min(n_ctx)
+}
+
 /// The built-in voice a T3 file carries (`voice.builtin.*`, from `conds.pt`).
 pub fn builtin_voice(weights: &Weights) -> Result<T3Conditioning> {
     Ok(T3Conditioning {
@@ -240,8 +247,7 @@ impl T3 {
     }
 
     fn span(&self, used: usize) -> usize {
-        let n_ctx = self.kv.as_ref().map_or(used, |kv| kv.n_ctx);
-        (used.div_ceil(KV_BLOCK) * KV_BLOCK).min(n_ctx)
+        attention_span(self.kv.as_ref(), used)
     }
 
     /// Uploads the position-dependent inputs for `n` new tokens at `start`.
