@@ -1,5 +1,5 @@
 #!/usr/bin/env python3
-"""Chatterbox Turbo: `tts` against the PyTorch reference on the same full-size random weights.
+"""Chatterbox Turbo or Multilingual: `tts` against the PyTorch reference on the same full-size random weights.
 
 One run of this script times, in alternating rounds, the reference package
 (`chatterbox-tts==0.1.7`, `ChatterboxTurboTTS.from_local` on the official-format
@@ -26,9 +26,18 @@ each (GPU rows use the policies' defaults: fused attention and an F16 K/V
 cache where the device runs them; weights as the file stores them, so
 `--weights f16` is the F16 row).
 
-The checkpoint directory is target/chatterbox-full (tools/chatterbox/make_fixtures.py
---size full, plus make_tokenizer.py --vocab 50276); conversions go to
-target/chatterbox-full/gguf-<weights>/. `tts` and the plugins come from target/release
+`--variant mtl` benchmarks Multilingual (`ChatterboxMultilingualTTS.generate`,
+language `en`): T3 runs both guidance rows (cfg_weight 0.5) and S3Gen the 10-step
+decoder with guidance; the fixed count is kept on both sides by suppressing the stop
+token while the alignment analyzer still runs but its verdicts are not applied (the
+reference through a patched `AlignmentStreamAnalyzer.step`, `tts` with
+`min_new_tokens`); S3Gen then decodes the N tokens (no silence tokens, as the reference).
+`--guidance` adds `tts` rows with T3's guidance as a batch of two and as two passes.
+
+The checkpoint directories are target/chatterbox-full (Turbo: tools/chatterbox/make_fixtures.py
+--size full, plus make_tokenizer.py --vocab 50276) and target/chatterbox-mtl-full
+(make_mtl_fixtures.py --size full --no-dumps --tokenizer tests/fixtures/chatterbox/mtl-text/tokenizer.json);
+conversions go to <dir>/gguf-<weights>/. `tts` and the plugins come from target/release
 (`cargo build --release --workspace`).
 """
 import argparse
@@ -44,27 +53,59 @@ from benchlib import cpu_name, gpu_name, run, tts_profile
 
 ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 TOOLS = os.path.join(ROOT, "tools", "chatterbox")
-CKPT = os.path.join(ROOT, "target", "chatterbox-full")
+VARIANTS = {
+    # checkpoint dir, T3 checkpoint, converted T3, converted S3Gen, convert.py arguments
+    "turbo": ("chatterbox-full", "t3_turbo_v1.safetensors", "t3-turbo.gguf", "s3gen-meanflow.gguf", []),
+    "mtl": ("chatterbox-mtl-full", "t3_mtl23ls_v2.safetensors", "t3-mtl.gguf", "s3gen.gguf", ["--variant", "mtl"]),
+}
 DEFAULT_TEXT = "The quick brown fox jumps over the lazy dog near the quiet river bank."
 STOP = 6562
 
 
-def torch_worker(a):
-    """Runs in a child process: times ChatterboxTurboTTS.generate stage by stage, prints JSON."""
+def ckpt_dir(variant):
+    return os.path.join(ROOT, "target", VARIANTS[variant][0])
+
+
+def load_reference(a):
+    """The reference model as its from_local loads it, with the fixed token count imposed;
+    returns (tts, generate-with-text)."""
     import torch
-    from chatterbox.tts_turbo import ChatterboxTurboTTS
+    t0 = time.perf_counter()
+    if a.variant == "turbo":
+        from chatterbox.tts_turbo import ChatterboxTurboTTS
+        tts = ChatterboxTurboTTS.from_local(a.ckpt, a.device)
+        t3 = tts.t3
+        # No stop token: N tokens (one from the prefill, N-1 steps).
+        t3.speech_head.register_forward_hook(lambda m, i, o: o.index_fill_(-1, torch.tensor([STOP], device=o.device), float("-inf")))
+        real_inference = type(t3).inference_turbo
+        t3.inference_turbo = lambda *args, **kw: real_inference(t3, *args, **{**kw, "max_gen_len": a.tokens - 1})
+        generate = lambda text: tts.generate(text)
+    else:
+        os.environ.setdefault("HF_HUB_OFFLINE", "1")
+        from chatterbox.mtl_tts import ChatterboxMultilingualTTS
+        import chatterbox.models.t3.inference.alignment_stream_analyzer as asa
+        tts = ChatterboxMultilingualTTS.from_local(a.ckpt, a.device)
+        t3 = tts.t3
+        # The stop token far below every other in both guidance rows (finite: the combine subtracts
+        # the rows); the analyzer runs but its verdict (suppress or force the stop) is not applied.
+        t3.speech_head.register_forward_hook(lambda m, i, o: o.index_fill_(-1, torch.tensor([STOP], device=o.device), -1e9))
+        real_step = asa.AlignmentStreamAnalyzer.step
+        asa.AlignmentStreamAnalyzer.step = lambda self, logits, next_token=None: (real_step(self, logits.clone(), next_token=next_token), logits)[1]
+        real_inference = type(t3).inference
+        t3.inference = lambda **kw: real_inference(t3, **{**kw, "max_new_tokens": a.tokens})
+        generate = lambda text: tts.generate(text, language_id="en")
+    return tts, generate, (time.perf_counter() - t0) * 1e3
+
+
+def torch_worker(a):
+    """Runs in a child process: times the reference's generate stage by stage, prints JSON."""
+    import torch
 
     torch.set_num_threads(a.threads)
     sync = torch.cuda.synchronize if a.device == "cuda" else (lambda: None)
-    t0 = time.perf_counter()
-    tts = ChatterboxTurboTTS.from_local(a.ckpt, a.device)
-    load_ms = (time.perf_counter() - t0) * 1e3
+    tts, generate, load_ms = load_reference(a)
     tts.watermarker.apply_watermark = lambda wav, sample_rate: wav  # tts does not watermark
     t3 = tts.t3
-    # A fixed token count: no stop token, N tokens (one from the prefill, N-1 steps).
-    t3.speech_head.register_forward_hook(lambda m, i, o: o.index_fill_(-1, torch.tensor([STOP], device=o.device), float("-inf")))
-    real_inference = type(t3).inference_turbo
-    t3.inference_turbo = lambda *args, **kw: real_inference(t3, *args, **{**kw, "max_gen_len": a.tokens - 1})
     calls = []
     real_forward = t3.tfmr.forward
 
@@ -99,7 +140,7 @@ def torch_worker(a):
         torch.manual_seed(i)
         t0 = time.perf_counter()
         with torch.inference_mode():
-            wav = tts.generate(a.text)
+            wav = generate(a.text)
         sync()
         total = (time.perf_counter() - t0) * 1e3
         if i < a.warmup:
@@ -120,14 +161,16 @@ def torch_worker(a):
 
 
 
-def ensure_gguf(weights):
-    out = os.path.join(CKPT, f"gguf-{weights}")
-    t3, s3 = os.path.join(out, "t3-turbo.gguf"), os.path.join(out, "s3gen-meanflow.gguf")
-    src = os.path.join(CKPT, "t3_turbo_v1.safetensors")
+def ensure_gguf(variant, weights):
+    _, t3_src, t3_name, s3_name, convert_args = VARIANTS[variant]
+    ckpt = ckpt_dir(variant)
+    out = os.path.join(ckpt, f"gguf-{weights}")
+    t3, s3 = os.path.join(out, t3_name), os.path.join(out, s3_name)
+    src = os.path.join(ckpt, t3_src)
     if not os.path.isfile(src):
         sys.exit(f"{src} is missing: generate the full-size checkpoint first (see this script's docstring)")
     if not os.path.isfile(t3) or os.path.getmtime(t3) < os.path.getmtime(src):
-        run([sys.executable, os.path.join(TOOLS, "convert.py"), CKPT, out, "--weights", weights])
+        run([sys.executable, os.path.join(TOOLS, "convert.py"), ckpt, out, "--weights", weights] + convert_args)
     return t3, s3
 
 
@@ -166,7 +209,7 @@ def gpu_copy_bandwidth_gbs():
     return 2 * a.numel() * 4 / best / 1e9
 
 
-def tts_bench(t3, s3, backend, threads, text, tokens, runs, warmup):
+def tts_bench(t3, s3, backend, threads, text, tokens, runs, warmup, extra):
     release = os.path.join(ROOT, "target", "release")
     with tempfile.TemporaryDirectory() as d:
         profile = os.path.join(d, f"{backend}.toml")
@@ -174,12 +217,12 @@ def tts_bench(t3, s3, backend, threads, text, tokens, runs, warmup):
             f.write(tts_profile(backend, threads))
         out = run([os.path.join(release, "tts"), "bench", "--profile", profile, "--plugin-dir", release, "--model", t3, "--model", s3,
                    "--text", text, "--runs", str(runs), "--warmup", str(warmup), "--json",
-                   "--set", f"max_new_tokens={tokens - 1}", "--set", f"min_new_tokens={tokens}", "--set", "seed=0"])
+                   "--set", f"min_new_tokens={tokens}", "--set", "seed=0"] + extra)
     return json.loads(out)
 
 
-def torch_bench(device, threads, text, tokens, runs, warmup):
-    out = run([sys.executable, os.path.abspath(__file__), "--torch-worker", "--device", device, "--ckpt", CKPT, "--threads", str(threads),
+def torch_bench(variant, device, threads, text, tokens, runs, warmup):
+    out = run([sys.executable, os.path.abspath(__file__), "--torch-worker", "--variant", variant, "--device", device, "--ckpt", ckpt_dir(variant), "--threads", str(threads),
                "--text", text, "--tokens", str(tokens), "--runs", str(runs), "--warmup", str(warmup)])
     # The reference prints progress to stdout; the report is the last line.
     return json.loads(out.strip().splitlines()[-1])
@@ -188,6 +231,9 @@ def torch_bench(device, threads, text, tokens, runs, warmup):
 
 def main():
     ap = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    ap.add_argument("--variant", choices=sorted(VARIANTS), default="turbo")
+    ap.add_argument("--guidance", nargs="+", default=["batch"], choices=["batch", "two-pass"],
+                    help="Multilingual: T3's guidance rows as one batch and/or two passes, one tts row each")
     ap.add_argument("--threads", nargs="+", type=int, default=[2])
     ap.add_argument("--weights", nargs="+", default=["f32", "q8_0", "q4_0"], help="GGUF storage for tts (the reference runs F32)")
     ap.add_argument("--device", default="cpu", choices=["cpu", "cuda"], help="where the reference runs")
@@ -205,25 +251,29 @@ def main():
         a.threads = a.threads[0]
         return torch_worker(a)
 
-    files = {w: ensure_gguf(w) for w in a.weights}
+    files = {w: ensure_gguf(a.variant, w) for w in a.weights}
     bandwidth = gpu_copy_bandwidth_gbs() if a.device == "cuda" else copy_bandwidth_gbs(max(a.threads))
+    cap = a.tokens - 1 if a.variant == "turbo" else a.tokens  # inference_turbo's cap counts one token fewer
+    modes = a.guidance if a.variant == "mtl" else [None]
     rows = []
     for threads in a.threads:
-        ref_rounds, tts_rounds = [], {(b, w): [] for b in a.backends for w in a.weights}
+        sides = [(b, w, m) for b in a.backends for w in a.weights for m in modes]
+        ref_rounds, tts_rounds = [], {side: [] for side in sides}
         for _ in range(a.rounds):
             # Alternate the sides so that drift in the machine's speed hits both alike.
-            ref_rounds.append(torch_bench(a.device, threads, a.text, a.tokens, a.runs, a.warmup))
-            for b, w in tts_rounds:
-                tts_rounds[(b, w)].append(tts_bench(*files[w], b, threads, a.text, a.tokens, a.runs, a.warmup))
+            ref_rounds.append(torch_bench(a.variant, a.device, threads, a.text, a.tokens, a.runs, a.warmup))
+            for b, w, m in sides:
+                extra = ["--set", f"max_new_tokens={cap}"] + (["--set", f"guidance={m}"] if m else [])
+                tts_rounds[(b, w, m)].append(tts_bench(*files[w], b, threads, a.text, a.tokens, a.runs, a.warmup, extra))
         med = lambda rounds, f: statistics.median(f(r) for r in rounds)
         ref_ms = med(ref_rounds, lambda r: r["total_ms"])
         ref_tok = med(ref_rounds, lambda r: r["stages_ms"]["t3.ms_per_token"])
         ref_s3 = med(ref_rounds, lambda r: r["stages_ms"]["s3gen"] + r["stages_ms"]["hift"])
-        for (b, w), rs in tts_rounds.items():
+        for (b, w, m), rs in tts_rounds.items():
             tts_ms = med(rs, lambda r: r["total_ms"])
             # Weights run as the file stores them (the f16_weights policy keeps F16 files F16).
             bound = t3_matrix_bytes(files[w][0]) / (bandwidth * 1e9) * 1e3
-            row = {"threads": threads, "backend": b, "weights": w, "tokens": a.tokens, "audio_s": rs[0]["audio_seconds"],
+            row = {"threads": threads, "backend": b, "weights": w, "guidance": m, "tokens": a.tokens, "audio_s": rs[0]["audio_seconds"],
                    "ref_ms": ref_ms, "tts_ms": tts_ms, "ratio": ref_ms / tts_ms,
                    "ref_ms_per_token": ref_tok, "tts_ms_per_token": med(rs, lambda r: r["stages_ms"]["t3.ms_per_token"]),
                    "bound_ms_per_token": bound,
@@ -238,13 +288,13 @@ def main():
 
     gpu = gpu_name() if a.device == "cuda" else None
     where = f"GPU {gpu}, host {cpu_name()}" if gpu else f"{cpu_name()}, {os.cpu_count()} cores"
-    lines = [f"Machine: {where}, copy bandwidth {bandwidth:.1f} GB/s; text: \"{a.text}\"; "
+    lines = [f"Chatterbox {a.variant}. Machine: {where}, copy bandwidth {bandwidth:.1f} GB/s; text: \"{a.text}\"; "
              f"{a.tokens} speech tokens on both sides; median over {a.rounds} alternating rounds of the median of {a.runs} runs "
              f"(after {a.warmup} warm-up) per side. The reference is F32 on {a.device} in every row.", "",
-             "| threads | tts backend | tts weights | audio s | reference ms | tts ms | ratio | T3 ms/token ref / tts (bound) | S3Gen+HiFT ms ref / tts | tts RTF | peak RSS MiB ref / tts |",
-             "|---|---|---|---|---|---|---|---|---|---|---|"]
+             "| threads | tts backend | tts weights | guidance | audio s | reference ms | tts ms | ratio | T3 ms/token ref / tts (bound) | S3Gen+HiFT ms ref / tts | tts RTF | peak RSS MiB ref / tts |",
+             "|---|---|---|---|---|---|---|---|---|---|---|---|"]
     for r in rows:
-        lines.append(f"| {r['threads']} | {r['backend']} | {r['weights']} | {r['audio_s']:.2f} | {r['ref_ms']:.0f} | {r['tts_ms']:.0f} | **{r['ratio']:.2f}×** | "
+        lines.append(f"| {r['threads']} | {r['backend']} | {r['weights']} | {r['guidance'] or '-'} | {r['audio_s']:.2f} | {r['ref_ms']:.0f} | {r['tts_ms']:.0f} | **{r['ratio']:.2f}×** | "
                      f"{r['ref_ms_per_token']:.2f} / {r['tts_ms_per_token']:.2f} ({r['bound_ms_per_token']:.2f}) | "
                      f"{r['ref_s3gen_hift_ms']:.0f} / {r['tts_s3gen_ms'] + r['tts_hift_ms']:.1f} | {r['tts_rtf']:.3f} | "
                      f"{r['ref_rss_mib']:.0f} / {r['tts_rss_mib']:.0f} |")

@@ -27,7 +27,6 @@ mkdir -p "$out/reference"
 cp "$ckpt"/*.npy "$ckpt/stages.json" "$out/reference/"
 "$PY" tools/chatterbox/text_cases.py "$ckpt" "$out/reference/text_cases.json"
 "$PY" tools/chatterbox/pipeline_case.py "$ckpt" "$out/reference/pipeline"
-"$PY" tools/chatterbox/bad_inputs.py "$out"
 
 # Multilingual: tiny random-weight Llama T3 + standard S3Gen, with the synthetic grapheme tokenizer
 # of tests/fixtures/chatterbox/mtl-text (the official one cannot be downloaded here).
@@ -38,3 +37,6 @@ rm -rf "$ckpt" "$out"
 "$PY" tools/chatterbox/convert.py "$ckpt" "$out" --variant mtl --t3-heads 4 --cfm-heads 2 --aligned-heads 2:3,3:1,1:2
 mkdir -p "$out/reference"
 cp "$ckpt"/*.npy "$ckpt/stages.json" "$out/reference/"
+cp -r "$ckpt/pipeline" "$out/reference/"
+
+"$PY" tools/chatterbox/bad_inputs.py tests/fixtures/chatterbox/turbo-tiny tests/fixtures/chatterbox/mtl-tiny

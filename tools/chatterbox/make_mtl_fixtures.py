@@ -76,9 +76,26 @@ SIZES = {
 TEXT = ("Hello world, this is a test.", "en")
 N_TF_STEPS = 20
 N_STREAM_STEPS = 40
+# The end-to-end case: T3 tokens cap (keeps HiFT's recorded noise small) and its draws' seed.
+N_PIPELINE_TOKENS = 16
+PIPELINE_SEED = 2468
 # What ChatterboxMultilingualTTS.generate passes to T3.inference.
 MTL_SAMPLING = dict(temperature=0.8, cfg_weight=0.5, repetition_penalty=2.0, min_p=0.05, top_p=1.0)
 EXAGGERATION = 0.5
+
+
+def pad_vocab(path, size):
+    """Pads the tokenizer's vocabulary with unused entries to the official size (2454), so the
+    full-size text embedding has a row for every id (the synthetic one covers the test texts only)."""
+    from tokenizers import Tokenizer
+    tok = json.loads(path.read_text())
+    vocab = tok["model"]["vocab"]
+    n = Tokenizer.from_file(str(path)).get_vocab_size()
+    assert n <= size and n == max(vocab.values()) + 1, (n, size)
+    for i in range(size - n):
+        vocab["[unused%d]" % i] = n + i
+    path.write_text(json.dumps(tok, ensure_ascii=False))
+    assert Tokenizer.from_file(str(path)).get_vocab_size() == size
 
 
 def t3_hparams(size, text_vocab):
@@ -195,6 +212,112 @@ class StreamRecorder:
                     after=torch.stack(after))
 
 
+REFERENCE_DROP_INVALID = mtl_mod.drop_invalid_tokens
+
+
+def speech_only(tokens):
+    """The reference's drop_invalid_tokens (slice between SOS and EOS), then the filter the engine adds:
+    ids >= 6561 (which random weights sample) would index past the flow's 6561-row embedding."""
+    kept = REFERENCE_DROP_INVALID(tokens)
+    return kept[kept < START_SPEECH]
+
+
+def run_pipeline(conds, t3, s3gen, ve, tokenizer, out, dump):
+    """ChatterboxMultilingualTTS.generate, unchanged but for: T3's token draws come from recorded
+    uniforms (inverse CDF), max_new_tokens is capped, the token filter above replaces
+    drop_invalid_tokens, and the Perth watermark is skipped. Every random draw is recorded; the
+    standard CFM's estimator calls (a batch of 2 for guidance) and S3Gen's intermediates are dumped."""
+    tts = mtl_mod.ChatterboxMultilingualTTS(t3, s3gen, ve, tokenizer, "cpu", conds=conds)
+    tts.watermarker.apply_watermark = lambda wav, sample_rate: wav
+    real_inference = type(t3).inference
+    tts.t3.inference = lambda **kw: real_inference(t3, **dict(kw, max_new_tokens=N_PIPELINE_TOKENS))
+    g = torch.Generator().manual_seed(PIPELINE_SEED)
+    uniforms = torch.rand(N_PIPELINE_TOKENS + 1, generator=g, dtype=torch.float32)
+    drawn = []
+
+    def multinomial(p, num_samples=1, *a, **k):
+        drawn.append(mf.inverse_cdf(p[0], float(uniforms[len(drawn)])))
+        return torch.tensor([[drawn[-1]]], dtype=torch.long)
+
+    rec, est_calls = {}, []
+    flow, hift = s3gen.flow, s3gen.mel2wav
+    keep = lambda name: (lambda m, i, o: rec.__setitem__(name, o.clone()))
+    hooks = [flow.spk_embed_affine_layer.register_forward_hook(keep("spks")),
+             flow.encoder_proj.register_forward_hook(keep("mu")),
+             flow.input_embedding.register_forward_pre_hook(lambda m, i: rec.__setitem__("tokens", i[0].clone())),
+             hift.f0_predictor.register_forward_pre_hook(lambda m, i: rec.__setitem__("mel", i[0].clone()))]
+    est = flow.decoder.estimator
+    est_forward = type(est).forward
+
+    def est_wrap(x, mask, mu, t, spks=None, cond=None, r=None):
+        v = est_forward(est, x, mask, mu, t, spks=spks, cond=cond, r=r)
+        est_calls.append(dict(x=x.clone(), mu=mu.clone(), t=t.clone(), spks=spks.clone(), cond=cond.clone(),
+                              mask=mask.clone(), v=v.clone()))
+        return v
+    est.forward = est_wrap
+    mtl_mod.drop_invalid_tokens = speech_only
+    rng_log = []
+    torch.manual_seed(PIPELINE_SEED)
+    try:
+        with mf.replace_multinomial(multinomial), mf.record_rng(rng_log), torch.inference_mode():
+            wav = tts.generate(TEXT[0], language_id=TEXT[1], exaggeration=EXAGGERATION, **{
+                k: MTL_SAMPLING[k] for k in ("cfg_weight", "temperature", "repetition_penalty", "min_p", "top_p")})
+    finally:
+        mtl_mod.drop_invalid_tokens = REFERENCE_DROP_INVALID
+        for h in hooks:
+            h.remove()
+        del est.forward, t3.inference
+    kinds = [k for k, _ in rng_log]
+    assert kinds == ["torch.randn_like", "Uniform(-pi,pi).sample", "torch.randn_like", "torch.randn_like"], kinds
+    z, phase, sine_noise, _ = [t for _, t in rng_log]
+    assert all(bool((c["mask"] == 1).all()) for c in est_calls)
+
+    P = int(conds.gen["prompt_token"].shape[1])
+    speech = speech_only(torch.tensor(drawn))
+    tokens = rec["tokens"][0, P:]
+    assert torch.equal(tokens, speech), (tokens, speech)
+    S3 = "S3Gen (standard)"
+    dump("s3gen_tokens", tokens, "input", ["pipeline/speech_tokens"],
+         "the drawn tokens after drop_invalid_tokens and the < 6561 filter (no silence appended, as MTL)")
+    dump("s3gen_mu", rec["mu"], S3 + ".flow.encoder_proj", ["conds.pt:gen.prompt_token", "s3gen_tokens"],
+         "(1, 2(P+N), 80)")
+    dump("s3gen_spks", rec["spks"], S3 + ".flow.spk_embed_affine_layer", ["conds.pt:gen.embedding"],
+         "Linear(192->80) of F.normalize(embedding)")
+    dump("s3gen_cond", est_calls[0]["cond"][:1], "CausalMaskedDiffWithXvec.inference", ["conds.pt:gen.prompt_feat"],
+         "(1, 80, 2(P+N)): prompt_feat in the first 2P frames, zeros after")
+    dump("s3gen_z", z, "CausalConditionalCFM.forward: torch.randn_like(mu)", [],
+         "the initial Euler state (standard decoder: no noised_mels)")
+    dump("s3gen_cfm_t", torch.cat([c["t"][:1] for c in est_calls]), "CausalConditionalCFM.forward", [],
+         "t of each Euler step: 1 - cos(pi/2 * linspace(0, 1, 11)) without its last point")
+    for i, c in enumerate(est_calls):
+        assert torch.equal(c["x"][0], c["x"][1]) and not c["mu"][1].any() and not c["spks"][1].any() \
+            and not c["cond"][1].any()
+        dump(f"s3gen_cfm_step{i}_x", c["x"][:1], "CausalConditionalCFM.solve_euler",
+             ["s3gen_z"] if i == 0 else [f"s3gen_cfm_step{i-1}_x", f"s3gen_cfm_step{i-1}_v"],
+             "Euler state before step %d (both guidance rows take it)" % i)
+        dump(f"s3gen_cfm_step{i}_v", c["v"], S3 + ".flow.decoder.estimator (ConditionalDecoder)",
+             [f"s3gen_cfm_step{i}_x", "s3gen_mu", "s3gen_spks", "s3gen_cond", "s3gen_cfm_t"],
+             "(2, 80, T): row 0 conditional, row 1 with mu, spks and cond zeroed; "
+             "next x = x + (t[i+1] - t[i]) * (1.7 v0 - 0.7 v1)")
+    dump("s3gen_mel", rec["mel"], "CausalMaskedDiffWithXvec.inference", ["s3gen_cfm_step9_x", "s3gen_cfm_step9_v"],
+         "final state, prompt frames [0, 2P) dropped: (1, 80, 2N)")
+
+    pipe = out / "pipeline"
+    pipe.mkdir(exist_ok=True)
+    save = lambda name, a: np.save(pipe / f"{name}.npy", np.ascontiguousarray(a))
+    save("t3_uniforms", uniforms.numpy())
+    save("speech_tokens", np.array(drawn, dtype=np.int64))
+    save("cfm_z", z.numpy())
+    save("sine_phase", phase.numpy())
+    save("sine_noise", sine_noise.numpy())
+    save("wav", wav.numpy().reshape(-1).astype(np.float32))
+    case = dict(text=TEXT[0], language=TEXT[1], exaggeration=EXAGGERATION, max_new_tokens=N_PIPELINE_TOKENS,
+                speech_tokens=drawn, samples=int(wav.numel()), **MTL_SAMPLING,
+                note="ChatterboxMultilingualTTS.generate with recorded draws, the < 6561 token filter, no watermark; "
+                     "speech_tokens as drawn (a stop token is not drawn when the cap ends the stream)")
+    (pipe / "case.json").write_text(json.dumps(case) + "\n")
+
+
 def main():
     ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     ap.add_argument("--size", choices=sorted(SIZES), default="tiny")
@@ -217,6 +340,8 @@ def main():
     T3Config.is_multilingual = property(lambda self: True)
 
     shutil.copyfile(args.tokenizer, out / "grapheme_mtl_merged_expanded_v1.json")
+    if cfg["text_vocab"] is not None:
+        pad_vocab(out / "grapheme_mtl_merged_expanded_v1.json", cfg["text_vocab"])
     tokenizer = MTLTokenizer(str(out / "grapheme_mtl_merged_expanded_v1.json"))
     text_vocab = cfg["text_vocab"] or tokenizer.tokenizer.get_vocab_size()
     ids = text_tokens(tokenizer, *TEXT)
@@ -319,6 +444,10 @@ def main():
     dump("t3_sampled_tokens", sampled["tokens"], "T3.inference, multinomial -> inverse CDF",
          ["conds.pt", "t3_text_ids", "t3_sampled_uniforms"],
          "MTL defaults; token = first i with cumsum(probs)[i] > u*sum(probs); stops after 6562 (kept)")
+
+    t0 = time.time()
+    run_pipeline(conds, t3, s3gen, ve, tokenizer, out, dump)
+    meta["pipeline_s"] = time.time() - t0
 
     doc = dict(meta=meta, stages=dump.stages)
     (out / "stages.json").write_text(json.dumps(doc, indent=1, sort_keys=True) + "\n")

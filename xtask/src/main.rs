@@ -499,10 +499,18 @@ fn demo() -> Result<(), String> {
 
 /// Fuzz targets and extra seeds (files of the repository) for each.
 const FUZZ_TARGETS: &[(&str, &[&str])] = &[
-    ("gguf", &["tests/fixtures/chatterbox/turbo-tiny/bad/s3gen-standard-meta.gguf"]),
+    ("gguf", &["tests/fixtures/chatterbox/turbo-tiny/bad/s3gen-standard-meta.gguf", "tests/fixtures/chatterbox/mtl-tiny/bad/t3-mtl-turbo-tokenizer.gguf"]),
     ("supertonic_model", &["tests/fixtures/supertonic/tiny-v2/model.gguf", "tests/fixtures/supertonic/tiny-v3/model.gguf"]),
-    ("chatterbox_model", &["tests/fixtures/chatterbox/turbo-tiny/t3-turbo.gguf", "tests/fixtures/chatterbox/turbo-tiny/s3gen-meanflow.gguf"]),
-    ("profile", &["profiles/ci.toml", "profiles/default.toml", "profiles/supertonic.toml", "profiles/turbo.toml"]),
+    (
+        "chatterbox_model",
+        &[
+            "tests/fixtures/chatterbox/turbo-tiny/t3-turbo.gguf",
+            "tests/fixtures/chatterbox/turbo-tiny/s3gen-meanflow.gguf",
+            "tests/fixtures/chatterbox/mtl-tiny/t3-mtl.gguf",
+            "tests/fixtures/chatterbox/mtl-tiny/s3gen.gguf",
+        ],
+    ),
+    ("profile", &["profiles/ci.toml", "profiles/default.toml", "profiles/mtl.toml", "profiles/supertonic.toml", "profiles/turbo.toml"]),
     ("supertonic_text", &[]),
     ("chatterbox_text", &[]),
 ];

@@ -9,6 +9,7 @@ use std::cell::Cell;
 use std::ptr::NonNull;
 
 /// What a graph builder returns: named inputs and outputs.
+#[derive(Default)]
 pub struct GraphIo<'c> {
     pub inputs: Vec<(&'static str, Tensor<'c>)>,
     pub outputs: Vec<(&'static str, Tensor<'c>)>,

@@ -160,18 +160,24 @@ impl Context {
         unsafe { sys::ggml_row_size(ty, ne0) }
     }
 
-    /// 1-D convolution of channels-first data: `x` `[C_in, T]`, kernel in
+    /// 1-D convolution of channels-first data: `x` `[C_in, T, B]`, kernel in
     /// PyTorch's layout (`[k, C_in, C_out]` in ggml order), no implicit padding
-    /// (pad `x` first). Returns `[C_out, T_out]`. The patches are gathered in
-    /// F32 (`ggml_conv_1d` gathers them in F16, which costs ~1e-3 precision).
+    /// (pad `x` first). Returns `[C_out, T_out, B]`, every item's patches in
+    /// one product. The patches are gathered in F32 (`ggml_conv_1d` gathers
+    /// them in F16, which costs ~1e-3 precision).
     pub fn conv_1d<'a>(&'a self, kernel: Tensor<'a>, x: Tensor<'a>, stride: i32, dilation: i32) -> Result<Tensor<'a>> {
         let [k, cin, cout, _] = kernel.ne();
-        let time_first = self.cont(self.transpose(x)?)?; // [T, C_in]
+        let batch = x.ne()[2];
+        let time_first = self.cont(self.transpose(x)?)?; // [T, C_in, B]
         let patches = self
-            .wrap(unsafe { sys::ggml_im2col(self.as_ptr(), kernel.as_ptr(), time_first.as_ptr(), stride, 0, 0, 0, dilation, 0, false, sys::GGML_TYPE_F32) })?; // [C_in·k, T_out]
+            .wrap(unsafe { sys::ggml_im2col(self.as_ptr(), kernel.as_ptr(), time_first.as_ptr(), stride, 0, 0, 0, dilation, 0, false, sys::GGML_TYPE_F32) })?; // [C_in·k, T_out, B]
         let t_out = patches.ne()[1];
-        let patches = self.reshape(patches, &[k * cin, t_out])?;
-        self.mul_mat(self.reshape(kernel, &[k * cin, cout])?, patches)
+        let patches = self.reshape(patches, &[k * cin, t_out * batch])?;
+        let y = self.mul_mat(self.reshape(kernel, &[k * cin, cout])?, patches)?;
+        if batch == 1 {
+            return Ok(y);
+        }
+        self.reshape(y, &[cout, t_out, batch])
     }
 
     /// 1-D convolution of time-first data: `x` `[T, C_in]`, kernel in PyTorch's

@@ -1,6 +1,6 @@
 //! Chatterbox model-family plugin (`libtts_model_chatterbox.so`): Turbo and
-//! Nano (GPT-2 T3). Multilingual's guided Llama T3 (`t3::guided`) and text
-//! frontend exist; its standard decoder and pipeline are still to come.
+//! Nano (GPT-2 T3, meanflow decoder) and Multilingual (guided Llama T3,
+//! standard decoder with guidance).
 //!
 //! Layout: [`hparams`] (GGUF metadata, range-checked), [`tensors`] (the tensor
 //! tables checked at load), [`text`] (normalisation,
@@ -32,7 +32,7 @@ use engine_core::backend_kit::spec;
 use engine_core::model_kit::Result;
 use engine_core::model_kit::{guarded, Error, OpPolicy, OptionReader};
 use model::{Chatterbox, SynthesisParams};
-use sampler::SamplingParams;
+use t3::guided::GuidanceMode;
 
 #[export_root_module]
 pub fn get_library() -> ModelPluginRef {
@@ -40,29 +40,49 @@ pub fn get_library() -> ModelPluginRef {
 }
 
 extern "C" fn info() -> PluginInfo {
-    engine_core::abi::plugin_info("chatterbox", env!("CARGO_PKG_VERSION"), "Chatterbox Turbo / Nano text-to-speech (24 kHz)")
+    engine_core::abi::plugin_info("chatterbox", env!("CARGO_PKG_VERSION"), "Chatterbox Turbo / Nano / Multilingual text-to-speech (24 kHz)")
 }
 
 extern "C" fn family() -> ModelFamilyInfo {
     ModelFamilyInfo {
         family: "chatterbox".into(),
         architectures: RVec::from(vec![RString::from(hparams::T3_ARCH), RString::from(hparams::S3GEN_ARCH)]),
-        variants: ["turbo", "nano"].into_iter().map(RString::from).collect(),
+        variants: ["turbo", "nano", "mtl"].into_iter().map(RString::from).collect(),
     }
 }
 
 extern "C" fn option_specs() -> RVec<OptionSpec> {
     RVec::from(vec![
         spec("seed", OptionKind::Int, OptionValue::Int(0), "seed of the token sampler and the vocoder noise, 0..=9223372036854775807"),
+        spec(
+            "language",
+            OptionKind::Str,
+            OptionValue::Str("en".into()),
+            "language code: Multilingual speaks ar da de el en es fi fr hi it ko ms nl no pl pt sv sw tr (ja, zh, he, ru are refused: their reference preprocessing needs libraries this engine lacks); Turbo and Nano speak en",
+        ),
         spec("temperature", OptionKind::Float, OptionValue::Float(0.8), "sampling temperature, 0..=5 (0 = greedy: the most likely token)"),
-        spec("top_k", OptionKind::Int, OptionValue::Int(1000), "keep the k most likely speech tokens (0 = all)"),
-        spec("top_p", OptionKind::Float, OptionValue::Float(0.95), "nucleus sampling mass, in (0, 1] (1 = off)"),
-        spec("repetition_penalty", OptionKind::Float, OptionValue::Float(1.2), "penalty on already generated tokens, 1..=10 (1 = off)"),
+        spec("top_k", OptionKind::Int, OptionValue::Int(-1), "Turbo/Nano: keep the k most likely speech tokens, 0 = all (-1 = the default, 1000)"),
+        spec("top_p", OptionKind::Float, OptionValue::Float(-1.0), "nucleus sampling mass, in (0, 1], 1 = off (-1 = the variant's default: Turbo 0.95, Multilingual 1)"),
+        spec(
+            "repetition_penalty",
+            OptionKind::Float,
+            OptionValue::Float(-1.0),
+            "penalty on already generated tokens, 1..=10, 1 = off (-1 = the variant's default: Turbo 1.2, Multilingual 2)",
+        ),
+        spec("min_p", OptionKind::Float, OptionValue::Float(0.05), "Multilingual: drop tokens less likely than min_p times the most likely one, 0..=1 (0 = off)"),
+        spec("cfg_weight", OptionKind::Float, OptionValue::Float(0.5), "Multilingual: classifier-free guidance weight of the speech-token model, 0..=1 (0 = unguided, one row)"),
+        spec("exaggeration", OptionKind::Float, OptionValue::Float(0.5), "Multilingual: emotion exaggeration, 0..=2 (0.5 = neutral)"),
+        spec(
+            "guidance",
+            OptionKind::Str,
+            OptionValue::Str("batch".into()),
+            "Multilingual: T3's two guidance rows as one batch (batch: the weights are read once per token) or one pass each (two-pass)",
+        ),
         spec("max_new_tokens", OptionKind::Int, OptionValue::Int(1000), "speech tokens per chunk at most (25 per second of audio), 1..=8000"),
         spec("min_new_tokens", OptionKind::Int, OptionValue::Int(0), "no stop before this many speech tokens (fixed-length benchmarks; 0 = off)"),
         spec("max_chars", OptionKind::Int, OptionValue::Int(300), "split text longer than this at sentence ends (0 = never split)"),
         spec("crossfade_ms", OptionKind::Float, OptionValue::Float(20.0), "crossfade between chunks, 0..=500 ms"),
-        spec("cfm_steps", OptionKind::Int, OptionValue::Int(-1), "Euler steps of the mel decoder, 1..=10 (-1 = the model's default: 2)"),
+        spec("cfm_steps", OptionKind::Int, OptionValue::Int(-1), "Euler steps of the mel decoder, 1..=10 (-1 = the model's default: Turbo/Nano 2, Multilingual 10)"),
         spec(
             "draws",
             OptionKind::Path,
@@ -79,12 +99,20 @@ pub fn params_from_options(options: &OptionList) -> Result<SynthesisParams> {
     let seed = o.int("seed")?;
     let seed = u64::try_from(seed).map_err(|_| Error::msg(format!("seed must be non-negative, got {seed}")))?;
     let temperature = o.float_in("temperature", 0.0..=5.0)? as f32;
-    let top_k = o.count("top_k")?;
-    let top_p = o.float("top_p")?;
-    if !(top_p > 0.0 && top_p <= 1.0) {
-        return Err(Error::msg(format!("top_p must be in (0, 1], got {top_p}")));
-    }
-    let repetition_penalty = o.float_in("repetition_penalty", 1.0..=10.0)? as f32;
+    // -1 leaves the variant's default.
+    let top_k = match o.int("top_k")? {
+        -1 => None,
+        _ => Some(o.count("top_k")?),
+    };
+    let top_p = match o.float("top_p")? {
+        -1.0 => None,
+        p if p > 0.0 && p <= 1.0 => Some(p),
+        p => return Err(Error::msg(format!("top_p must be in (0, 1], got {p}"))),
+    };
+    let repetition_penalty = match o.float("repetition_penalty")? {
+        -1.0 => None,
+        _ => Some(o.float_in("repetition_penalty", 1.0..=10.0)? as f32),
+    };
     let max_new_tokens = o.int_in("max_new_tokens", 1..=8000)? as usize;
     let min_new_tokens = o.count("min_new_tokens")?;
     let max_chars = o.count("max_chars")?;
@@ -94,16 +122,23 @@ pub fn params_from_options(options: &OptionList) -> Result<SynthesisParams> {
         n if (1..=10).contains(&n) => Some(n as usize),
         n => return Err(Error::msg(format!("cfm_steps must be in 1..=10 (or -1), got {n}"))),
     };
-    let draws = o.path("draws")?;
     Ok(SynthesisParams {
-        sampling: SamplingParams { temperature, top_k, top_p, repetition_penalty },
+        temperature,
+        top_k,
+        top_p,
+        repetition_penalty,
+        min_p: o.float_in("min_p", 0.0..=1.0)? as f32,
+        cfg_weight: o.float_in("cfg_weight", 0.0..=1.0)? as f32,
+        exaggeration: o.float_in("exaggeration", 0.0..=2.0)? as f32,
+        guidance: GuidanceMode::parse(&o.string("guidance")?)?,
+        language: o.string("language")?,
         max_new_tokens,
         min_new_tokens,
         seed,
         max_chars,
         crossfade_ms,
         cfm_steps,
-        draws,
+        draws: o.path("draws")?,
     })
 }
 
@@ -156,7 +191,10 @@ pub fn check_model_bytes(bytes: &[u8]) -> Result<()> {
     }
     let (hp, _) = t3::check_file(&gguf)?;
     let json = gguf.file.get_str("chatterbox.tokenizer_json")?;
-    text::TextTokenizer::from_json(&json, hp.text_vocab).map(|_| ())
+    match hp.llama() {
+        Some(_) => text::multilingual::MultilingualTokenizer::from_json(&json, hp.text_vocab).map(|_| ()),
+        None => text::TextTokenizer::from_json(&json, hp.text_vocab).map(|_| ()),
+    }
 }
 
 struct Plugin {

@@ -1,13 +1,20 @@
-//! A loaded Chatterbox Turbo/Nano model and the synthesis loop, per text chunk:
-//! normalise → tokenize → T3 (speech tokens) → drop non-speech tokens, append
-//! silence → S3Gen flow encoder → meanflow CFM → HiFT → trim fade; chunks are
-//! joined with a short crossfade.
+//! A loaded Chatterbox model and the synthesis loop, per text chunk:
+//! normalise → tokenize → T3 (speech tokens) → keep speech codes → S3Gen
+//! flow encoder → CFM decoder → HiFT → trim fade; chunks are joined with a
+//! short crossfade.
+//!
+//! Turbo and Nano: GPT-2 T3 on English BPE, three silence tokens appended,
+//! the 2-step meanflow decoder. Multilingual: the guided Llama T3 on the
+//! grapheme tokenizer with a language tag, the reference's start/stop slice,
+//! the 10-step standard decoder with guidance.
 
 use crate::hparams::{S3GenHparams, T3Hparams, S3GEN_ARCH, T3_ARCH};
 use crate::s3gen::source::{apply_trim_fade, SourceNoise};
 use crate::s3gen::{S3Gen, S3GenConditioning};
-use crate::sampler::{SamplingParams, UniformSource, Xoshiro256};
-use crate::t3::{self, T3Conditioning, TokenChoice, T3};
+use crate::sampler::{GuidedSamplingParams, SamplingParams, UniformSource, Xoshiro256};
+use crate::t3::guided::{self, GuidanceMode, GuidedChoice, GuidedT3};
+use crate::t3::{self, T3Conditioning, TokenChoice, TokenLimits, T3};
+use crate::text::multilingual::{self, MultilingualTokenizer};
 use crate::text::{self, TextTokenizer};
 use engine_core::model_kit::{npy, OpPolicy, Timings};
 use engine_core::model_kit::{Error, Result};
@@ -48,8 +55,24 @@ impl RecordedDraws {
 
 #[derive(Debug, Clone)]
 pub struct SynthesisParams {
-    /// Temperature 0 means greedy decoding (the argmax of the raw logits).
-    pub sampling: SamplingParams,
+    /// 0 means greedy decoding (the argmax of the processed logits).
+    pub temperature: f32,
+    /// None: the variant's default (Turbo 1000; Multilingual has no top-k step).
+    pub top_k: Option<usize>,
+    /// None: the variant's default (Turbo 0.95, Multilingual 1).
+    pub top_p: Option<f64>,
+    /// None: the variant's default (Turbo 1.2, Multilingual 2).
+    pub repetition_penalty: Option<f32>,
+    /// Multilingual: min-p filter (0 = off).
+    pub min_p: f32,
+    /// Multilingual: classifier-free guidance weight of T3 (0 = one row).
+    pub cfg_weight: f32,
+    /// Multilingual: the emotion token's exaggeration.
+    pub exaggeration: f32,
+    /// Multilingual: how T3's two guidance rows are computed.
+    pub guidance: GuidanceMode,
+    /// Multilingual: the language code; Turbo and Nano take `en` only.
+    pub language: String,
     pub max_new_tokens: usize,
     /// The stop token is suppressed until this many tokens exist (benchmarks
     /// with a fixed token count; 0 = off).
@@ -66,7 +89,15 @@ pub struct SynthesisParams {
 impl Default for SynthesisParams {
     fn default() -> Self {
         SynthesisParams {
-            sampling: SamplingParams::default(),
+            temperature: 0.8,
+            top_k: None,
+            top_p: None,
+            repetition_penalty: None,
+            min_p: 0.05,
+            cfg_weight: 0.5,
+            exaggeration: 0.5,
+            guidance: GuidanceMode::default(),
+            language: "en".into(),
             max_new_tokens: 1000,
             min_new_tokens: 0,
             seed: 0,
@@ -78,6 +109,38 @@ impl Default for SynthesisParams {
     }
 }
 
+impl SynthesisParams {
+    pub fn token_limits(&self) -> TokenLimits {
+        TokenLimits { max_new: self.max_new_tokens, min_new: self.min_new_tokens }
+    }
+
+    /// Turbo's and Nano's sampling chain (`inference_turbo`'s defaults where unset).
+    pub fn turbo_sampling(&self) -> SamplingParams {
+        let d = SamplingParams::default();
+        SamplingParams {
+            temperature: self.temperature,
+            top_k: self.top_k.unwrap_or(d.top_k),
+            top_p: self.top_p.unwrap_or(d.top_p),
+            repetition_penalty: self.repetition_penalty.unwrap_or(d.repetition_penalty),
+        }
+    }
+
+    /// Multilingual's guided chain (`ChatterboxMultilingualTTS.generate`'s defaults where unset).
+    pub fn guided_sampling(&self) -> Result<GuidedSamplingParams> {
+        if let Some(k) = self.top_k {
+            return Err(format!("top_k={k} does not apply to Multilingual, which filters with min_p").into());
+        }
+        let d = GuidedSamplingParams::default();
+        Ok(GuidedSamplingParams {
+            cfg_weight: self.cfg_weight,
+            repetition_penalty: self.repetition_penalty.unwrap_or(d.repetition_penalty),
+            temperature: self.temperature,
+            min_p: self.min_p,
+            top_p: self.top_p.unwrap_or(d.top_p),
+        })
+    }
+}
+
 pub struct Synthesis {
     pub samples: Vec<f32>,
     pub timings: Timings,
@@ -85,10 +148,109 @@ pub struct Synthesis {
     pub speech_tokens: Vec<Vec<u32>>,
 }
 
+/// The speech-token generator a T3 file holds, with its text front end.
+pub enum SpeechGenerator {
+    /// Turbo and Nano: GPT-2 backbone, English BPE.
+    Gpt2 { t3: T3, tokenizer: TextTokenizer },
+    /// Multilingual: guided Llama backbone, grapheme tokenizer with language tags.
+    Llama { t3: GuidedT3, tokenizer: MultilingualTokenizer },
+}
+
+impl SpeechGenerator {
+    pub fn hp(&self) -> &T3Hparams {
+        match self {
+            SpeechGenerator::Gpt2 { t3, .. } => &t3.hp,
+            SpeechGenerator::Llama { t3, .. } => &t3.hp,
+        }
+    }
+
+    pub fn attention(&self) -> t3::AttentionConfig {
+        match self {
+            SpeechGenerator::Gpt2 { t3, .. } => t3.attention(),
+            SpeechGenerator::Llama { t3, .. } => t3.attention(),
+        }
+    }
+
+    /// The graphs built so far, by stage (census tests).
+    pub fn graphs(&self) -> Vec<(&'static str, &ggml_sys::ComputeGraph)> {
+        match self {
+            SpeechGenerator::Gpt2 { t3, .. } => t3.graphs(),
+            SpeechGenerator::Llama { t3, .. } => t3.graphs(),
+        }
+    }
+
+    fn builtin_voice(&self) -> Result<T3Conditioning> {
+        match self {
+            SpeechGenerator::Gpt2 { t3, .. } => t3.builtin_voice(),
+            SpeechGenerator::Llama { t3, .. } => t3.builtin_voice(),
+        }
+    }
+
+    /// Text ids of one chunk, and a check that they fit with the wanted tokens.
+    fn encode(&self, chunk: &str, params: &SynthesisParams, voice: &T3Conditioning) -> Result<Vec<i32>> {
+        match self {
+            SpeechGenerator::Gpt2 { t3, tokenizer } => {
+                let ids = tokenizer.encode(&text::normalize_punctuation(chunk))?;
+                t3.new_token_budget(2 + voice.prompt_speech_tokens.len() + ids.len(), params.max_new_tokens)?;
+                Ok(ids)
+            }
+            SpeechGenerator::Llama { t3, tokenizer } => {
+                let ids = tokenizer.encode_for_t3(&multilingual::normalize_punctuation(chunk), &params.language)?;
+                t3.new_token_budget(ids.len(), params.max_new_tokens)?;
+                Ok(ids)
+            }
+        }
+    }
+
+    /// T3's speech tokens for one chunk's ids (the stop token dropped).
+    fn generate(&mut self, ids: &[i32], voice: &T3Conditioning, params: &SynthesisParams, uniforms: UniformSource, timings: &mut Timings) -> Result<Vec<u32>> {
+        let greedy = params.temperature == 0.0;
+        let (tokens, prefill_ms, steps_ms) = match self {
+            SpeechGenerator::Gpt2 { t3, .. } => {
+                let mut choice = if greedy { TokenChoice::Greedy } else { TokenChoice::Sample(params.turbo_sampling(), uniforms) };
+                let (tokens, stats) = t3::generate(t3, voice, ids, &mut choice, params.token_limits())?;
+                (tokens, stats.prefill_ms, stats.steps_ms)
+            }
+            SpeechGenerator::Llama { t3, .. } => {
+                let mut choice = if greedy { GuidedChoice::Greedy } else { GuidedChoice::Sample(uniforms) };
+                let sampling = params.guided_sampling()?;
+                t3.mode = params.guidance;
+                let (tokens, stats) = guided::generate(t3, voice, params.exaggeration, ids, &sampling, &mut choice, params.token_limits())?;
+                (tokens, stats.prefill_ms, stats.steps_ms)
+            }
+        };
+        timings.add("t3.prefill", prefill_ms);
+        timings.add("t3.decode", steps_ms);
+        Ok(tokens)
+    }
+
+    /// What S3Gen reads of T3's tokens. Turbo/Nano, as `ChatterboxTurboTTS`:
+    /// speech codes only, then three silence tokens so the end is not cut.
+    /// Multilingual: the reference's `drop_invalid_tokens` (what lies after a
+    /// start token and before a stop token), then codes outside S3Gen's
+    /// vocabulary dropped, which the reference omits and which its flow
+    /// embedding cannot take.
+    fn speech_codes(&self, tokens: &[u32], vocab: u32) -> Vec<i32> {
+        let hp = self.hp();
+        let codes = |t: &[u32]| -> Vec<i32> { t.iter().filter(|&&t| t < vocab).map(|&t| t as i32).collect() };
+        match self {
+            SpeechGenerator::Gpt2 { .. } => {
+                let mut speech = codes(tokens);
+                speech.extend([hp.silence_token as i32; 3]);
+                speech
+            }
+            SpeechGenerator::Llama { .. } => {
+                let from = tokens.iter().position(|&t| t == hp.start_speech_token).map_or(0, |i| i + 1);
+                let to = tokens[from..].iter().position(|&t| t == hp.stop_speech_token).map_or(tokens.len(), |i| from + i);
+                codes(&tokens[from..to])
+            }
+        }
+    }
+}
+
 pub struct Chatterbox {
-    pub t3: T3,
+    pub t3: SpeechGenerator,
     pub s3gen: S3Gen,
-    tokenizer: TextTokenizer,
     t3_voice: T3Conditioning,
     s3_voice: S3GenConditioning,
 }
@@ -124,12 +286,14 @@ impl Chatterbox {
                 )
             }
         };
-        // The pairing is checked on metadata, before any weights load.
+        // The pairing and the tokenizer are checked on metadata, before any weights load.
         let t3_hp = T3Hparams::load(&t3_meta)?;
         let s3_hp = S3GenHparams::load(&s3_meta)?;
-        if !s3_hp.meanflow {
+        let guided = t3_hp.llama().is_some();
+        if s3_hp.meanflow == guided {
+            let (wanted, file) = if guided { ("standard", "s3gen.gguf") } else { ("meanflow", "s3gen-meanflow.gguf") };
             return Err(format!(
-                "T3 '{}' ({}) pairs with the meanflow S3Gen (s3gen-meanflow.gguf); {} holds the '{}' one",
+                "T3 '{}' ({}) pairs with the {wanted} S3Gen ({file}); {} holds the '{}' one",
                 t3_hp.variant,
                 t3_path.display(),
                 s3_path.display(),
@@ -137,34 +301,55 @@ impl Chatterbox {
             )
             .into());
         }
-        let borrow = || unsafe { Backend::from_raw(backend.as_ptr()) }.expect("backend is not null");
-        let t3 = T3::load(t3_path, borrow(), policy)?;
-        let s3gen = S3Gen::load(s3_path, borrow(), policy)?;
-        if (t3.hp.start_speech_token as usize) < s3gen.hp.speech_vocab {
-            return Err(format!("T3's start token {} lies inside S3Gen's speech vocabulary ({})", t3.hp.start_speech_token, s3gen.hp.speech_vocab).into());
-        }
         let json = t3_meta.get_str("chatterbox.tokenizer_json")?;
-        let tokenizer = TextTokenizer::from_json(&json, t3.hp.text_vocab).map_err(|e| format!("{}: chatterbox.tokenizer_json: {e}", t3_path.display()))?;
+        let tokenizer_error = |e: Error| Error::msg(format!("{}: chatterbox.tokenizer_json: {e}", t3_path.display()));
+        let borrow = || unsafe { Backend::from_raw(backend.as_ptr()) }.expect("backend is not null");
+        let t3 = if guided {
+            let tokenizer = MultilingualTokenizer::from_json(&json, t3_hp.text_vocab).map_err(tokenizer_error)?;
+            SpeechGenerator::Llama { t3: GuidedT3::load(t3_path, borrow(), policy)?, tokenizer }
+        } else {
+            let tokenizer = TextTokenizer::from_json(&json, t3_hp.text_vocab).map_err(tokenizer_error)?;
+            SpeechGenerator::Gpt2 { t3: T3::load(t3_path, borrow(), policy)?, tokenizer }
+        };
+        let s3gen = S3Gen::load(s3_path, borrow(), policy)?;
+        if (t3.hp().start_speech_token as usize) < s3gen.hp.speech_vocab {
+            return Err(format!("T3's start token {} lies inside S3Gen's speech vocabulary ({})", t3.hp().start_speech_token, s3gen.hp.speech_vocab).into());
+        }
         let t3_voice = t3.builtin_voice()?;
         let s3_voice = s3gen.builtin_voice()?;
         if s3_voice.prompt_feat.len() % s3gen.hp.mel_channels != 0 {
             return Err(format!("{}: the built-in prompt_feat is not whole mel frames", s3_path.display()).into());
         }
-        Ok(Chatterbox { t3, s3gen, tokenizer, t3_voice, s3_voice })
+        Ok(Chatterbox { t3, s3gen, t3_voice, s3_voice })
     }
 
     pub fn variant(&self) -> &str {
-        &self.t3.hp.variant
+        &self.t3.hp().variant
     }
 
     pub fn sample_rate(&self) -> u32 {
         self.s3gen.hp.hift.sample_rate
     }
 
+    /// Checks the options that depend on the variant, before any compute.
+    fn check_params(&self, params: &SynthesisParams) -> Result<()> {
+        match &self.t3 {
+            SpeechGenerator::Gpt2 { .. } if params.language != "en" => {
+                Err(format!("{} speaks English only (language=en); language '{}' needs the Multilingual model", self.variant(), params.language).into())
+            }
+            SpeechGenerator::Gpt2 { .. } => Ok(()),
+            SpeechGenerator::Llama { .. } => {
+                multilingual::check_language(&params.language)?;
+                params.guided_sampling().map(|_| ())
+            }
+        }
+    }
+
     pub fn synthesize(&mut self, text: &str, params: &SynthesisParams) -> Result<Synthesis> {
         if text.trim().is_empty() {
             return Err("text is empty".into());
         }
+        self.check_params(params)?;
         let chunks = text::split_sentences(text, params.max_chars);
         let draws = match &params.draws {
             Some(dir) => {
@@ -176,11 +361,7 @@ impl Chatterbox {
             None => None,
         };
         // Tokenize every chunk first, so a text problem fails before any compute.
-        let encoded: Vec<Vec<i32>> = chunks.iter().map(|c| self.tokenizer.encode(&text::normalize_punctuation(c))).collect::<Result<_, _>>()?;
-        let prompt = 2 + self.t3_voice.prompt_speech_tokens.len();
-        for ids in &encoded {
-            self.t3.new_token_budget(prompt + ids.len(), params.max_new_tokens)?;
-        }
+        let encoded: Vec<Vec<i32>> = chunks.iter().map(|c| self.t3.encode(c, params, &self.t3_voice)).collect::<Result<_>>()?;
         let mut timings = Timings::default();
         let mut samples: Vec<f32> = Vec::new();
         let mut speech_tokens = Vec::new();
@@ -206,25 +387,18 @@ impl Chatterbox {
         draws: Option<&RecordedDraws>,
         timings: &mut Timings,
     ) -> Result<(Vec<f32>, Vec<u32>)> {
-        let mut choice = if params.sampling.is_greedy() {
-            TokenChoice::Greedy
-        } else {
-            let uniforms = match draws.and_then(|d| d.t3_uniforms.clone()) {
-                Some(u) => UniformSource::recorded(u),
-                None => UniformSource::seeded(seed),
-            };
-            TokenChoice::Sample(params.sampling, uniforms)
+        let uniforms = match draws.and_then(|d| d.t3_uniforms.clone()) {
+            Some(u) => UniformSource::recorded(u),
+            None => UniformSource::seeded(seed),
         };
-        let (tokens, stats) = t3::generate(&mut self.t3, &self.t3_voice, ids, &mut choice, params.max_new_tokens, params.min_new_tokens)?;
-        timings.add("t3.prefill", stats.prefill_ms);
-        timings.add("t3.decode", stats.steps_ms);
-
-        // As the reference: keep speech codes only, then pad with silence so the end is not cut.
+        let tokens = self.t3.generate(ids, &self.t3_voice, params, uniforms, timings)?;
         let s3 = &mut self.s3gen;
-        let vocab = s3.hp.speech_vocab as u32;
+        let codes = self.t3.speech_codes(&tokens, s3.hp.speech_vocab as u32);
+        if codes.is_empty() {
+            return Err(format!("T3 produced no speech tokens ({} tokens, none a speech code)", tokens.len()).into());
+        }
         let mut speech: Vec<i32> = self.s3_voice.prompt_token.clone();
-        speech.extend(tokens.iter().filter(|&&t| t < vocab).map(|&t| t as i32));
-        speech.extend([self.t3.hp.silence_token as i32; 3]);
+        speech.extend(codes);
 
         let encoded = timings.time("s3gen.encoder", || s3.encode(&speech))?;
         let mel_ch = s3.hp.mel_channels;

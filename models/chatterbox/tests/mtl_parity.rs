@@ -4,7 +4,8 @@
 //! and `convert.py --variant mtl`): the perceiver and the conditioning, both
 //! guidance rows' logits at the prefill and over 20 teacher-forced steps, the
 //! aligned attention and the analyzer's verdicts, and the token streams of the
-//! reference loop (greedy, and sampled with its recorded uniforms).
+//! reference loop (greedy, and sampled with its recorded uniforms); the
+//! standard S3Gen decoder's guided Euler steps.
 //! Error measure: max |ours − ref| / max |ref|.
 
 mod common;
@@ -13,10 +14,12 @@ use common::open;
 use engine_core::model_kit::OpPolicy;
 use ggml_sys::{TYPE_F16, TYPE_F32};
 use std::path::{Path, PathBuf};
+use tts_model_chatterbox::model::transpose;
+use tts_model_chatterbox::s3gen::S3Gen;
 use tts_model_chatterbox::sampler::{self, GuidedSamplingParams, UniformSource};
 use tts_model_chatterbox::t3::alignment::AlignmentAnalyzer;
 use tts_model_chatterbox::t3::guided::{self, Forward, GuidanceMode, GuidedChoice, GuidedT3};
-use tts_model_chatterbox::t3::T3Conditioning;
+use tts_model_chatterbox::t3::{T3Conditioning, TokenLimits};
 
 const EXAGGERATION: f32 = 0.5;
 
@@ -27,9 +30,11 @@ struct Tol {
     conditioning: f32,
     logits: f32,
     aligned: f32,
+    /// Each guided CFM step (both estimator rows and the next state) and the final mel.
+    cfm: f32,
 }
-const CPU: Tol = Tol { conditioning: 1e-4, logits: 1e-4, aligned: 1e-4 };
-const VULKAN: Tol = Tol { conditioning: 2e-3, logits: 2e-3, aligned: 5e-3 };
+const CPU: Tol = Tol { conditioning: 1e-4, logits: 1e-4, aligned: 1e-4, cfm: 1e-5 };
+const VULKAN: Tol = Tol { conditioning: 2e-3, logits: 2e-3, aligned: 5e-3, cfm: 5e-3 };
 
 fn dir() -> PathBuf {
     Path::new(env!("CARGO_MANIFEST_DIR")).join("../../tests/fixtures/chatterbox/mtl-tiny")
@@ -198,12 +203,12 @@ fn token_suite(backend: &str, exact: bool) {
         let mut t3 = load(&policy, &handle);
         let voice = t3.builtin_voice().unwrap();
         let params = reference_params();
-        let (greedy, _) = guided::generate(&mut t3, &voice, EXAGGERATION, &text(), &params, &mut GuidedChoice::Greedy, 40).unwrap();
+        let (greedy, _) = guided::generate(&mut t3, &voice, EXAGGERATION, &text(), &params, &mut GuidedChoice::Greedy, TokenLimits::at_most(40)).unwrap();
         let expected: Vec<u32> = ints("t3_greedy_tokens").into_iter().map(|t| t as u32).collect();
         let same_greedy = matching_prefix(&greedy, &expected);
         let uniforms = npy("t3_sampled_uniforms").1;
         let mut choice = GuidedChoice::Sample(UniformSource::recorded(uniforms));
-        let (sampled, _) = guided::generate(&mut t3, &voice, EXAGGERATION, &text(), &params, &mut choice, 40).unwrap();
+        let (sampled, _) = guided::generate(&mut t3, &voice, EXAGGERATION, &text(), &params, &mut choice, TokenLimits::at_most(40)).unwrap();
         let expected_sampled: Vec<u32> = ints("t3_sampled_tokens").into_iter().map(|t| t as u32).collect();
         let same_sampled = matching_prefix(&sampled, &expected_sampled);
         println!("  {backend}, {what}: greedy {same_greedy}/{} and sampled {same_sampled}/{} tokens as the reference", expected.len(), expected_sampled.len());
@@ -212,13 +217,125 @@ fn token_suite(backend: &str, exact: bool) {
             assert_eq!(sampled, expected_sampled, "{what}: sampled tokens");
         }
         t3.mode = GuidanceMode::TwoPass;
-        let (two_pass, _) = guided::generate(&mut t3, &voice, EXAGGERATION, &text(), &params, &mut GuidedChoice::Greedy, 40).unwrap();
+        let (two_pass, _) = guided::generate(&mut t3, &voice, EXAGGERATION, &text(), &params, &mut GuidedChoice::Greedy, TokenLimits::at_most(40)).unwrap();
         assert_eq!(two_pass, greedy, "{what}: two passes give the batch's tokens");
     }
 }
 
 fn matching_prefix(a: &[u32], b: &[u32]) -> usize {
     a.iter().zip(b).take_while(|(x, y)| x == y).count()
+}
+
+#[test]
+fn standard_cfm_steps_with_guidance_match_the_reference() {
+    cfm_suite("cpu", CPU);
+}
+
+/// The cosine schedule, each of the 10 guided Euler steps (the batch of two
+/// estimator rows, the combined next state) from the reference's state, and
+/// the whole integration from the recorded noise.
+fn cfm_suite(backend: &str, tol: Tol) {
+    for (what, policy) in policies() {
+        let handle = open(backend);
+        let mut s3 = S3Gen::load(&dir().join("s3gen.gguf"), handle.ggml_backend(), &policy).unwrap();
+        assert!(!s3.hp.meanflow);
+        let mel = s3.hp.mel_channels;
+        // Reference layouts: x, cond, v are (rows, mel, T); mu is (1, T, mel); ours are [T][mel] per row.
+        let by_frame = |name: &str| -> Vec<Vec<f32>> {
+            let (shape, v) = npy(name);
+            let frames = shape[2] as usize;
+            v.chunks(mel * frames).map(|row| transpose(row, mel, frames)).collect()
+        };
+        let (mu, spks, cond) = (npy("s3gen_mu").1, npy("s3gen_spks").1, by_frame("s3gen_cond").remove(0));
+        let steps = s3.hp.n_timesteps;
+        let schedule = s3.schedule(steps);
+        let t_ref = npy("s3gen_cfm_t").1;
+        let e_t = schedule[..steps].iter().zip(&t_ref).fold(0f32, |m, (a, b)| m.max((a - b).abs()));
+        assert!(e_t <= 1.2e-7, "cosine schedule differs by {e_t:.2e}");
+        let (mut worst_rows, mut worst_state) = (0f32, 0f32);
+        for i in 0..steps {
+            let x = by_frame(&format!("s3gen_cfm_step{i}_x")).remove(0);
+            let [v_cond, v_uncond] = s3.guided_velocities(&x, &mu, &spks, &cond, schedule[i]).unwrap();
+            let reference = by_frame(&format!("s3gen_cfm_step{i}_v"));
+            worst_rows = worst_rows.max(rel_err(&v_cond, &reference[0])).max(rel_err(&v_uncond, &reference[1]));
+            let v = tts_model_chatterbox::s3gen::cfm::combine_guidance(&v_cond, &v_uncond, s3.hp.cfg_rate);
+            let dt = schedule[i + 1] - schedule[i];
+            let next: Vec<f32> = x.iter().zip(&v).map(|(a, b)| a + dt * b).collect();
+            let next_ref = if i + 1 < steps {
+                by_frame(&format!("s3gen_cfm_step{}_x", i + 1)).remove(0)
+            } else {
+                let (shape, m) = npy("s3gen_mel");
+                let prompt_frames = next.len() / mel - shape[2] as usize;
+                let mut full = next[..prompt_frames * mel].to_vec();
+                full.extend(transpose(&m, mel, shape[2] as usize));
+                full
+            };
+            worst_state = worst_state.max(rel_err(&next, &next_ref));
+        }
+        let z = by_frame("s3gen_z").remove(0);
+        let x = s3.integrate(&z, &mu, &spks, &cond, steps).unwrap();
+        let (shape, m) = npy("s3gen_mel");
+        let generated = shape[2] as usize;
+        let e_mel = rel_err(&x[x.len() - generated * mel..], &transpose(&m, mel, generated));
+        println!(
+            "  {backend}, {what}: schedule |dt| {e_t:.1e}; per step: estimator rows rel err {worst_rows:.2e}, next state {worst_state:.2e}; mel after {steps} steps {e_mel:.2e} (tolerance {:.0e})",
+            tol.cfm
+        );
+        assert!(worst_rows <= tol.cfm && worst_state <= tol.cfm && e_mel <= tol.cfm);
+    }
+}
+
+#[derive(serde::Deserialize)]
+struct Case {
+    text: String,
+    language: String,
+    exaggeration: f32,
+    cfg_weight: f32,
+    max_new_tokens: usize,
+    speech_tokens: Vec<u32>,
+}
+
+#[test]
+fn text_to_waveform_with_recorded_draws_matches_generate() {
+    pipeline_suite("cpu", Some(1e-3));
+}
+
+/// `ChatterboxMultilingualTTS.generate` with its draws recorded against
+/// `synthesize` with them injected: the same speech tokens, and the waveform
+/// within `wave_tol` (None: reported, as on Vulkan, where f0 rounding becomes
+/// phase drift along HiFT's source).
+fn pipeline_suite(backend: &str, wave_tol: Option<f32>) {
+    use tts_model_chatterbox::model::{Chatterbox, SynthesisParams};
+    let handle = open(backend);
+    // Either order: the loader tells the files apart by architecture.
+    let files = [dir().join("s3gen.gguf"), dir().join("t3-mtl.gguf")];
+    let mut model = Chatterbox::load(&files, &handle.ggml_backend(), &OpPolicy::reference()).unwrap();
+    assert_eq!(model.variant(), "mtl");
+    let draws = dir().join("reference/pipeline");
+    let case: Case = serde_json::from_str(&std::fs::read_to_string(draws.join("case.json")).unwrap()).unwrap();
+    let params = SynthesisParams {
+        language: case.language.clone(),
+        exaggeration: case.exaggeration,
+        cfg_weight: case.cfg_weight,
+        max_new_tokens: case.max_new_tokens,
+        draws: Some(draws.clone()),
+        ..SynthesisParams::default()
+    };
+    let out = model.synthesize(&case.text, &params).unwrap();
+    assert_eq!(out.speech_tokens, vec![case.speech_tokens.clone()], "{backend}: speech tokens");
+    let reference = engine_core::model_kit::npy::read_f32(&draws.join("wav.npy")).unwrap();
+    assert_eq!(out.samples.len(), reference.len(), "{backend}: waveform length");
+    let e = rel_err(&out.samples, &reference);
+    match wave_tol {
+        Some(tol) => {
+            println!("  {backend}: waveform from text rel err {e:.2e} (tolerance {tol:.0e})");
+            assert!(e <= tol);
+        }
+        None => println!("  {backend}: waveform from text rel err {e:.2e} (reported)"),
+    }
+    for stage in ["t3.prefill", "t3.decode", "s3gen.encoder", "s3gen.cfm", "hift"] {
+        assert!(out.timings.get(stage).is_some(), "{stage} timed");
+    }
 }
 
 /// The suite on the Vulkan plugin (lavapipe on CI, software devices
@@ -228,6 +345,8 @@ fn mtl_suite_on_vulkan() {
     conditioning_suite("vulkan", VULKAN);
     logits_suite("vulkan", VULKAN);
     token_suite("vulkan", false);
+    cfm_suite("vulkan", VULKAN);
+    pipeline_suite("vulkan", None);
 }
 
 #[test]
@@ -237,7 +356,7 @@ fn the_llama_graphs_use_only_declared_ops_and_deny_rules_refuse_it() {
     for policy in [OpPolicy::reference(), OpPolicy::native(TYPE_F32)] {
         let mut t3 = load(&policy, &handle);
         let voice = t3.builtin_voice().unwrap();
-        guided::generate(&mut t3, &voice, EXAGGERATION, &text(), &reference_params(), &mut GuidedChoice::Greedy, 3).unwrap();
+        guided::generate(&mut t3, &voice, EXAGGERATION, &text(), &reference_params(), &mut GuidedChoice::Greedy, TokenLimits::at_most(3)).unwrap();
         let nodes: StageNodes = t3.graphs().into_iter().map(|(s, g)| (s, census(g))).collect();
         assert_eq!(nodes.len(), 3, "conditioning, text and step graphs built");
         let declared: Vec<&str> = tts_model_chatterbox::GRAPH_OPS.iter().chain(tts_model_chatterbox::LLAMA_T3_OPS).copied().collect();

@@ -4,8 +4,10 @@
 //! resampling): resnet + transformer blocks + causal conv (down), `n_mid`
 //! resnet + transformer stages, concat skip → resnet + transformer blocks +
 //! causal conv (up), final causal block and a 1×1 projection. The time
-//! embedding mixes t and r (meanflow). Layout `[channels, frames]`; batch 1 and
-//! every frame valid, so the masks are all ones and are dropped.
+//! embedding mixes t and r (meanflow). Layout `[channels, frames, rows]`:
+//! one row, or the two rows of classifier-free guidance (conditional, then
+//! unconditional) as one batch. Every row has every frame valid, so the masks
+//! are all ones and are dropped.
 
 use crate::hparams::{CfmHparams, S3GenHparams};
 use engine_core::model_kit::Builder;
@@ -22,29 +24,28 @@ pub const VELOCITY: &str = "velocity";
 
 const P: &str = "cfm";
 
-pub fn build<'c>(b: &Builder<'c, '_>, hp: &S3GenHparams, frames: usize, meanflow: bool) -> Result<GraphIo<'c>> {
+/// The estimator over `rows` rows of `frames` frames; t (and r) are shared by the rows.
+pub fn build<'c>(b: &Builder<'c, '_>, hp: &S3GenHparams, frames: usize, rows: usize) -> Result<GraphIo<'c>> {
     let ctx = b.ctx;
     let c = &hp.cfm;
-    let (mel, t) = (hp.mel_channels as i64, frames as i64);
-    let new = |name: &'static str, ne: &[i64]| -> Result<Tensor<'c>> { Ok(ctx.new_tensor(TYPE_F32, ne)?.set_name(name)) };
-    let x = new(X, &[mel, t])?;
-    let mu = new(MU, &[mel, t])?;
-    let spks = new(SPKS, &[mel, 1])?;
-    let cond = new(COND, &[mel, t])?;
-    let t_emb = new(T_EMB, &[c.in_channels as i64, 1])?;
-    let mut inputs = vec![(X, x), (MU, mu), (SPKS, spks), (COND, cond), (T_EMB, t_emb)];
+    let (mel, t, n) = (hp.mel_channels as i64, frames as i64, rows as i64);
+    let mut io = GraphIo::default();
+    let x = io.input(ctx, X, TYPE_F32, &[mel, t, n])?;
+    let mu = io.input(ctx, MU, TYPE_F32, &[mel, t, n])?;
+    let spks = io.input(ctx, SPKS, TYPE_F32, &[mel, 1, n])?;
+    let cond = io.input(ctx, COND, TYPE_F32, &[mel, t, n])?;
+    let t_emb = io.input(ctx, T_EMB, TYPE_F32, &[c.in_channels as i64, 1])?;
 
     let time_mlp =
         |e: Tensor<'c>| -> Result<Tensor<'c>> { b.linear(ctx.silu(b.linear(e, &format!("{P}.time_mlp.linear_1"))?)?, &format!("{P}.time_mlp.linear_2")) };
     let mut temb = time_mlp(t_emb)?;
-    if meanflow {
-        let r_emb = new(R_EMB, &[c.in_channels as i64, 1])?;
-        inputs.push((R_EMB, r_emb));
+    if hp.meanflow {
+        let r_emb = io.input(ctx, R_EMB, TYPE_F32, &[c.in_channels as i64, 1])?;
         let both = ctx.concat(temb, time_mlp(r_emb)?, 0)?;
         temb = ctx.mul_mat(b.w(&format!("{P}.time_embed_mixer.weight"))?, both)?;
     }
 
-    let h = ctx.concat(ctx.concat(ctx.concat(x, mu, 0)?, ctx.repeat_to(spks, [mel, t, 1, 1])?, 0)?, cond, 0)?;
+    let h = ctx.concat(ctx.concat(ctx.concat(x, mu, 0)?, ctx.repeat_to(spks, [mel, t, n, 1])?, 0)?, cond, 0)?;
     let h = resnet(b, c, h, temb, &format!("{P}.down_blocks.0.0"))?;
     let h = transformers(b, c, h, &format!("{P}.down_blocks.0.1"))?;
     let skip = h;
@@ -59,7 +60,25 @@ pub fn build<'c>(b: &Builder<'c, '_>, hp: &S3GenHparams, frames: usize, meanflow
     let h = causal_conv(b, c, h, &format!("{P}.up_blocks.0.2"))?;
     let h = causal_block(b, c, h, &format!("{P}.final_block"))?;
     let v = conv(b, h, &format!("{P}.final_proj"), 0)?;
-    Ok(GraphIo { inputs, outputs: vec![(VELOCITY, v)] })
+    io.outputs.push((VELOCITY, v));
+    Ok(io)
+}
+
+/// `steps + 1` time points from 0 to 1: `torch.linspace` in f32 (from both
+/// ends, as its kernel), mapped through `1 − cos(π/2 · t)` when `cosine`.
+pub fn schedule(steps: usize, cosine: bool) -> Vec<f32> {
+    let n = steps + 1;
+    let step = 1.0f32 / steps.max(1) as f32;
+    (0..n)
+        .map(|i| if i < n / 2 { step * i as f32 } else { 1.0 - step * (n - 1 - i) as f32 })
+        .map(|t| if cosine { 1.0 - ((t * 0.5 * std::f32::consts::PI) as f64).cos() as f32 } else { t })
+        .collect()
+}
+
+/// Classifier-free guidance of the decoder: `(1 + w)·cond − w·uncond`.
+pub fn combine_guidance(cond: &[f32], uncond: &[f32], w: f32) -> Vec<f32> {
+    let keep = 1.0 + w;
+    cond.iter().zip(uncond).map(|(c, u)| keep * c - w * u).collect()
 }
 
 /// `[sin | cos]` of `scale · t · 10000^(-i/(half-1))`, in f32 as the reference forms it.
@@ -112,14 +131,15 @@ fn transformers<'c>(b: &Builder<'c, '_>, c: &CfmHparams, mut x: Tensor<'c>, pref
 /// `x += Attn(LN1(x))`, `x += W2 gelu(W1 LN3(x))` (exact GELU).
 fn transformer_block<'c>(b: &Builder<'c, '_>, c: &CfmHparams, x: Tensor<'c>, prefix: &str) -> Result<Tensor<'c>> {
     let ctx = b.ctx;
-    let (hd, nh, t) = (c.head_dim as i64, c.n_head as i64, x.ne()[1]);
+    let [_, t, n, _] = x.ne();
+    let (hd, nh) = (c.head_dim as i64, c.n_head as i64);
     let h = b.layer_norm(x, &format!("{prefix}.norm1"), c.layer_norm_eps)?;
-    let proj = |name: &str| -> Result<Tensor<'c>> { ctx.reshape(ctx.mul_mat(b.w(&format!("{prefix}.attn1.{name}.weight"))?, h)?, &[hd, nh, t]) };
+    let proj = |name: &str| -> Result<Tensor<'c>> { ctx.reshape(b.linear_no_bias(h, &format!("{prefix}.attn1.{name}.weight"))?, &[hd, nh, t, n]) };
     let (q, k, v) = (proj("to_q")?, proj("to_k")?, proj("to_v")?);
-    let by_head = |y: Tensor<'c>| ctx.permute(y, [0, 2, 1, 3]); // [hd, t, nh]
-                                                                // Every frame is valid (batch 1): no mask. Fused or explicit as the policy
-                                                                // and device allow; the fused CPU path accumulates in F32.
-    let out = b.attention(by_head(q)?, by_head(k)?, by_head(v)?, None, 1.0 / (hd as f32).sqrt())?; // [hd·nh, t]
+    let by_head = |y: Tensor<'c>| ctx.permute(y, [0, 2, 1, 3]); // [hd, t, nh, rows]
+                                                                // Every frame of every row is valid: no mask. Fused or explicit as the
+                                                                // policy and device allow; the fused CPU path accumulates in F32.
+    let out = b.attention(by_head(q)?, by_head(k)?, by_head(v)?, None, 1.0 / (hd as f32).sqrt())?; // [hd·nh, t, rows]
     let x = ctx.add(x, b.linear(out, &format!("{prefix}.attn1.to_out.0"))?)?;
     let h = b.layer_norm(x, &format!("{prefix}.norm3"), c.layer_norm_eps)?;
     let h = b.linear(ctx.gelu_erf(b.linear(h, &format!("{prefix}.ff.net.0.proj"))?)?, &format!("{prefix}.ff.net.2"))?;

@@ -71,7 +71,8 @@ pub fn check_file(gguf: &GgufTensors) -> Result<(S3GenHparams, engine_core::mode
 pub struct S3Gen {
     // Graphs reference the weights: declared (dropped) first.
     encoder_graph: GraphSlot<usize>,
-    cfm_graph: GraphSlot<usize>,
+    /// Keyed by (frames, rows).
+    cfm_graph: GraphSlot<(usize, usize)>,
     f0_graph: GraphSlot<usize>,
     hift_graph: GraphSlot<usize>,
     weights: Weights,
@@ -121,8 +122,13 @@ impl S3Gen {
 
     /// The graphs built so far, by stage (census tests).
     pub fn graphs(&self) -> Vec<(&'static str, &ggml_sys::ComputeGraph)> {
-        let slots = [("s3gen.encoder", &self.encoder_graph), ("s3gen.cfm", &self.cfm_graph), ("hift.f0", &self.f0_graph), ("hift", &self.hift_graph)];
-        slots.into_iter().filter_map(|(name, slot)| slot.graph().map(|g| (name, g))).collect()
+        let graphs = [
+            ("s3gen.encoder", self.encoder_graph.graph()),
+            ("s3gen.cfm", self.cfm_graph.graph()),
+            ("hift.f0", self.f0_graph.graph()),
+            ("hift", self.hift_graph.graph()),
+        ];
+        graphs.into_iter().filter_map(|(name, graph)| graph.map(|g| (name, g))).collect()
     }
 
     /// The built-in voice (`voice.builtin.*`, from `conds.pt`).
@@ -172,19 +178,42 @@ impl S3Gen {
         table
     }
 
-    /// One estimator evaluation. Every array is `[frames][mel_channels]`
-    /// flattened (`spks` one row); returns the velocity in the same layout.
+    /// One estimator evaluation over one row. Every array is
+    /// `[frames][mel_channels]` flattened (`spks` one row); returns the
+    /// velocity in the same layout. `r` is read by the meanflow decoder only.
     pub fn velocity(&mut self, x: &[f32], mu: &[f32], spks: &[f32], cond: &[f32], t: f32, r: f32) -> Result<Vec<f32>> {
+        self.check_cfm_inputs(x, mu, spks, cond)?;
+        self.estimate(1, x, mu, spks, cond, t, r)
+    }
+
+    /// The estimator's conditional and unconditional rows for classifier-free
+    /// guidance, as one batch of two: both rows take `x` and `t`; the
+    /// unconditional one has `mu`, `spks` and `cond` zeroed, as the reference
+    /// fills its second row.
+    pub fn guided_velocities(&mut self, x: &[f32], mu: &[f32], spks: &[f32], cond: &[f32], t: f32) -> Result<[Vec<f32>; 2]> {
+        self.check_cfm_inputs(x, mu, spks, cond)?;
+        let with_zero_row = |a: &[f32]| [a, &vec![0.0; a.len()]].concat();
+        let both = self.estimate(2, &[x, x].concat(), &with_zero_row(mu), &with_zero_row(spks), &with_zero_row(cond), t, t)?;
+        let (cond_row, uncond_row) = both.split_at(x.len());
+        Ok([cond_row.to_vec(), uncond_row.to_vec()])
+    }
+
+    fn check_cfm_inputs(&self, x: &[f32], mu: &[f32], spks: &[f32], cond: &[f32]) -> Result<()> {
         let mel = self.hp.mel_channels;
-        let frames = x.len() / mel;
-        if x.len() != frames * mel || mu.len() != x.len() || cond.len() != x.len() || spks.len() != mel || frames == 0 {
+        if x.is_empty() || !x.len().is_multiple_of(mel) || mu.len() != x.len() || cond.len() != x.len() || spks.len() != mel {
             return Err(
                 format!("CFM inputs disagree: x {}, mu {}, cond {}, spks {} values for {mel} mel channels", x.len(), mu.len(), cond.len(), spks.len()).into()
             );
         }
-        let meanflow = self.hp.meanflow;
-        let graph = self.cfm_graph.get_or_build(frames, || {
-            compute_graph(&self.backend, &self.weights, &self.policy, MAX_NODES, "the CFM", |b| cfm::build(&b, &self.hp, frames, meanflow))
+        Ok(())
+    }
+
+    /// The estimator over `rows` rows stacked in each array.
+    #[allow(clippy::too_many_arguments)]
+    fn estimate(&mut self, rows: usize, x: &[f32], mu: &[f32], spks: &[f32], cond: &[f32], t: f32, r: f32) -> Result<Vec<f32>> {
+        let frames = x.len() / (rows * self.hp.mel_channels);
+        let graph = self.cfm_graph.get_or_build((frames, rows), || {
+            compute_graph(&self.backend, &self.weights, &self.policy, MAX_NODES, "the CFM", |b| cfm::build(&b, &self.hp, frames, rows))
         })?;
         let c = &self.hp.cfm;
         let set = |name: &str, v: &[f32]| graph.set_f32(name, v);
@@ -193,22 +222,34 @@ impl S3Gen {
         set(cfm::SPKS, spks)?;
         set(cfm::COND, cond)?;
         set(cfm::T_EMB, &cfm::time_embedding(c.in_channels, c.time_scale, t))?;
-        if meanflow {
+        if self.hp.meanflow {
             set(cfm::R_EMB, &cfm::time_embedding(c.in_channels, c.time_scale, r))?;
         }
         Ok(graph.compute_and_get_f32(&self.backend, cfm::VELOCITY)?)
     }
 
-    /// Meanflow Euler integration from `x0`: steps at t = i/n with r = (i+1)/n,
-    /// `x += (r − t)·v`; returns the final state.
+    /// The decoder's `steps + 1` time points: uniform for meanflow, the
+    /// cosine schedule `1 − cos(π/2 · t)` for the standard decoder.
+    pub fn schedule(&self, steps: usize) -> Vec<f32> {
+        cfm::schedule(steps, !self.hp.meanflow)
+    }
+
+    /// Euler integration from `x0` over [`Self::schedule`]: at each step
+    /// (t, r), `x += (r − t)·v`, where v is the meanflow velocity at (t, r),
+    /// or the standard decoder's guided `(1 + w)·v_cond − w·v_uncond` at t
+    /// (w = the file's `cfg_rate`; one row when it is 0). Returns the final state.
     pub fn integrate(&mut self, x0: &[f32], mu: &[f32], spks: &[f32], cond: &[f32], steps: usize) -> Result<Vec<f32>> {
-        if !self.hp.meanflow {
-            return Err("the standard (cosine-schedule, guided) CFM decoder is not implemented yet; convert a meanflow S3Gen".into());
-        }
+        let schedule = self.schedule(steps);
+        let w = self.hp.cfg_rate;
         let mut x = x0.to_vec();
-        for i in 0..steps {
-            let (t, r) = (i as f32 / steps as f32, (i + 1) as f32 / steps as f32);
-            let v = self.velocity(&x, mu, spks, cond, t, r)?;
+        for span in schedule.windows(2) {
+            let (t, r) = (span[0], span[1]);
+            let v = if self.hp.meanflow || w == 0.0 {
+                self.velocity(&x, mu, spks, cond, t, r)?
+            } else {
+                let [cond_v, uncond_v] = self.guided_velocities(&x, mu, spks, cond, t)?;
+                cfm::combine_guidance(&cond_v, &uncond_v, w)
+            };
             let dt = r - t;
             x.iter_mut().zip(&v).for_each(|(a, b)| *a += dt * b);
         }

@@ -11,7 +11,7 @@
 use super::alignment::AlignmentAnalyzer;
 use super::kv_cache::{AttentionPath, KvCache, KvDims, KvLayout};
 use super::llama::{self, input, output, Feed, Rows, Shape};
-use super::{check_file, AttentionConfig, T3Conditioning, KV_BLOCK};
+use super::{check_file, AttentionConfig, T3Conditioning, TokenLimits, KV_BLOCK};
 use crate::hparams::{LlamaHparams, T3Hparams};
 use crate::sampler::{self, GuidedSamplingParams, UniformSource};
 use crate::tensors::T3_ROPE_FREQ_FACTORS;
@@ -33,6 +33,17 @@ pub enum GuidanceMode {
     Batched,
     /// One graph per row, run one after the other.
     TwoPass,
+}
+
+impl GuidanceMode {
+    /// The option's spelling: `batch` or `two-pass`.
+    pub fn parse(name: &str) -> Result<Self> {
+        match name {
+            "batch" => Ok(GuidanceMode::Batched),
+            "two-pass" => Ok(GuidanceMode::TwoPass),
+            other => Err(format!("guidance must be batch or two-pass, got '{other}'").into()),
+        }
+    }
 }
 
 /// The conditioning a sequence starts from: a voice and the emotion value.
@@ -367,7 +378,8 @@ pub struct GuidedStats {
 }
 
 /// The reference's Multilingual loop (`T3.inference`): up to `max_new_tokens`
-/// tokens, stopping after the stop token, which is dropped. The repetition
+/// tokens, stopping after the stop token, which is dropped (and suppressed
+/// until `min_new_tokens` tokens exist). The repetition
 /// history starts with the start token; the analyzer runs where the model
 /// names aligned heads.
 pub fn generate(
@@ -377,8 +389,9 @@ pub fn generate(
     text: &[i32],
     params: &GuidedSamplingParams,
     choice: &mut GuidedChoice,
-    max_new_tokens: usize,
+    limits: TokenLimits,
 ) -> Result<(Vec<u32>, GuidedStats)> {
+    let TokenLimits { max_new: max_new_tokens, min_new: min_new_tokens } = limits;
     let guided = params.cfg_weight != 0.0;
     let max_new_tokens = t3.new_token_budget(text.len(), max_new_tokens)?;
     let mut stats = GuidedStats::default();
@@ -395,8 +408,18 @@ pub fn generate(
             [cond] => cond.clone(),
             _ => return Err(Error::msg("T3 returned no logits")),
         };
+        let last = *history.last().expect("starts with the start token");
         if let Some(a) = analyzer.as_mut() {
-            a.step(&mut logits, &forward.aligned, *history.last().expect("starts with the start token"));
+            if i < min_new_tokens {
+                // Below the minimum (fixed-length benchmarks) the analyzer
+                // keeps its state, but its verdict is not applied.
+                a.step(&mut logits.clone(), &forward.aligned, last);
+            } else {
+                a.step(&mut logits, &forward.aligned, last);
+            }
+        }
+        if i < min_new_tokens {
+            logits[stop as usize] = f32::NEG_INFINITY;
         }
         sampler::process_combined(&mut logits, &history, params);
         let token = match choice {

@@ -355,6 +355,20 @@ pub enum TokenChoice {
     Sample(SamplingParams, UniformSource),
 }
 
+/// How many speech tokens a generation may and must produce.
+#[derive(Debug, Clone, Copy)]
+pub struct TokenLimits {
+    pub max_new: usize,
+    /// The stop token is suppressed until this many exist (fixed-length benchmarks; 0 = off).
+    pub min_new: usize,
+}
+
+impl TokenLimits {
+    pub fn at_most(max_new: usize) -> Self {
+        TokenLimits { max_new, min_new: 0 }
+    }
+}
+
 /// Timing of one generation.
 #[derive(Debug, Default, Clone, Copy)]
 pub struct GenerationStats {
@@ -368,14 +382,8 @@ pub struct GenerationStats {
 /// is suppressed until `min_new_tokens` tokens exist) or when every logit is
 /// filtered out. The repetition history starts as the
 /// start token and then holds the generated tokens only.
-pub fn generate(
-    t3: &mut T3,
-    cond: &T3Conditioning,
-    text: &[i32],
-    choice: &mut TokenChoice,
-    max_new_tokens: usize,
-    min_new_tokens: usize,
-) -> Result<(Vec<u32>, GenerationStats)> {
+pub fn generate(t3: &mut T3, cond: &T3Conditioning, text: &[i32], choice: &mut TokenChoice, limits: TokenLimits) -> Result<(Vec<u32>, GenerationStats)> {
+    let TokenLimits { max_new: max_new_tokens, min_new: min_new_tokens } = limits;
     let max_new_tokens = t3.new_token_budget(2 + cond.prompt_speech_tokens.len() + text.len(), max_new_tokens)?;
     let mut stats = GenerationStats::default();
     let started = std::time::Instant::now();

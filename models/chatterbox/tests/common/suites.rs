@@ -9,7 +9,7 @@ use tts_model_chatterbox::model::{Chatterbox, SynthesisParams};
 use tts_model_chatterbox::s3gen::source::{apply_trim_fade, SourceNoise};
 use tts_model_chatterbox::s3gen::S3Gen;
 use tts_model_chatterbox::sampler::{SamplingParams, UniformSource};
-use tts_model_chatterbox::t3::{self, TokenChoice, T3};
+use tts_model_chatterbox::t3::{self, TokenChoice, TokenLimits, T3};
 
 /// Relative tolerances of one backend.
 pub struct Tolerances {
@@ -91,10 +91,10 @@ pub fn t3(backend: &str, policy: &OpPolicy, tol: &Tolerances) {
 
     let cond = t3.builtin_voice().unwrap();
     let greedy: Vec<u32> = npy_i64("t3_greedy_tokens").into_iter().map(|v| v as u32).collect();
-    let (tokens, _) = t3::generate(&mut t3, &cond, &text_ids(), &mut TokenChoice::Greedy, greedy.len() - 1, 0).unwrap();
+    let (tokens, _) = t3::generate(&mut t3, &cond, &text_ids(), &mut TokenChoice::Greedy, TokenLimits::at_most(greedy.len() - 1)).unwrap();
     let sampled: Vec<u32> = npy_i64("t3_sampled_tokens").into_iter().map(|v| v as u32).collect();
     let mut choice = TokenChoice::Sample(SamplingParams::default(), UniformSource::recorded(npy("t3_sampled_uniforms").1));
-    let (drawn, _) = t3::generate(&mut t3, &cond, &text_ids(), &mut choice, sampled.len() - 1, 0).unwrap();
+    let (drawn, _) = t3::generate(&mut t3, &cond, &text_ids(), &mut choice, TokenLimits::at_most(sampled.len() - 1)).unwrap();
     let agree = |a: &[u32], b: &[u32]| a.iter().zip(b).take_while(|(x, y)| x == y).count();
     println!("  {backend}: greedy tokens agree for {}/{}, sampled for {}/{}", agree(&tokens, &greedy), greedy.len(), agree(&drawn, &sampled), sampled.len());
     if tol.exact_tokens {
