@@ -10,6 +10,8 @@
 #   parity      the parity suites on CUDA, and CPU/CUDA/Vulkan compared on the tiny fixtures
 #   chatterbox  full-size random Turbo checkpoints, converted; tts (cuda, vulkan) vs PyTorch on the GPU
 #   nano        the same for Nano, tts only (the reference package predates Nano)
+#   mtl         Multilingual: CPU/CUDA/Vulkan compared on the tiny fixture; a full-size random
+#               checkpoint, converted; tts (cuda, vulkan; guidance batched and two-pass) vs PyTorch
 #   supertonic  full-size random v2/v3 bundles, converted; tts (cuda, vulkan) vs onnxruntime (CPU),
 #               a ~10 s utterance and a two-chunk text
 #   soak        50 syntheses of each family in one process on CUDA
@@ -126,6 +128,27 @@ stage_nano() {
       --text "The quick brown fox jumps over the lazy dog near the quiet river bank." --runs 3 --warmup 1 \
       --set max_new_tokens=99 --set min_new_tokens=100 --set seed=0 | tee "$out/nano-$b.txt"
   done
+}
+
+stage_mtl() {
+  echo "== tts compare on the tiny Multilingual fixture (greedy)"
+  local tiny=$root/tests/fixtures/chatterbox/mtl-tiny text="The quick brown fox jumps over the lazy dog."
+  for b in cpu cuda vulkan; do profile "$b" "$b"; done
+  for pair in "cpu cuda" "cuda vulkan"; do
+    set -- $pair
+    "$rel/tts" compare --plugin-dir "$rel" --profile "$work/$1.toml" --profile "$work/$2.toml" --model "$tiny/t3-mtl.gguf" \
+      --model "$tiny/s3gen.gguf" --set max_new_tokens=40 --set temperature=0 --text "$text" --runs 2 \
+      --json "$out/compare-mtl-$1-$2.json" 2>&1 | tail -4
+  done
+  local dir=$root/target/chatterbox-mtl-full
+  if [ ! -f "$dir/done" ]; then
+    python3 tools/chatterbox/make_mtl_fixtures.py --size full --no-dumps --threads 16 \
+      --tokenizer tests/fixtures/chatterbox/mtl-text/tokenizer.json --out "$dir" > "$out/make-mtl.log" 2>&1 || { tail -20 "$out/make-mtl.log"; return 1; }
+    touch "$dir/done"
+  fi
+  python3 bench/chatterbox_vs_torch.py --variant mtl --device cuda --backends cuda vulkan --threads 16 --weights f16 q4_0 \
+    --guidance batch two-pass --tokens 100 --runs 2 --rounds 2 --markdown "$out/mtl.md" 2> "$out/mtl.log"
+  cat "$out/mtl.md" || tail -20 "$out/mtl.log"
 }
 
 stage_hift() { # the transposed convolution native or decomposed, CUDA graphs on or off

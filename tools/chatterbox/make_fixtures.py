@@ -375,6 +375,20 @@ def run_turbo(t3, conds, text_ids, draw, max_gen_len, **sampling):
     return toks, torch.stack(logits_log), torch.stack(probs_log)
 
 
+def save_pipeline_case(out, uniforms, drawn, z, phase, sine_noise, wav, case):
+    """Writes an end-to-end case: the draws the engine injects (`t3_uniforms`, `cfm_z`,
+    `sine_phase`, `sine_noise`), the drawn `speech_tokens`, the `wav` and `case.json`."""
+    out.mkdir(parents=True, exist_ok=True)
+    save = lambda name, a: np.save(out / f"{name}.npy", np.ascontiguousarray(a))
+    save("t3_uniforms", uniforms.numpy())
+    save("speech_tokens", np.array(drawn, dtype=np.int64))
+    save("cfm_z", z.numpy())
+    save("sine_phase", phase.numpy())
+    save("sine_noise", sine_noise.numpy())
+    save("wav", wav.numpy().reshape(-1).astype(np.float32))
+    (out / "case.json").write_text(json.dumps(dict(case, speech_tokens=drawn, samples=int(wav.numel()))) + "\n")
+
+
 def inverse_cdf(probs, u):
     """Token = first index i with cumsum(probs)[i] > u * sum(probs) (float32, ascending id order)."""
     c = torch.cumsum(probs.to(torch.float32), dim=0)

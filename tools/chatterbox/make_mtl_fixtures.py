@@ -302,20 +302,11 @@ def run_pipeline(conds, t3, s3gen, ve, tokenizer, out, dump):
     dump("s3gen_mel", rec["mel"], "CausalMaskedDiffWithXvec.inference", ["s3gen_cfm_step9_x", "s3gen_cfm_step9_v"],
          "final state, prompt frames [0, 2P) dropped: (1, 80, 2N)")
 
-    pipe = out / "pipeline"
-    pipe.mkdir(exist_ok=True)
-    save = lambda name, a: np.save(pipe / f"{name}.npy", np.ascontiguousarray(a))
-    save("t3_uniforms", uniforms.numpy())
-    save("speech_tokens", np.array(drawn, dtype=np.int64))
-    save("cfm_z", z.numpy())
-    save("sine_phase", phase.numpy())
-    save("sine_noise", sine_noise.numpy())
-    save("wav", wav.numpy().reshape(-1).astype(np.float32))
     case = dict(text=TEXT[0], language=TEXT[1], exaggeration=EXAGGERATION, max_new_tokens=N_PIPELINE_TOKENS,
-                speech_tokens=drawn, samples=int(wav.numel()), **MTL_SAMPLING,
+                **MTL_SAMPLING,
                 note="ChatterboxMultilingualTTS.generate with recorded draws, the < 6561 token filter, no watermark; "
                      "speech_tokens as drawn (a stop token is not drawn when the cap ends the stream)")
-    (pipe / "case.json").write_text(json.dumps(case) + "\n")
+    mf.save_pipeline_case(out / "pipeline", uniforms, drawn, z, phase, sine_noise, wav, case)
 
 
 def main():
@@ -324,10 +315,11 @@ def main():
     ap.add_argument("--tokenizer", type=Path, required=True, help="grapheme tokenizer JSON to ship and use")
     ap.add_argument("--out", type=Path, required=True)
     ap.add_argument("--seed", type=int, default=4321)
+    ap.add_argument("--threads", type=int, help="torch threads (default: the size's)")
     ap.add_argument("--no-dumps", action="store_true", help="checkpoints only")
     args = ap.parse_args()
     cfg = SIZES[args.size]
-    torch.set_num_threads(cfg["threads"])
+    torch.set_num_threads(args.threads or cfg["threads"])
     torch.use_deterministic_algorithms(True)
     torch.manual_seed(args.seed)
     out = args.out

@@ -16,12 +16,10 @@ engine can inject: `t3_uniforms.npy`, `cfm_z.npy` (the initial Euler state as us
 Usage: pipeline_case.py CKPT_DIR OUT_DIR
 """
 
-import json
 import sys
 from functools import partial
 from pathlib import Path
 
-import numpy as np
 import torch
 from safetensors.torch import load_file
 from transformers import AutoTokenizer
@@ -79,17 +77,9 @@ def main() -> int:
 
     norm = punc_norm(TEXT)
     ids = tokenizer(norm).input_ids
-    save = lambda name, a: np.save(out / f"{name}.npy", np.ascontiguousarray(a))
-    save("t3_uniforms", uniforms.numpy())
-    save("speech_tokens", np.array(drawn, dtype=np.int64))
-    save("cfm_z", z.numpy())
-    save("sine_phase", phase.numpy())
-    save("sine_noise", sine_noise.numpy())
-    save("wav", wav.numpy().reshape(-1).astype(np.float32))
     case = {"text": TEXT, "normalized": norm, "ids": ids, "max_new_tokens": MAX_GEN_LEN,
-            "speech_tokens": drawn, "samples": int(wav.numel()),
             "note": "ChatterboxTurboTTS.generate with recorded draws; no watermark"}
-    (out / "case.json").write_text(json.dumps(case) + "\n")
+    mf.save_pipeline_case(out, uniforms, drawn, z, phase, sine_noise, wav, case)
     print(f"{out}: {len(ids)} text tokens, {len(drawn)} speech tokens, {wav.numel()} samples")
     return 0
 
