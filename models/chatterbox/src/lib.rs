@@ -3,17 +3,18 @@
 //! standard decoder with guidance).
 //!
 //! Layout: [`hparams`] (GGUF metadata, range-checked), [`tensors`] (the tensor
-//! tables checked at load), [`text`] (normalisation,
-//! sentence split, tokenizer), [`t3`] (speech-token generator: graph builder,
-//! static K/V cache, generation loop), [`sampler`], [`s3gen`] (flow encoder,
-//! CFM estimator, HiFT graphs and host DSP), [`model`] (the synthesis loop),
-//! [`graph`] (shared builder helpers). This file is the plugin surface: option
-//! specs and the ABI glue.
+//! tables checked at load), [`text`] (normalisation, sentence split,
+//! tokenizers), [`t3`] (speech-token models: graph builders, static K/V cache,
+//! generation loops, the alignment analyzer), [`sampler`], [`speech_tokens`]
+//! (text → speech tokens per variant), [`s3gen`] (flow encoder, CFM estimator,
+//! HiFT graphs and host DSP), [`model`] (the synthesis loop). This file is the
+//! plugin surface: option specs and the ABI glue.
 
 pub mod hparams;
 pub mod model;
 pub mod s3gen;
 pub mod sampler;
+pub mod speech_tokens;
 pub mod t3;
 pub mod tensors;
 pub mod text;

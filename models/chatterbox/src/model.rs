@@ -12,8 +12,9 @@ use crate::hparams::{S3GenHparams, T3Hparams, S3GEN_ARCH, T3_ARCH};
 use crate::s3gen::source::{apply_trim_fade, SourceNoise};
 use crate::s3gen::{S3Gen, S3GenConditioning};
 use crate::sampler::{GuidedSamplingParams, SamplingParams, UniformSource, Xoshiro256};
-use crate::t3::guided::{self, GuidanceMode, GuidedChoice, GuidedT3};
-use crate::t3::{self, T3Conditioning, TokenChoice, TokenLimits, T3};
+pub use crate::speech_tokens::SpeechGenerator;
+use crate::t3::guided::{GuidanceMode, GuidedT3};
+use crate::t3::{T3Conditioning, TokenLimits, T3};
 use crate::text::multilingual::{self, MultilingualTokenizer};
 use crate::text::{self, TextTokenizer};
 use engine_core::model_kit::{npy, OpPolicy, Timings};
@@ -148,106 +149,6 @@ pub struct Synthesis {
     pub speech_tokens: Vec<Vec<u32>>,
 }
 
-/// The speech-token generator a T3 file holds, with its text front end.
-pub enum SpeechGenerator {
-    /// Turbo and Nano: GPT-2 backbone, English BPE.
-    Gpt2 { t3: T3, tokenizer: TextTokenizer },
-    /// Multilingual: guided Llama backbone, grapheme tokenizer with language tags.
-    Llama { t3: GuidedT3, tokenizer: MultilingualTokenizer },
-}
-
-impl SpeechGenerator {
-    pub fn hp(&self) -> &T3Hparams {
-        match self {
-            SpeechGenerator::Gpt2 { t3, .. } => &t3.hp,
-            SpeechGenerator::Llama { t3, .. } => &t3.hp,
-        }
-    }
-
-    pub fn attention(&self) -> t3::AttentionConfig {
-        match self {
-            SpeechGenerator::Gpt2 { t3, .. } => t3.attention(),
-            SpeechGenerator::Llama { t3, .. } => t3.attention(),
-        }
-    }
-
-    /// The graphs built so far, by stage (census tests).
-    pub fn graphs(&self) -> Vec<(&'static str, &ggml_sys::ComputeGraph)> {
-        match self {
-            SpeechGenerator::Gpt2 { t3, .. } => t3.graphs(),
-            SpeechGenerator::Llama { t3, .. } => t3.graphs(),
-        }
-    }
-
-    fn builtin_voice(&self) -> Result<T3Conditioning> {
-        match self {
-            SpeechGenerator::Gpt2 { t3, .. } => t3.builtin_voice(),
-            SpeechGenerator::Llama { t3, .. } => t3.builtin_voice(),
-        }
-    }
-
-    /// Text ids of one chunk, and a check that they fit with the wanted tokens.
-    fn encode(&self, chunk: &str, params: &SynthesisParams, voice: &T3Conditioning) -> Result<Vec<i32>> {
-        match self {
-            SpeechGenerator::Gpt2 { t3, tokenizer } => {
-                let ids = tokenizer.encode(&text::normalize_punctuation(chunk))?;
-                t3.new_token_budget(2 + voice.prompt_speech_tokens.len() + ids.len(), params.max_new_tokens)?;
-                Ok(ids)
-            }
-            SpeechGenerator::Llama { t3, tokenizer } => {
-                let ids = tokenizer.encode_for_t3(&multilingual::normalize_punctuation(chunk), &params.language)?;
-                t3.new_token_budget(ids.len(), params.max_new_tokens)?;
-                Ok(ids)
-            }
-        }
-    }
-
-    /// T3's speech tokens for one chunk's ids (the stop token dropped).
-    fn generate(&mut self, ids: &[i32], voice: &T3Conditioning, params: &SynthesisParams, uniforms: UniformSource, timings: &mut Timings) -> Result<Vec<u32>> {
-        let greedy = params.temperature == 0.0;
-        let (tokens, prefill_ms, steps_ms) = match self {
-            SpeechGenerator::Gpt2 { t3, .. } => {
-                let mut choice = if greedy { TokenChoice::Greedy } else { TokenChoice::Sample(params.turbo_sampling(), uniforms) };
-                let (tokens, stats) = t3::generate(t3, voice, ids, &mut choice, params.token_limits())?;
-                (tokens, stats.prefill_ms, stats.steps_ms)
-            }
-            SpeechGenerator::Llama { t3, .. } => {
-                let mut choice = if greedy { GuidedChoice::Greedy } else { GuidedChoice::Sample(uniforms) };
-                let sampling = params.guided_sampling()?;
-                t3.mode = params.guidance;
-                let (tokens, stats) = guided::generate(t3, voice, params.exaggeration, ids, &sampling, &mut choice, params.token_limits())?;
-                (tokens, stats.prefill_ms, stats.steps_ms)
-            }
-        };
-        timings.add("t3.prefill", prefill_ms);
-        timings.add("t3.decode", steps_ms);
-        Ok(tokens)
-    }
-
-    /// What S3Gen reads of T3's tokens. Turbo/Nano, as `ChatterboxTurboTTS`:
-    /// speech codes only, then three silence tokens so the end is not cut.
-    /// Multilingual: the reference's `drop_invalid_tokens` (what lies after a
-    /// start token and before a stop token), then codes outside S3Gen's
-    /// vocabulary dropped, which the reference omits and which its flow
-    /// embedding cannot take.
-    fn speech_codes(&self, tokens: &[u32], vocab: u32) -> Vec<i32> {
-        let hp = self.hp();
-        let codes = |t: &[u32]| -> Vec<i32> { t.iter().filter(|&&t| t < vocab).map(|&t| t as i32).collect() };
-        match self {
-            SpeechGenerator::Gpt2 { .. } => {
-                let mut speech = codes(tokens);
-                speech.extend([hp.silence_token as i32; 3]);
-                speech
-            }
-            SpeechGenerator::Llama { .. } => {
-                let from = tokens.iter().position(|&t| t == hp.start_speech_token).map_or(0, |i| i + 1);
-                let to = tokens[from..].iter().position(|&t| t == hp.stop_speech_token).map_or(tokens.len(), |i| from + i);
-                codes(&tokens[from..to])
-            }
-        }
-    }
-}
-
 pub struct Chatterbox {
     pub t3: SpeechGenerator,
     pub s3gen: S3Gen,
@@ -337,7 +238,22 @@ impl Chatterbox {
             SpeechGenerator::Gpt2 { .. } if params.language != "en" => {
                 Err(format!("{} speaks English only (language=en); language '{}' needs the Multilingual model", self.variant(), params.language).into())
             }
-            SpeechGenerator::Gpt2 { .. } => Ok(()),
+            SpeechGenerator::Gpt2 { .. } => {
+                // As the reference's Turbo generate: accepted, ignored, said once.
+                let d = SynthesisParams::default();
+                let ignored: Vec<&str> = [
+                    ("cfg_weight", params.cfg_weight != d.cfg_weight),
+                    ("exaggeration", params.exaggeration != d.exaggeration),
+                    ("min_p", params.min_p != d.min_p),
+                ]
+                .into_iter()
+                .filter_map(|(name, set)| set.then_some(name))
+                .collect();
+                if !ignored.is_empty() {
+                    tracing::warn!(variant = self.variant(), "{} apply to Multilingual only and are ignored", ignored.join(", "));
+                }
+                Ok(())
+            }
             SpeechGenerator::Llama { .. } => {
                 multilingual::check_language(&params.language)?;
                 params.guided_sampling().map(|_| ())
