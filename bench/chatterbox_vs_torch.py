@@ -165,16 +165,16 @@ def torch_worker(a):
 
 
 
-def ensure_gguf(variant, weights):
+def ensure_gguf(variant, weights, decoder="auto"):
     _, t3_src, t3_name, s3_name, convert_args = VARIANTS[variant]
     ckpt = ckpt_dir(variant)
-    out = os.path.join(ckpt, f"gguf-{weights}")
+    out = os.path.join(ckpt, f"gguf-{weights}" + ("" if decoder == "auto" else f"-{decoder}"))
     t3, s3 = os.path.join(out, t3_name), os.path.join(out, s3_name)
     src = os.path.join(ckpt, t3_src)
     if not os.path.isfile(src):
         sys.exit(f"{src} is missing: generate the full-size checkpoint first (see this script's docstring)")
     if not os.path.isfile(t3) or os.path.getmtime(t3) < os.path.getmtime(src):
-        run([sys.executable, os.path.join(TOOLS, "convert.py"), ckpt, out, "--weights", weights] + convert_args)
+        run([sys.executable, os.path.join(TOOLS, "convert.py"), ckpt, out, "--weights", weights, "--decoder-weights", decoder] + convert_args)
     return t3, s3
 
 
@@ -236,6 +236,8 @@ def torch_bench(variant, device, threads, text, tokens, runs, warmup):
 def main():
     ap = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     ap.add_argument("--variant", choices=sorted(VARIANTS), default="turbo")
+    ap.add_argument("--decoder-weights", nargs="+", default=["auto"], choices=["auto", "f32", "f16", "bf16"],
+                    help="convert.py --decoder-weights: the CFM estimator's storage, one tts row each")
     ap.add_argument("--guidance", nargs="+", default=["batch"], choices=["batch", "two-pass"],
                     help="Multilingual: T3's guidance rows as one batch and/or two passes, one tts row each")
     ap.add_argument("--threads", nargs="+", type=int, default=[2])
@@ -255,29 +257,29 @@ def main():
         a.threads = a.threads[0]
         return torch_worker(a)
 
-    files = {w: ensure_gguf(a.variant, w) for w in a.weights}
+    files = {(w, d): ensure_gguf(a.variant, w, d) for w in a.weights for d in a.decoder_weights}
     bandwidth = gpu_copy_bandwidth_gbs() if a.device == "cuda" else copy_bandwidth_gbs(max(a.threads))
     cap = a.tokens - 1 if a.variant == "turbo" else a.tokens  # inference_turbo's cap counts one token fewer
     modes = a.guidance if a.variant == "mtl" else [None]
     rows = []
     for threads in a.threads:
-        sides = [(b, w, m) for b in a.backends for w in a.weights for m in modes]
+        sides = [(b, w, d, m) for b in a.backends for w in a.weights for d in a.decoder_weights for m in modes]
         ref_rounds, tts_rounds = [], {side: [] for side in sides}
         for _ in range(a.rounds):
             # Alternate the sides so that drift in the machine's speed hits both alike.
             ref_rounds.append(torch_bench(a.variant, a.device, threads, a.text, a.tokens, a.runs, a.warmup))
-            for b, w, m in sides:
+            for b, w, d, m in sides:
                 extra = ["--set", f"max_new_tokens={cap}"] + (["--set", f"guidance={m}"] if m else [])
-                tts_rounds[(b, w, m)].append(tts_bench(*files[w], b, threads, a.text, a.tokens, a.runs, a.warmup, extra))
+                tts_rounds[(b, w, d, m)].append(tts_bench(*files[(w, d)], b, threads, a.text, a.tokens, a.runs, a.warmup, extra))
         med = lambda rounds, f: statistics.median(f(r) for r in rounds)
         ref_ms = med(ref_rounds, lambda r: r["total_ms"])
         ref_tok = med(ref_rounds, lambda r: r["stages_ms"]["t3.ms_per_token"])
         ref_s3 = med(ref_rounds, lambda r: r["stages_ms"]["s3gen"] + r["stages_ms"]["hift"])
-        for (b, w, m), rs in tts_rounds.items():
+        for (b, w, d, m), rs in tts_rounds.items():
             tts_ms = med(rs, lambda r: r["total_ms"])
             # Weights run as the file stores them (the f16_weights policy keeps F16 files F16).
-            bound = t3_matrix_bytes(files[w][0]) / (bandwidth * 1e9) * 1e3
-            row = {"threads": threads, "backend": b, "weights": w, "guidance": m, "tokens": a.tokens, "audio_s": rs[0]["audio_seconds"],
+            bound = t3_matrix_bytes(files[(w, d)][0]) / (bandwidth * 1e9) * 1e3
+            row = {"threads": threads, "backend": b, "weights": w, "decoder": d, "guidance": m, "tokens": a.tokens, "audio_s": rs[0]["audio_seconds"],
                    "ref_audio_s": ref_rounds[0]["audio_seconds"],
                    "ref_ms": ref_ms, "tts_ms": tts_ms, "ratio": ref_ms / tts_ms,
                    "ref_ms_per_token": ref_tok, "tts_ms_per_token": med(rs, lambda r: r["stages_ms"]["t3.ms_per_token"]),
@@ -296,10 +298,10 @@ def main():
     lines = [f"Chatterbox {a.variant}. Machine: {where}, copy bandwidth {bandwidth:.1f} GB/s; text: \"{a.text}\"; "
              f"{a.tokens} speech tokens on both sides; median over {a.rounds} alternating rounds of the median of {a.runs} runs "
              f"(after {a.warmup} warm-up) per side. The reference is F32 on {a.device} in every row.", "",
-             "| threads | tts backend | tts weights | guidance | audio s ref / tts | reference ms | tts ms | ratio | T3 ms/token ref / tts (bound) | S3Gen+HiFT ms ref / tts | tts RTF | peak RSS MiB ref / tts |",
-             "|---|---|---|---|---|---|---|---|---|---|---|---|"]
+             "| threads | tts backend | tts weights | decoder | guidance | audio s ref / tts | reference ms | tts ms | ratio | T3 ms/token ref / tts (bound) | S3Gen+HiFT ms ref / tts | tts RTF | peak RSS MiB ref / tts |",
+             "|---|---|---|---|---|---|---|---|---|---|---|---|---|"]
     for r in rows:
-        lines.append(f"| {r['threads']} | {r['backend']} | {r['weights']} | {r['guidance'] or '-'} | {r['ref_audio_s']:.2f} / {r['audio_s']:.2f} | {r['ref_ms']:.0f} | {r['tts_ms']:.0f} | **{r['ratio']:.2f}×** | "
+        lines.append(f"| {r['threads']} | {r['backend']} | {r['weights']} | {r['decoder']} | {r['guidance'] or '-'} | {r['ref_audio_s']:.2f} / {r['audio_s']:.2f} | {r['ref_ms']:.0f} | {r['tts_ms']:.0f} | **{r['ratio']:.2f}×** | "
                      f"{r['ref_ms_per_token']:.2f} / {r['tts_ms_per_token']:.2f} ({r['bound_ms_per_token']:.2f}) | "
                      f"{r['ref_s3gen_hift_ms']:.0f} / {r['tts_s3gen_ms'] + r['tts_hift_ms']:.1f} | {r['tts_rtf']:.3f} | "
                      f"{r['ref_rss_mib']:.0f} / {r['tts_rss_mib']:.0f} |")

@@ -22,11 +22,13 @@ Output, in OUT_DIR:
 Every dimension the engine needs is written as metadata; names and layouts are
 in docs/gguf.md. `--weights f16|q8_0|q4_0` stores the large 2-D matrices in that
 type; embeddings, norms, biases, the voice encoder, CAMPPlus and the tokenizer
-stay F32 (quantising them breaks speaker embeddings and prompt tokens).
+stay F32 (quantising them breaks speaker embeddings and prompt tokens). The CFM
+estimator's matrices and kernels follow `--decoder-weights f32|f16|bf16` (auto:
+f16 with `--weights f16`, else f32).
 
 Usage:
     convert.py CKPT_DIR OUT_DIR [--variant turbo|nano|mtl] [--weights f32|f16|q8_0|q4_0] [--t3-heads N] [--cfm-heads N]
-               [--t3-file NAME] [--aligned-heads L:H,...]
+               [--t3-file NAME] [--aligned-heads L:H,...] [--decoder-weights auto|f32|f16|bf16]
 """
 
 from __future__ import annotations
@@ -62,6 +64,7 @@ ALIGNED_HEADS = [(12, 15), (13, 11), (9, 2)]
 GPT2_HEAD_DIM = 64
 START_SPEECH, STOP_SPEECH, SILENCE_TOKEN = 6561, 6562, 4299
 QUANT = {"f16": gguf.GGMLQuantizationType.F16, "q8_0": gguf.GGMLQuantizationType.Q8_0, "q4_0": gguf.GGMLQuantizationType.Q4_0}
+FLOAT = {"f16": gguf.GGMLQuantizationType.F16, "bf16": gguf.GGMLQuantizationType.BF16}
 # Never quantised: what is read by row, small, or numerically fragile.
 KEEP_F32 = re.compile(r"(emb|wpe|_pos$|bias|\.ln|norm|\.bn|builtin|alpha|beta|gamma|^ve\.|campplus|s3tok|mel_fb|pos_bias|query)")
 
@@ -355,7 +358,14 @@ def load_conds(path: Path) -> dict:
     }
 
 
-def write(path: Path, arch: str, meta: list[tuple[str, object]], tensors: dict[str, np.ndarray], weights: str) -> int:
+def decoder_storage(weights: str, decoder: str) -> str:
+    """The CFM estimator's storage: `auto` follows F16 conversions and keeps F32 otherwise (its
+    products are compute-bound: block-quantized ones ran slower than F32 on CPU and GPU alike)."""
+    return ("f16" if weights == "f16" else "f32") if decoder == "auto" else decoder
+
+
+def write(path: Path, arch: str, meta: list[tuple[str, object]], tensors: dict[str, np.ndarray], weights: str,
+          decoder: str = "f32") -> int:
     w = gguf.GGUFWriter(str(path), arch)
     for key, value in meta:
         if isinstance(value, bool):
@@ -375,6 +385,15 @@ def write(path: Path, arch: str, meta: list[tuple[str, object]], tensors: dict[s
             w.add_tensor(name, v.astype(np.int32))
             continue
         v = np.ascontiguousarray(v, dtype=np.float32)
+        # The decoder's matrices and convolution kernels: one float type for all (`--decoder-weights`).
+        if name.startswith("cfm.") and name.endswith(".weight") and v.ndim in (2, 3) and not KEEP_F32.search(name):
+            dt = FLOAT.get(decoder)
+            if dt is None:
+                w.add_tensor(name, v)
+            else:
+                w.add_tensor(name, gguf.quants.quantize(v, dt), raw_dtype=dt)
+                converted += 1
+            continue
         qt = QUANT.get(weights)
         # As llama.cpp does for its output layer: the head that scores the tokens keeps 8 bits.
         if weights == "q4_0" and name.startswith("t3.speech_head"):
@@ -453,7 +472,8 @@ def convert_t3(ckpt: Path, out_dir: Path, variant: str, weights: str, conds: dic
 
 
 def convert(ckpt: Path, out_dir: Path, variant: str, weights: str, n_head: int | None = None,
-            cfm_heads: int | None = None, t3_file: str | None = None, aligned_heads=None) -> list[str]:
+            cfm_heads: int | None = None, t3_file: str | None = None, aligned_heads=None,
+            decoder: str = "auto") -> list[str]:
     out_dir.mkdir(parents=True, exist_ok=True)
     conds = load_conds(ckpt / "conds.pt")
     lines = [convert_t3(ckpt, out_dir, variant, weights, conds, n_head, t3_file, aligned_heads)]
@@ -472,10 +492,10 @@ def convert(ckpt: Path, out_dir: Path, variant: str, weights: str, n_head: int |
             *((f"{b}.{k}", v) for k, v in s3gen_flow_hparams(s3).items()),
             *((f"{b}.{k}", v) for k, v in s3gen_cfm_hparams(s3, cfm_heads).items()),
             *((f"{b}.{k}", v) for k, v in s3gen_hift_hparams(s3).items()),
-            (f"{b}.weights", weights)]
+            (f"{b}.weights", weights), (f"{b}.decoder_weights", decoder_storage(weights, decoder))]
     s3_path = out_dir / ("s3gen-meanflow.gguf" if meanflow else "s3gen.gguf")
-    n2 = write(s3_path, b, meta, s3, weights)
-    stored = f", {n2} stored {weights}" if weights != "f32" else ""
+    n2 = write(s3_path, b, meta, s3, weights, decoder_storage(weights, decoder))
+    stored = f", {n2} narrowed (matrices {weights}, decoder {decoder_storage(weights, decoder)})" if n2 else ""
     return lines + [f"{s3_path}: S3Gen {'meanflow' if meanflow else 'standard'}, {len(s3)} tensors{stored}"]
 
 
@@ -495,6 +515,9 @@ def main(argv=None) -> int:
     ap.add_argument("out_dir", type=Path)
     ap.add_argument("--variant", choices=sorted(T3_FILES), default="turbo")
     ap.add_argument("--weights", choices=("f32", "f16", "q8_0", "q4_0"), default="f32")
+    ap.add_argument("--decoder-weights", choices=("auto", "f32", "f16", "bf16"), default="auto",
+                    help="the CFM estimator's matrices and convolution kernels (auto: f16 with --weights f16, "
+                         "else f32; bf16 for CPUs with AVX-512 BF16)")
     ap.add_argument("--t3-heads", type=int, help="attention heads of a non-standard GPT-2 size (official sizes: width / 64)")
     ap.add_argument("--cfm-heads", type=int, help="attention heads of a non-standard CFM estimator (official: width / 64)")
     ap.add_argument("--t3-file", help="the T3 checkpoint to read (Multilingual: %s)" % " or ".join(MTL_T3_FILES))
@@ -504,7 +527,7 @@ def main(argv=None) -> int:
     args = ap.parse_args(argv)
     try:
         for line in convert(args.ckpt, args.out_dir, args.variant, args.weights, args.t3_heads, args.cfm_heads,
-                            args.t3_file, args.aligned_heads):
+                            args.t3_file, args.aligned_heads, args.decoder_weights):
             print(line)
     except Exception as e:  # one line for the user, whatever failed
         msg = str(e) if isinstance(e, ConversionError) else f"missing tensor or key {e}" if isinstance(e, KeyError) else f"{type(e).__name__}: {e}"

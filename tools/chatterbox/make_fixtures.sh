@@ -35,6 +35,9 @@ out=tests/fixtures/chatterbox/mtl-tiny
 rm -rf "$ckpt" "$out"
 "$PY" tools/chatterbox/make_mtl_fixtures.py --size tiny --tokenizer tests/fixtures/chatterbox/mtl-text/tokenizer.json --out "$ckpt"
 "$PY" tools/chatterbox/convert.py "$ckpt" "$out" --variant mtl --t3-heads 4 --cfm-heads 2 --aligned-heads 2:3,3:1,1:2
+# The same S3Gen with its decoder in BF16 (the drift test).
+"$PY" tools/chatterbox/convert.py "$ckpt" "$ckpt/bf16-decoder" --variant mtl --t3-heads 4 --cfm-heads 2 --aligned-heads 2:3,3:1,1:2 --decoder-weights bf16
+cp "$ckpt/bf16-decoder/s3gen.gguf" "$out/s3gen-bf16-decoder.gguf"
 mkdir -p "$out/reference"
 cp "$ckpt"/*.npy "$ckpt/stages.json" "$out/reference/"
 cp -r "$ckpt/pipeline" "$out/reference/"

@@ -16,6 +16,9 @@ pub enum Storage {
     F32,
     /// The first operand of a matrix product: F32, F16, BF16, Q8_0 or Q4_0.
     Matrix,
+    /// A convolution kernel applied as one product after im2col: F32, F16 or
+    /// BF16 (block types would cut across its taps).
+    Kernel,
     /// I32 values (token lists).
     I32,
     /// An index table: I16 or I32.
@@ -28,6 +31,7 @@ impl Storage {
         match self {
             Storage::F32 => t == TYPE_F32,
             Storage::Matrix => [TYPE_F32, TYPE_F16, TYPE_BF16, TYPE_Q8_0, TYPE_Q4_0].contains(&t),
+            Storage::Kernel => [TYPE_F32, TYPE_F16, TYPE_BF16].contains(&t),
             Storage::I32 => t == TYPE_I32,
             Storage::Index => t == TYPE_I32 || t == ggml_sys::sys::GGML_TYPE_I16,
         }
@@ -37,6 +41,7 @@ impl Storage {
         match self {
             Storage::F32 => "f32",
             Storage::Matrix => "f32, f16, bf16, q8_0 or q4_0",
+            Storage::Kernel => "f32, f16 or bf16",
             Storage::I32 => "i32",
             Storage::Index => "i16 or i32",
         }
@@ -219,4 +224,22 @@ fn show_dims(dims: &[Dim], bound: &IndexMap<&'static str, usize>) -> String {
         })
         .collect();
     format!("[{}]", shown.join(", "))
+}
+
+#[cfg(test)]
+mod tests {
+    use super::Storage;
+    use ggml_sys::{TYPE_BF16, TYPE_F16, TYPE_F32, TYPE_Q4_0, TYPE_Q8_0};
+
+    #[test]
+    fn kernels_take_float_types_only() {
+        for t in [TYPE_F32, TYPE_F16, TYPE_BF16] {
+            assert!(Storage::Kernel.allows(t) && Storage::Matrix.allows(t));
+        }
+        for t in [TYPE_Q8_0, TYPE_Q4_0] {
+            assert!(!Storage::Kernel.allows(t), "a block type cuts across a kernel's taps");
+            assert!(Storage::Matrix.allows(t));
+        }
+        assert!(!Storage::F32.allows(TYPE_BF16));
+    }
 }

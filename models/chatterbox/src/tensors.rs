@@ -127,6 +127,12 @@ fn conv(t: &mut TensorTable, prefix: &str, kernel: usize, inputs: usize, outputs
     t.f32(format!("{prefix}.weight"), &[kernel, inputs, outputs]).f32(format!("{prefix}.bias"), &[outputs]);
 }
 
+/// A decoder convolution: as [`conv`], its kernel stored F32, F16 or BF16
+/// (one product after im2col; `convert.py --decoder-weights`).
+fn decoder_conv(t: &mut TensorTable, prefix: &str, kernel: usize, inputs: usize, outputs: usize) {
+    t.add(format!("{prefix}.weight"), &[kernel, inputs, outputs], Storage::Kernel).f32(format!("{prefix}.bias"), &[outputs]);
+}
+
 fn cfm(t: &mut TensorTable, c: &CfmHparams, mel: usize, meanflow: bool) {
     let (ch, k) = (c.channels, c.conv_kernel);
     t.linear("cfm.time_mlp.linear_1", c.in_channels, c.time_dim).linear("cfm.time_mlp.linear_2", c.time_dim, c.time_dim);
@@ -134,14 +140,14 @@ fn cfm(t: &mut TensorTable, c: &CfmHparams, mel: usize, meanflow: bool) {
         t.matrix("cfm.time_embed_mixer.weight", 2 * c.time_dim, c.time_dim);
     }
     let causal_block = |t: &mut TensorTable, p: &str, inputs: usize| {
-        conv(t, &format!("{p}.block.0"), k, inputs, ch);
+        decoder_conv(t, &format!("{p}.block.0"), k, inputs, ch);
         t.norm(&format!("{p}.block.2"), ch);
     };
     let resnet = |t: &mut TensorTable, p: &str, inputs: usize| {
         causal_block(t, &format!("{p}.block1"), inputs);
         t.linear(&format!("{p}.mlp.1"), c.time_dim, ch);
         causal_block(t, &format!("{p}.block2"), ch);
-        conv(t, &format!("{p}.res_conv"), 1, inputs, ch);
+        decoder_conv(t, &format!("{p}.res_conv"), 1, inputs, ch);
     };
     let transformers = |t: &mut TensorTable, p: &str| {
         let inner = c.n_head * c.head_dim;
@@ -157,16 +163,16 @@ fn cfm(t: &mut TensorTable, c: &CfmHparams, mel: usize, meanflow: bool) {
     };
     resnet(t, "cfm.down_blocks.0.0", c.in_channels);
     transformers(t, "cfm.down_blocks.0.1");
-    conv(t, "cfm.down_blocks.0.2", k, ch, ch);
+    decoder_conv(t, "cfm.down_blocks.0.2", k, ch, ch);
     for m in 0..c.n_mid {
         resnet(t, &format!("cfm.mid_blocks.{m}.0"), ch);
         transformers(t, &format!("cfm.mid_blocks.{m}.1"));
     }
     resnet(t, "cfm.up_blocks.0.0", 2 * ch);
     transformers(t, "cfm.up_blocks.0.1");
-    conv(t, "cfm.up_blocks.0.2", k, ch, ch);
+    decoder_conv(t, "cfm.up_blocks.0.2", k, ch, ch);
     causal_block(t, "cfm.final_block", ch);
-    conv(t, "cfm.final_proj", 1, ch, mel);
+    decoder_conv(t, "cfm.final_proj", 1, ch, mel);
 }
 
 fn hift(t: &mut TensorTable, h: &HiftHparams, mel: usize) {
