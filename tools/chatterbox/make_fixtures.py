@@ -389,6 +389,16 @@ def save_pipeline_case(out, uniforms, drawn, z, phase, sine_noise, wav, case):
     (out / "case.json").write_text(json.dumps(dict(case, speech_tokens=drawn, samples=int(wav.numel()))) + "\n")
 
 
+def start(args, threads):
+    """What every fixture run sets first: threads (`--threads` or the size's), deterministic
+    kernels, the seed; returns the output directory, created."""
+    torch.set_num_threads(args.threads or threads)
+    torch.use_deterministic_algorithms(True)
+    torch.manual_seed(args.seed)
+    args.out.mkdir(parents=True, exist_ok=True)
+    return args.out
+
+
 def inverse_cdf(probs, u):
     """Token = first index i with cumsum(probs)[i] > u * sum(probs) (float32, ascending id order)."""
     c = torch.cumsum(probs.to(torch.float32), dim=0)
@@ -422,11 +432,7 @@ def main():
         ap.error("--variant nano needs --size full (tiny has its own backbone config)")
 
     cfg = SIZES[args.size]
-    torch.set_num_threads(args.threads or cfg["threads"])
-    torch.use_deterministic_algorithms(True)
-    torch.manual_seed(args.seed)
-    out = args.out
-    out.mkdir(parents=True, exist_ok=True)
+    out = start(args, cfg["threads"])
     t_start = time.time()
     timings = {}
 

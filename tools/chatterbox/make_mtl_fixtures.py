@@ -319,11 +319,7 @@ def main():
     ap.add_argument("--no-dumps", action="store_true", help="checkpoints only")
     args = ap.parse_args()
     cfg = SIZES[args.size]
-    torch.set_num_threads(args.threads or cfg["threads"])
-    torch.use_deterministic_algorithms(True)
-    torch.manual_seed(args.seed)
-    out = args.out
-    out.mkdir(parents=True, exist_ok=True)
+    out = mf.start(args, cfg["threads"])
     t_start = time.time()
     g = torch.Generator().manual_seed(args.seed)
     if cfg["aligned_heads"] is not None:

@@ -10,7 +10,7 @@
 
 mod common;
 
-use common::open;
+use common::{open, rel_err};
 use engine_core::model_kit::OpPolicy;
 use ggml_sys::{TYPE_F16, TYPE_F32};
 use std::path::{Path, PathBuf};
@@ -40,33 +40,13 @@ fn dir() -> PathBuf {
     Path::new(env!("CARGO_MANIFEST_DIR")).join("../../tests/fixtures/chatterbox/mtl-tiny")
 }
 
-fn npy_bytes(name: &str) -> Vec<u8> {
-    let path = dir().join("reference").join(format!("{name}.npy"));
-    std::fs::read(&path).unwrap_or_else(|e| panic!("{}: {e}", path.display()))
-}
-
-/// (shape, values) of a float or integer dump.
+/// (shape, values) of a reference dump of this fixture.
 fn npy(name: &str) -> (Vec<u64>, Vec<f32>) {
-    let bytes = npy_bytes(name);
-    let f = npyz::NpyFile::new(&bytes[..]).unwrap();
-    let shape = f.shape().to_vec();
-    let values = match f.dtype().descr().trim_matches('\'') {
-        "<f4" => f.into_vec::<f32>().unwrap(),
-        "<i8" => f.into_vec::<i64>().unwrap().into_iter().map(|v| v as f32).collect(),
-        "|u1" => f.into_vec::<u8>().unwrap().into_iter().map(f32::from).collect(),
-        other => panic!("{name}: dtype {other}"),
-    };
-    (shape, values)
+    common::npy_in(&dir().join("reference"), name)
 }
 
 fn ints(name: &str) -> Vec<i64> {
     npy(name).1.into_iter().map(|v| v as i64).collect()
-}
-
-fn rel_err(ours: &[f32], reference: &[f32]) -> f32 {
-    assert_eq!(ours.len(), reference.len(), "lengths differ");
-    let scale = reference.iter().fold(0f32, |m, v| m.max(v.abs())).max(1e-12);
-    ours.iter().zip(reference).fold(0f32, |m, (a, b)| m.max((a - b).abs())) / scale
 }
 
 fn load(policy: &OpPolicy, handle: &engine_core::abi::BackendHandle) -> GuidedT3 {

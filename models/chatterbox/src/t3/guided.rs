@@ -11,7 +11,7 @@
 use super::alignment::AlignmentAnalyzer;
 use super::kv_cache::{AttentionPath, KvCache, KvDims, KvLayout};
 use super::llama::{self, input, output, Feed, Rows, Shape};
-use super::{check_file, AttentionConfig, T3Conditioning, TokenLimits, KV_BLOCK};
+use super::{cache_positions, check_file, AttentionConfig, T3Conditioning, TokenLimits};
 use crate::hparams::{LlamaHparams, T3Hparams};
 use crate::sampler::{self, GuidedSamplingParams, UniformSource};
 use crate::tensors::T3_ROPE_FREQ_FACTORS;
@@ -164,22 +164,14 @@ impl GuidedT3 {
         if self.kv.as_ref().is_some_and(|kv| kv.n_ctx >= positions) {
             return Ok(());
         }
-        let n_ctx = (positions.div_ceil(KV_BLOCK) * KV_BLOCK).min(self.hp.n_ctx).max(positions);
+        let n_ctx = cache_positions(positions, self.hp.n_ctx);
         self.cond_graph.clear();
         self.text_graphs.clear();
         self.step_graphs.clear();
         self.cached = None;
         self.kv = None;
-        let width = self.llama().kv_width();
-        let kv = KvCache::new(
-            &self.backend,
-            KvDims { n_layer: self.hp.n_layer, width, n_ctx, rows: 2 },
-            self.attention.kv_type,
-            self.attention.path,
-            KvLayout::Split,
-        )?;
-        tracing::debug!(positions = n_ctx, mib = kv.bytes() as f64 / (1 << 20) as f64, "T3 K/V cache (two guidance rows)");
-        self.kv = Some(kv);
+        let dims = KvDims { n_layer: self.hp.n_layer, width: self.llama().kv_width(), n_ctx, rows: 2 };
+        self.kv = Some(self.attention.new_cache(&self.backend, dims, KvLayout::Split)?);
         Ok(())
     }
 

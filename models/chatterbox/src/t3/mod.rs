@@ -47,6 +47,13 @@ impl AttentionConfig {
         }
     }
 
+    /// A static K/V cache of `dims` in this type, laid out for this path.
+    fn new_cache(&self, backend: &Backend, dims: KvDims, layout: KvLayout) -> Result<KvCache> {
+        let kv = KvCache::new(backend, dims, self.kv_type, self.path, layout)?;
+        tracing::debug!(positions = dims.n_ctx, rows = dims.rows, mib = kv.bytes() as f64 / (1 << 20) as f64, "T3 K/V cache");
+        Ok(kv)
+    }
+
     /// The path and cache type `policy` allows for heads of `head_dim` on
     /// `backend`'s device: a block-quantized cache whose blocks do not tile a
     /// head falls back to F16, a device without a fused kernel for this head
@@ -95,11 +102,22 @@ pub struct T3Conditioning {
     pub prompt_speech_tokens: Vec<i32>,
 }
 
+/// `n` rounded up to whole [`KV_BLOCK`]s.
+fn whole_blocks(n: usize) -> usize {
+    n.div_ceil(KV_BLOCK) * KV_BLOCK
+}
+
 /// Cache positions a graph attends over when `used` are written: whole
 /// blocks, so one graph serves a block of positions, within the cache.
 fn attention_span(kv: Option<&KvCache>, used: usize) -> usize {
     let n_ctx = kv.map_or(used, |kv| kv.n_ctx);
-    (used.div_ceil(KV_BLOCK) * KV_BLOCK).min(n_ctx)
+    whole_blocks(used).min(n_ctx)
+}
+
+/// Positions for a cache that must hold `positions`: whole blocks, at most
+/// the model's `n_ctx`, never fewer than asked.
+fn cache_positions(positions: usize, n_ctx: usize) -> usize {
+    whole_blocks(positions).min(n_ctx).max(positions)
 }
 
 /// The built-in voice a T3 file carries (`voice.builtin.*`, from `conds.pt`).
@@ -227,22 +245,14 @@ impl T3 {
         if self.kv.as_ref().is_some_and(|kv| kv.n_ctx >= positions) {
             return Ok(());
         }
-        let n_ctx = positions.div_ceil(KV_BLOCK) * KV_BLOCK;
-        let n_ctx = n_ctx.min(self.hp.n_ctx).max(positions);
+        let n_ctx = cache_positions(positions, self.hp.n_ctx);
         self.prefix_graph.clear();
         self.suffix_graph.clear();
         self.step_graphs.clear();
         self.cached_voice = None;
         self.kv = None;
-        let kv = KvCache::new(
-            &self.backend,
-            KvDims { n_layer: self.hp.n_layer, width: self.hp.n_embd, n_ctx, rows: 1 },
-            self.attention.kv_type,
-            self.attention.path,
-            KvLayout::Fused,
-        )?;
-        tracing::debug!(positions = n_ctx, mib = kv.bytes() as f64 / (1 << 20) as f64, "T3 K/V cache");
-        self.kv = Some(kv);
+        let dims = KvDims { n_layer: self.hp.n_layer, width: self.hp.n_embd, n_ctx, rows: 1 };
+        self.kv = Some(self.attention.new_cache(&self.backend, dims, KvLayout::Fused)?);
         Ok(())
     }
 

@@ -61,13 +61,19 @@ pub fn open(backend: &str) -> BackendHandle {
 
 /// A fixture `.npy` as (shape, f32 values); int64 arrays are converted.
 pub fn npy(name: &str) -> (Vec<u64>, Vec<f32>) {
-    let path = reference_dir().join(format!("{name}.npy"));
+    npy_in(&reference_dir(), name)
+}
+
+/// `dir/name.npy` as (shape, f32 values); int64 and uint8 (boolean) arrays are converted.
+pub fn npy_in(dir: &Path, name: &str) -> (Vec<u64>, Vec<f32>) {
+    let path = dir.join(format!("{name}.npy"));
     let bytes = std::fs::read(&path).unwrap_or_else(|e| panic!("{}: {e}", path.display()));
     let f = npyz::NpyFile::new(&bytes[..]).unwrap();
     let shape = f.shape().to_vec();
     let values = match f.dtype().descr().trim_matches('\'') {
         "<f4" => f.into_vec::<f32>().unwrap(),
         "<i8" => f.into_vec::<i64>().unwrap().into_iter().map(|v| v as f32).collect(),
+        "|u1" => f.into_vec::<u8>().unwrap().into_iter().map(f32::from).collect(),
         other => panic!("{}: dtype {other}", path.display()),
     };
     (shape, values)
