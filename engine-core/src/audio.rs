@@ -1,7 +1,11 @@
 //! Audio output: checks what a model produced and encodes it as WAV; the file
-//! itself is written by [`crate::output`].
+//! itself is written by [`crate::output`]. Reading recordings is [`input`],
+//! converting rates [`resample`].
 
 use std::path::Path;
+
+pub mod input;
+pub mod resample;
 
 /// Sample rates the engine writes (a model reporting another is refused).
 pub const SAMPLE_RATE_RANGE: std::ops::RangeInclusive<u32> = 1000..=384_000;

@@ -1,0 +1,113 @@
+//! Sample-rate conversion of whole clips through `rubato`'s synchronous FFT
+//! resampler: one Blackman-Harris² windowed low-pass per clip, applied in the
+//! frequency domain over blocks of at least `CHUNK` frames, f64 inside. The
+//! output is aligned with the input (the resampler's delay is trimmed) and
+//! holds `ceil(len · (to / from))` samples computed in f64, the length
+//! `librosa.resample` gives (44 100 samples at 44.1 → 24 kHz make 24 001).
+//!
+//! Quality, measured by this module's tests against analytic tones away from
+//! the clip's edges: about 150 dB SNR (the f32 input's own floor) up to 95 %
+//! of the lower Nyquist frequency, for the conversions cloning needs
+//! (44.1/48/96/8 kHz → 24/16 kHz, 24 ↔ 16 kHz); a tone above the new
+//! Nyquist frequency is suppressed below −100 dB.
+
+use audioadapter_buffers::direct::InterleavedSlice;
+use rubato::{Fft, FixedSync, Resampler, WindowFunction};
+
+/// The shortest FFT block, in frames of either rate: long enough for a steep
+/// anti-aliasing filter, short enough that a clip's edges stay short.
+const CHUNK: usize = 2048;
+
+/// `samples` at `from` Hz, resampled to `to` Hz (a copy when they are equal).
+pub fn resample(samples: &[f32], from: u32, to: u32) -> Result<Vec<f32>, String> {
+    if from == 0 || to == 0 {
+        return Err(format!("cannot resample from {from} Hz to {to} Hz"));
+    }
+    if from == to || samples.is_empty() {
+        return Ok(samples.to_vec());
+    }
+    // Whole blocks of the reduced ratio, an even number of them: rubato trims
+    // half its output block as the delay, which is off by half a sample when
+    // that block is odd.
+    // Both blocks at least `CHUNK` long: the filter's transition band
+    // narrows with the shorter of them.
+    let g = gcd(from, to);
+    let (units_in, units_out) = ((from / g) as usize, (to / g) as usize);
+    let blocks = CHUNK.div_ceil(units_in).max(CHUNK.div_ceil(units_out));
+    let chunk = (blocks + blocks % 2) * units_in;
+    let mut resampler = Fft::<f64>::new_custom(from as usize, to as usize, chunk, 1, 1, WindowFunction::BlackmanHarris2, FixedSync::Input)
+        .map_err(|e| format!("resampling {from} Hz to {to} Hz: {e}"))?;
+    let input: Vec<f64> = samples.iter().map(|&s| s as f64).collect();
+    let adapter = InterleavedSlice::new(&input, 1, input.len()).map_err(|e| format!("resampling: {e}"))?;
+    let out = resampler.process_all(&adapter, input.len(), None).map_err(|e| format!("resampling {from} Hz to {to} Hz: {e}"))?;
+    Ok(out.take_data().into_iter().map(|s| s as f32).collect())
+}
+
+fn gcd(a: u32, b: u32) -> u32 {
+    if b == 0 {
+        a
+    } else {
+        gcd(b, a % b)
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn tones(rate: u32, seconds: f64, freqs: &[f64]) -> Vec<f64> {
+        let n = (rate as f64 * seconds) as usize;
+        (0..n)
+            .map(|i| {
+                let t = i as f64 / rate as f64;
+                freqs.iter().enumerate().map(|(k, f)| 0.2 * (2.0 * std::f64::consts::PI * f * t + k as f64).sin()).sum::<f64>()
+            })
+            .collect()
+    }
+
+    /// SNR of `got` against the analytic signal, ignoring 300 ms at each edge:
+    /// there the filter (one block long) reaches past the clip, where the
+    /// analytic tone goes on and the recording does not.
+    fn snr_db(got: &[f32], want: &[f64], rate: u32) -> f64 {
+        let edge = (rate as f64 * 0.3) as usize;
+        let (mut sig, mut err) = (0.0, 0.0);
+        for i in edge..want.len() - edge {
+            sig += want[i] * want[i];
+            err += (got[i] as f64 - want[i]).powi(2);
+        }
+        10.0 * (sig / err).log10()
+    }
+
+    #[test]
+    fn tones_survive_every_conversion_cloning_needs() {
+        for (from, to) in [(44_100, 24_000), (48_000, 16_000), (96_000, 24_000), (8000, 16_000), (24_000, 16_000), (16_000, 24_000)] {
+            let nyquist = from.min(to) as f64 / 2.0;
+            let freqs = [110.0, 1234.5, 0.5 * nyquist, 0.95 * nyquist];
+            let input: Vec<f32> = tones(from, 2.0, &freqs).iter().map(|&s| s as f32).collect();
+            let got = resample(&input, from, to).unwrap();
+            let want = tones(to, 2.0, &freqs);
+            assert_eq!(got.len(), (input.len() as f64 * (to as f64 / from as f64)).ceil() as usize, "{from} -> {to}");
+            let snr = snr_db(&got, &want, to);
+            // f32 input itself limits the SNR to about 150 dB.
+            assert!(snr >= 120.0, "{from} -> {to}: SNR {snr:.1} dB");
+        }
+    }
+
+    #[test]
+    fn content_above_the_new_nyquist_is_removed() {
+        // A 10 kHz tone does not exist at 16 kHz: what is left must be tiny.
+        let input: Vec<f32> = tones(48_000, 2.0, &[10_000.0]).iter().map(|&s| s as f32).collect();
+        let got = resample(&input, 48_000, 16_000).unwrap();
+        let edge = 4800;
+        let rms = (got[edge..got.len() - edge].iter().map(|&s| (s as f64).powi(2)).sum::<f64>() / (got.len() - 2 * edge) as f64).sqrt();
+        let level_db = 20.0 * (rms / (0.2 / 2f64.sqrt())).log10();
+        assert!(level_db < -100.0, "alias at {level_db:.1} dB");
+    }
+
+    #[test]
+    fn equal_rates_and_empty_input_are_copies() {
+        assert_eq!(resample(&[0.1, 0.2], 16_000, 16_000).unwrap(), vec![0.1, 0.2]);
+        assert!(resample(&[], 16_000, 24_000).unwrap().is_empty());
+        assert!(resample(&[0.1], 0, 24_000).unwrap_err().contains("0 Hz"));
+    }
+}
