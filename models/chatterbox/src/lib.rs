@@ -10,6 +10,7 @@
 //! HiFT graphs and host DSP), [`model`] (the synthesis loop). This file is the
 //! plugin surface: option specs and the ABI glue.
 
+pub mod cloning;
 pub mod hparams;
 pub mod model;
 pub mod s3gen;
