@@ -191,9 +191,8 @@ fn read_compressed(file: File, path: &Path, max_seconds: f64) -> Result<Clip, St
     let mut decoder =
         symphonia::default::get_codecs().make_audio_decoder(&params, &AudioDecoderOptions::default()).map_err(|e| format!("unsupported audio codec: {e}"))?;
 
-    let mut rate = params.sample_rate;
-    let mut mix: Option<Mixdown> = None;
-    let mut budget = rate.map(|r| frame_budget(max_seconds, r));
+    // The rate and channel count of the first decoded packet hold for the stream.
+    let mut mix: Option<(u32, Mixdown)> = None;
     let mut interleaved: Vec<f32> = Vec::new();
     let mut truncated = false;
     loop {
@@ -212,24 +211,15 @@ fn read_compressed(file: File, path: &Path, max_seconds: f64) -> Result<Clip, St
             Err(Error::DecodeError(_)) => continue,
             Err(e) => return Err(format!("decoding: {e}")),
         };
-        let spec = buf.spec();
-        let channels = spec.channels().count();
-        let packet_rate = spec.rate();
-        let frames_budget = match (rate, budget) {
-            (Some(r), Some(b)) if r == packet_rate => b,
-            (None, _) => {
-                rate = Some(packet_rate);
-                let b = frame_budget(max_seconds, packet_rate);
-                budget = Some(b);
-                b
-            }
-            _ => return Err(format!("the sample rate changes within the stream ({} to {packet_rate} Hz)", rate.unwrap_or(0))),
-        };
-        check_format(packet_rate, u16::try_from(channels).unwrap_or(0))?;
-        let mix = mix.get_or_insert_with(|| Mixdown::new(channels, frames_budget.min(1 << 20)));
-        if mix.channels != channels {
-            return Err(format!("the channel count changes within the stream ({} to {channels})", mix.channels));
+        let (packet_rate, channels) = (buf.spec().rate(), buf.spec().channels().count());
+        if mix.is_none() {
+            check_format(packet_rate, u16::try_from(channels).unwrap_or(0))?;
         }
+        let (rate, mix) = mix.get_or_insert_with(|| (packet_rate, Mixdown::new(channels, frame_budget(max_seconds, packet_rate).min(1 << 20))));
+        if *rate != packet_rate || mix.channels != channels {
+            return Err(format!("the format changes within the stream ({} Hz, {} channels to {packet_rate} Hz, {channels})", rate, mix.channels));
+        }
+        let frames_budget = frame_budget(max_seconds, *rate);
         interleaved.resize(buf.samples_interleaved(), 0.0);
         buf.copy_to_slice_interleaved(&mut interleaved);
         let room = (frames_budget - mix.frames()) * channels;
@@ -241,8 +231,8 @@ fn read_compressed(file: File, path: &Path, max_seconds: f64) -> Result<Clip, St
             break;
         }
     }
-    let (Some(rate), Some(mix)) = (rate, mix) else {
-        return Ok(Clip { samples: Vec::new(), sample_rate: params.sample_rate.unwrap_or(0), channels: 0, truncated: false });
-    };
-    Ok(Clip { samples: mix.out, sample_rate: rate, channels: mix.channels as u16, truncated })
+    Ok(match mix {
+        Some((rate, mix)) => Clip { samples: mix.out, sample_rate: rate, channels: mix.channels as u16, truncated },
+        None => Clip { samples: Vec::new(), sample_rate: 0, channels: 0, truncated: false },
+    })
 }

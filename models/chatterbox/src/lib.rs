@@ -11,6 +11,7 @@
 //! plugin surface: option specs and the ABI glue.
 
 pub mod cloning;
+pub mod dsp;
 pub mod hparams;
 pub mod model;
 pub mod s3gen;

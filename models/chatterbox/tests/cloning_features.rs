@@ -31,8 +31,7 @@ fn reference(name: &str, transposed: bool) -> Features {
 
 fn check(name: &str, got: &Features, want: &Features) {
     assert_eq!((got.frames, got.dims), (want.frames, want.dims), "{name}: shape (frames, bins)");
-    let scale = want.data.iter().fold(0f32, |m, v| m.max(v.abs()));
-    let err = got.data.iter().zip(&want.data).fold(0f32, |m, (a, b)| m.max((a - b).abs())) / scale;
+    let err = common::rel_err(&got.data, &want.data);
     eprintln!("{name}: {} frames x {} bins, max |diff| / max |ref| = {err:.2e} (tolerance 1e-4)", got.frames, got.dims);
     assert!(err <= 1e-4, "{name}: {err:e}");
 }

@@ -11,6 +11,7 @@
 //! Spectra are computed in f64 (realfft); the references run f32, so the two
 //! agree to f32 rounding. Every output is frame-major: `data[frame * dims + bin]`.
 
+use crate::dsp::{hann_periodic, reflect_index};
 use engine_core::model_kit::{Error, Result};
 use realfft::RealFftPlanner;
 
@@ -82,40 +83,29 @@ fn kaldi_mel_banks(sample_rate: f64, padded: usize, n_mels: usize, low: f64, hig
         .collect()
 }
 
-/// Periodic Hann window (`torch.hann_window`, `scipy.signal.get_window("hann")`).
-fn hann_periodic(n: usize) -> Vec<f64> {
-    (0..n).map(|i| 0.5 - 0.5 * (std::f64::consts::TAU * i as f64 / n as f64).cos()).collect()
-}
-
-/// `x[i]` with numpy/torch "reflect" padding (the edge sample not repeated).
-fn reflect(x: &[f32], i: isize) -> f64 {
-    let n = x.len() as isize;
-    let j = if i < 0 {
-        -i
-    } else if i >= n {
-        2 * (n - 1) - i
-    } else {
-        i
-    };
-    x[j as usize] as f64
-}
-
-/// Power spectra |X|² of `frames` frames: frame `f` starts at `f·hop − pad`
-/// of `x` reflected at its edges, is multiplied by `window` and zero-padded to
-/// `n_fft`.
-fn power_spectra(x: &[f32], n_fft: usize, hop: usize, pad: usize, frames: usize, window: &[f64]) -> Vec<Vec<f64>> {
+/// Power spectra |X|² of `frames` frames of `n_fft` samples; `fill(f, buf)`
+/// writes frame `f` (windowed, zero-padded) into the zeroed buffer.
+fn power_spectra_of(n_fft: usize, frames: usize, mut fill: impl FnMut(usize, &mut [f64])) -> Vec<Vec<f64>> {
     let fft = RealFftPlanner::<f64>::new().plan_fft_forward(n_fft);
     let (mut buf, mut spec, mut scratch) = (fft.make_input_vec(), fft.make_output_vec(), fft.make_scratch_vec());
     (0..frames)
         .map(|f| {
             buf.fill(0.0);
-            for (k, w) in window.iter().enumerate() {
-                buf[k] = reflect(x, (f * hop + k) as isize - pad as isize) * w;
-            }
+            fill(f, &mut buf);
             fft.process_with_scratch(&mut buf, &mut spec, &mut scratch).expect("buffer lengths come from the plan");
             spec.iter().map(|c| c.norm_sqr()).collect()
         })
         .collect()
+}
+
+/// STFT power spectra: frame `f` starts at `f·hop − pad` of `x` reflected at
+/// its edges and is multiplied by `window`.
+fn power_spectra(x: &[f32], n_fft: usize, hop: usize, pad: usize, frames: usize, window: &[f64]) -> Vec<Vec<f64>> {
+    power_spectra_of(n_fft, frames, |f, buf| {
+        for (k, w) in window.iter().enumerate() {
+            buf[k] = x[reflect_index((f * hop + k) as isize - pad as isize, x.len())] as f64 * w;
+        }
+    })
 }
 
 fn apply_filters(spectra: &[Vec<f64>], filters: &[Vec<f64>], map: impl Fn(f64) -> f64) -> Features {
@@ -171,20 +161,14 @@ pub fn campplus_fbank(wav16k: &[f32]) -> Result<Features> {
     need(wav16k, WIN, "the CAMPPlus fbank")?;
     let frames = 1 + (wav16k.len() - WIN) / HOP;
     let povey: Vec<f64> = (0..WIN).map(|i| (0.5 - 0.5 * (std::f64::consts::TAU * i as f64 / (WIN - 1) as f64).cos()).powf(0.85)).collect();
-    let fft = RealFftPlanner::<f64>::new().plan_fft_forward(PADDED);
-    let (mut buf, mut spec, mut scratch) = (fft.make_input_vec(), fft.make_output_vec(), fft.make_scratch_vec());
-    let mut spectra = Vec::with_capacity(frames);
-    for f in 0..frames {
-        let frame: Vec<f64> = wav16k[f * HOP..f * HOP + WIN].iter().map(|&s| s as f64).collect();
-        let mean = frame.iter().sum::<f64>() / WIN as f64;
-        buf.fill(0.0);
+    let spectra = power_spectra_of(PADDED, frames, |f, buf| {
+        let frame = &wav16k[f * HOP..f * HOP + WIN];
+        let mean = frame.iter().map(|&s| s as f64).sum::<f64>() / WIN as f64;
         for k in 0..WIN {
-            let prev = if k == 0 { frame[0] } else { frame[k - 1] };
-            buf[k] = ((frame[k] - mean) - 0.97 * (prev - mean)) * povey[k];
+            let prev = frame[k.saturating_sub(1)] as f64;
+            buf[k] = ((frame[k] as f64 - mean) - 0.97 * (prev - mean)) * povey[k];
         }
-        fft.process_with_scratch(&mut buf, &mut spec, &mut scratch).expect("buffer lengths come from the plan");
-        spectra.push(spec.iter().map(|c| c.norm_sqr()).collect::<Vec<f64>>());
-    }
+    });
     let banks = kaldi_mel_banks(16000.0, PADDED, 80, 20.0, 8000.0);
     let mut f = apply_filters(&spectra, &banks, |m| m.max(f32::EPSILON as f64).ln());
     for bin in 0..f.dims {

@@ -4,6 +4,7 @@
 //! is a running sum accumulated in f64 and rounded per sample, as torch's CPU
 //! `cumsum` does, then wrapped to [0, 1).
 
+use crate::dsp::{hann_periodic, reflect_index};
 use crate::hparams::HiftHparams;
 use crate::sampler::Xoshiro256;
 use engine_core::model_kit::Result;
@@ -122,9 +123,9 @@ pub fn excitation(hp: &HiftHparams, f0: &[f32], merge_weight: &[f32], merge_bias
     Ok(merged)
 }
 
-/// Periodic Hann window of length `n`.
+/// Periodic Hann window of length `n`, in f32.
 fn hann(n: usize) -> Vec<f32> {
-    (0..n).map(|i| (0.5 - 0.5 * (std::f64::consts::TAU * i as f64 / n as f64).cos()) as f32).collect()
+    hann_periodic(n).into_iter().map(|w| w as f32).collect()
 }
 
 /// `torch.stft(x, n_fft, hop, window=hann, center=True, pad_mode="reflect")`
@@ -135,17 +136,7 @@ pub fn stft(x: &[f32], n_fft: usize, hop: usize) -> Result<Vec<f32>> {
     if x.len() <= pad {
         return Err(format!("the source has {} samples, the STFT needs more than {pad}", x.len()).into());
     }
-    let reflect = |i: isize| -> f32 {
-        let n = x.len() as isize;
-        let j = if i < 0 {
-            -i
-        } else if i >= n {
-            2 * (n - 1) - i
-        } else {
-            i
-        };
-        x[j as usize]
-    };
+    let reflect = |i: isize| x[reflect_index(i, x.len())];
     let frames = x.len() / hop + 1;
     let bins = n_fft / 2 + 1;
     let window = hann(n_fft);
