@@ -10,7 +10,15 @@ package (chatterbox-tts 0.1.7) itself:
                            mean-subtracted
   s3gen_mel.npy            s3gen.utils.mel.mel_spectrogram(wav24k): (80, T) log mel
 
-Usage: make_cloning_fixtures.py OUT_DIR  (run with the Chatterbox venv)
+With a tiny checkpoint directory (`ve.safetensors` or `ve.pt`, as make_fixtures.py
+writes it), also the VoiceEncoder end to end, into OUT_DIR/../voice_encoder/:
+
+  recording16k.npy         4.4 s of a voiced signal between quiet noise
+  trim.npy                 librosa.effects.trim(top_db=20) interval, int64
+  partial_embeds.npy       VoiceEncoder.forward on the partials: (N, E)
+  speaker_embedding.npy    embeds_from_wavs([recording16k], 16000): (1, E)
+
+Usage: make_cloning_fixtures.py OUT_DIR [TINY_CHECKPOINT_DIR]  (the Chatterbox venv)
 """
 import sys
 from pathlib import Path
@@ -46,6 +54,56 @@ def main():
     feats, _, _ = extract_feature([torch.from_numpy(wav16)])
     np.save(out / "campplus_fbank.npy", feats[0].numpy().astype(np.float32))
     np.save(out / "s3gen_mel.npy", mel_spectrogram(torch.from_numpy(wav24))[0].numpy().astype(np.float32))
+    for p in sorted(out.glob("*.npy")):
+        print(p.name, np.load(p).shape)
+    if len(sys.argv) > 2:
+        voice_encoder(Path(sys.argv[2]), out.parent / "voice_encoder")
+
+
+def speech_like(rate, seconds, seed):
+    """Voiced frames with a moving pitch and formant-ish harmonics, pauses between
+    syllables, and quiet noise before and after (what trimming removes)."""
+    rng = np.random.default_rng(seed)
+    t = np.arange(int(rate * seconds)) / rate
+    f0 = 140 + 30 * np.sin(2 * np.pi * 0.7 * t)
+    phase = 2 * np.pi * np.cumsum(f0) / rate
+    x = sum(np.sin(k * phase) / k * (1 + 0.6 * np.sin(2 * np.pi * (0.9 + 0.3 * k) * t)) for k in range(1, 12))
+    x *= 0.2 * (0.55 + 0.45 * np.sin(2 * np.pi * 3.1 * t)) ** 2
+    x += 0.003 * rng.standard_normal(t.size)
+    quiet_head, quiet_tail = int(0.5 * rate), int(0.3 * rate)
+    x[:quiet_head] = 0.001 * rng.standard_normal(quiet_head)
+    x[-quiet_tail:] = 0.001 * rng.standard_normal(quiet_tail)
+    return x.astype(np.float32)
+
+
+def voice_encoder(ckpt, out):
+    """The tiny VoiceEncoder (hidden size read from its weights) on a recording."""
+    import librosa
+    from chatterbox.models.voice_encoder import VoiceEncoder
+    from chatterbox.models.voice_encoder.config import VoiceEncConfig
+    from chatterbox.models.voice_encoder.melspec import melspectrogram
+    from chatterbox.models.voice_encoder.voice_encoder import stride_as_partials
+
+    out.mkdir(parents=True, exist_ok=True)
+    if (ckpt / "ve.safetensors").is_file():
+        from safetensors.torch import load_file
+        state = load_file(ckpt / "ve.safetensors")
+    else:
+        state = torch.load(ckpt / "ve.pt", weights_only=True)
+    hp = VoiceEncConfig()
+    hp.ve_hidden_size = state["lstm.weight_hh_l0"].shape[1]
+    hp.speaker_embed_size = state["proj.weight"].shape[0]
+    ve = VoiceEncoder(hp).eval()
+    ve.load_state_dict(state)
+
+    wav = speech_like(16000, 4.4, seed=5)
+    np.save(out / "recording16k.npy", wav)
+    trimmed, interval = librosa.effects.trim(wav, top_db=20)
+    np.save(out / "trim.npy", np.asarray(interval, dtype=np.int64))
+    partials = stride_as_partials(melspectrogram(trimmed, hp).T, hp, rate=1.3)
+    with torch.inference_mode():
+        np.save(out / "partial_embeds.npy", ve(torch.from_numpy(np.ascontiguousarray(partials))).numpy())
+    np.save(out / "speaker_embedding.npy", ve.embeds_from_wavs([wav], sample_rate=16000).astype(np.float32))
     for p in sorted(out.glob("*.npy")):
         print(p.name, np.load(p).shape)
 

@@ -30,6 +30,7 @@ impl Context {
         neg => ggml_neg;
         relu => ggml_relu;
         tanh => ggml_tanh;
+        sigmoid => ggml_sigmoid;
         sqrt => ggml_sqrt;
         softplus => ggml_softplus;
         /// x·sigmoid(x) (Swish).

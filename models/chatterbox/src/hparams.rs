@@ -151,8 +151,22 @@ pub struct T3Hparams {
     pub stop_speech_token: u32,
     /// Appended three times before S3Gen so the last word is not cut off.
     pub silence_token: u32,
-    /// Speech-token prompt length of the built-in voice.
+    /// Speech-token prompt length of the built-in voice; a cloned voice's
+    /// prompt is cut to it too (the reference's `speech_cond_prompt_len`).
     pub cond_prompt_len: usize,
+    pub voice_encoder: VoiceEncoderHparams,
+}
+
+/// The LSTM speaker encoder carried in the T3 file (`ve.*`): its embedding is
+/// the speaker vector T3 conditions on.
+#[derive(Debug, Clone, Copy, PartialEq)]
+pub struct VoiceEncoderHparams {
+    pub layers: usize,
+    pub hidden: usize,
+    /// Mel bins of its input.
+    pub n_mels: usize,
+    /// Width of the speaker embedding it produces.
+    pub embedding: usize,
 }
 
 /// Ranges of the Chatterbox-specific keys (docs/gguf.md); the shared ones are
@@ -211,7 +225,16 @@ impl T3Hparams {
             stop_speech_token: m.token("stop_speech_token", speech_vocab)?,
             silence_token: m.token("silence_token", speech_vocab)?,
             cond_prompt_len: m.count("cond_prompt_len", ranges::PROMPT)?,
+            voice_encoder: VoiceEncoderHparams {
+                layers: m.count("voice_encoder.layers", 1..=8)?,
+                hidden: m.count("voice_encoder.hidden", DIM)?,
+                n_mels: m.count("voice_encoder.n_mels", 1..=201)?,
+                embedding: m.count("voice_encoder.embedding", DIM)?,
+            },
         };
+        m.require(hp.voice_encoder.embedding == hp.speaker_dim, || {
+            format!("the voice encoder's embedding ({}) is not T3's speaker width {}", hp.voice_encoder.embedding, hp.speaker_dim)
+        })?;
         m.require(!matches!(hp.backbone, Backbone::Gpt2) || hp.n_embd.is_multiple_of(hp.n_head), || {
             format!("n_embd {} does not split into {} heads", hp.n_embd, hp.n_head)
         })?;

@@ -2,10 +2,10 @@
 //! host-side stages use, with the shape the hparams imply (docs/gguf.md). They
 //! mirror the graph builders (`t3/gpt2.rs`, `s3gen/{encoder,cfm,hift}.rs`) block
 //! by block; the loaders check a file against them before reading any weight.
-//! The voice encoder, CAMPPlus and the S3Tokenizer are carried for voice
-//! cloning, which does not run yet: their tensors are not checked.
+//! CAMPPlus and the S3Tokenizer are carried for voice cloning stages that do
+//! not run yet: their tensors are not checked.
 
-use crate::hparams::{Backbone, CfmHparams, EncoderHparams, HiftHparams, LlamaHparams, S3GenHparams, T3Hparams};
+use crate::hparams::{Backbone, CfmHparams, EncoderHparams, HiftHparams, LlamaHparams, S3GenHparams, T3Hparams, VoiceEncoderHparams};
 use engine_core::model_kit::{Dim, Storage, TensorTable};
 
 pub const T3_SPEAKER_EMB: &str = "voice.builtin.speaker_emb";
@@ -29,8 +29,23 @@ pub fn t3_table(hp: &T3Hparams) -> TensorTable {
         Backbone::Llama(l) => t3_llama(hp, l),
     };
     t.f32(T3_SPEAKER_EMB, &[hp.speaker_dim]).i32(T3_PROMPT_TOKENS, &[hp.cond_prompt_len]);
-    t.carry("ve.");
+    voice_encoder(&mut t, &hp.voice_encoder);
     t
+}
+
+/// The voice encoder (`cloning/voice_encoder.rs`): PyTorch's LSTM layers with
+/// their gate rows in its order (input, forget, cell, output), then the
+/// projection. Kept F32 whatever the weight policy: the recurrence compounds
+/// rounding over every frame.
+fn voice_encoder(t: &mut TensorTable, ve: &VoiceEncoderHparams) {
+    let gates = 4 * ve.hidden;
+    for l in 0..ve.layers {
+        let inputs = if l == 0 { ve.n_mels } else { ve.hidden };
+        let p = format!("ve.lstm.{l}");
+        t.f32(format!("{p}.weight_ih"), &[inputs, gates]).f32(format!("{p}.weight_hh"), &[ve.hidden, gates]);
+        t.f32(format!("{p}.bias_ih"), &[gates]).f32(format!("{p}.bias_hh"), &[gates]);
+    }
+    t.f32("ve.proj.weight", &[ve.hidden, ve.embedding]).f32("ve.proj.bias", &[ve.embedding]);
 }
 
 /// Llama (Multilingual): Q/K/V fused as `attn.qkv` (rows Q, K, V), gate and

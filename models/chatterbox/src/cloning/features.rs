@@ -127,12 +127,12 @@ fn need(x: &[f32], samples: usize, what: &str) -> Result<()> {
 }
 
 /// VoiceEncoder input: `librosa.stft(n_fft 400, hop 160, hann, center,
-/// reflect)`, |X|², 40 Slaney mel bins 0–8 kHz, no log. `1 + len / 160`
-/// frames of a 16 kHz recording.
-pub fn voice_encoder_mel(wav16k: &[f32]) -> Result<Features> {
+/// reflect)`, |X|², `n_mels` (the encoder's input width: 40) Slaney mel
+/// bins 0–8 kHz, no log. `1 + len / 160` frames of a 16 kHz recording.
+pub fn voice_encoder_mel(wav16k: &[f32], n_mels: usize) -> Result<Features> {
     need(wav16k, 201, "the VoiceEncoder mel")?;
     let spectra = power_spectra(wav16k, 400, 160, 200, 1 + wav16k.len() / 160, &hann_periodic(400));
-    Ok(apply_filters(&spectra, &slaney_mel_filters(16000.0, 400, 40, 0.0, 8000.0), |m| m))
+    Ok(apply_filters(&spectra, &slaney_mel_filters(16000.0, 400, n_mels, 0.0, 8000.0), |m| m))
 }
 
 /// S3Tokenizer input: `torch.stft(n_fft 400, hop 160, hann, center)`, the
@@ -210,7 +210,7 @@ mod tests {
 
     #[test]
     fn too_short_recordings_are_refused() {
-        let e = voice_encoder_mel(&[0.0; 100]).unwrap_err().to_string();
+        let e = voice_encoder_mel(&[0.0; 100], 40).unwrap_err().to_string();
         assert_eq!(e, "the VoiceEncoder mel needs at least 201 samples, the recording has 100");
         assert!(campplus_fbank(&[0.0; 399]).is_err());
         assert!(s3gen_mel(&[0.0; 720]).is_err());

@@ -3,3 +3,4 @@
 //! holds the stages one per file; `features` are the spectral front ends.
 
 pub mod features;
+pub mod voice_encoder;

@@ -81,7 +81,12 @@ pub fn npy_in(dir: &Path, name: &str) -> (Vec<u64>, Vec<f32>) {
 
 /// A fixture `.npy` of integers.
 pub fn npy_i64(name: &str) -> Vec<i64> {
-    let path = reference_dir().join(format!("{name}.npy"));
+    npy_i64_in(&reference_dir(), name)
+}
+
+/// `dir/name.npy` of integers.
+pub fn npy_i64_in(dir: &Path, name: &str) -> Vec<i64> {
+    let path = dir.join(format!("{name}.npy"));
     let bytes = std::fs::read(&path).unwrap_or_else(|e| panic!("{}: {e}", path.display()));
     npyz::NpyFile::new(&bytes[..]).unwrap().into_vec::<i64>().unwrap()
 }

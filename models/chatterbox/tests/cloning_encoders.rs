@@ -1,0 +1,99 @@
+//! The voice-cloning networks against the reference package on the committed
+//! tiny checkpoints' random weights (`tools/chatterbox/make_cloning_fixtures.py`
+//! for the recordings, `make_fixtures.py` for the weights), on CPU and on the
+//! Vulkan plugin (lavapipe on CI). Every figure prints.
+
+mod common;
+
+use engine_core::model_kit::OpPolicy;
+use std::path::{Path, PathBuf};
+use tts_model_chatterbox::cloning::features;
+use tts_model_chatterbox::cloning::voice_encoder::{self as ve, PARTIAL_FRAMES};
+use tts_model_chatterbox::t3::T3;
+
+fn fixtures() -> PathBuf {
+    Path::new(env!("CARGO_MANIFEST_DIR")).join("../../tests/fixtures/chatterbox")
+}
+
+/// Bounds of one backend.
+struct Tolerances {
+    /// Partial embeddings, max |diff| / max |ref|.
+    partials: f32,
+    /// The speaker embedding's cosine with the reference's, at least (the bound).
+    cosine: f64,
+}
+
+const CPU: Tolerances = Tolerances { partials: 1e-5, cosine: 0.9999 };
+/// Vulkan (lavapipe measured 1.9e-5): its f32 products and transcendentals
+/// round differently, and 160 recurrent steps compound that.
+const VULKAN: Tolerances = Tolerances { partials: 2e-4, cosine: 0.9999 };
+
+fn unit(v: &[f32]) -> Vec<f32> {
+    let norm = v.iter().map(|x| x * x).sum::<f32>().sqrt();
+    v.iter().map(|x| x / norm).collect()
+}
+
+fn cosine(a: &[f32], b: &[f32]) -> f64 {
+    let dot: f64 = a.iter().zip(b).map(|(x, y)| *x as f64 * *y as f64).sum();
+    let norm = |v: &[f32]| v.iter().map(|x| (*x as f64).powi(2)).sum::<f64>().sqrt();
+    dot / (norm(a) * norm(b))
+}
+
+fn voice_encoder(backend: &str, tol: &Tolerances) {
+    let handle = common::open(backend);
+    let mut t3 = T3::load(&fixtures().join("turbo-tiny/t3-turbo.gguf"), handle.ggml_backend(), &OpPolicy::reference()).unwrap();
+    let hp = t3.hp.voice_encoder;
+
+    // `VoiceEncoder.forward` on two random partials (make_fixtures.py).
+    let (shape, mels) = common::npy_in(&fixtures().join("turbo-tiny/reference"), "ve_mels");
+    let (n, frames, bins) = (shape[0] as usize, shape[1] as usize, shape[2] as usize);
+    assert_eq!((frames, bins), (PARTIAL_FRAMES, hp.n_mels));
+    let mut batch = vec![0.0; mels.len()];
+    for p in 0..n {
+        for t in 0..frames {
+            batch[(t * n + p) * bins..][..bins].copy_from_slice(&mels[(p * frames + t) * bins..][..bins]);
+        }
+    }
+    let raw = t3.voice_encoder_partials(&batch, n).unwrap();
+    let ours: Vec<f32> = raw.chunks(hp.embedding).flat_map(unit).collect();
+    let (_, want) = common::npy_in(&fixtures().join("turbo-tiny/reference"), "ve_embeds");
+    let err = common::rel_err(&ours, &want);
+    println!("  {backend}: VoiceEncoder.forward, {n} random partials: rel err {err:.2e} (tolerance {:.0e})", tol.partials);
+    assert!(err <= tol.partials, "forward: {err:e}");
+
+    // `embeds_from_wavs` on a recording with quiet edges, stage by stage.
+    let dir = fixtures().join("cloning/voice_encoder");
+    let (_, wav) = common::npy_in(&dir, "recording16k");
+    let span = ve::trim_silence(&wav, ve::TRIM_TOP_DB);
+    let trim = common::npy_i64_in(&dir, "trim");
+    assert_eq!([span.start as i64, span.end as i64], [trim[0], trim[1]], "librosa.effects.trim interval");
+    let mel = features::voice_encoder_mel(&wav[span], hp.n_mels).unwrap();
+    let (partials, _) = ve::partial_count(mel.frames);
+    let raw = t3.voice_encoder_partials(&ve::partial_batch(&mel.data, mel.dims, 0, partials), partials).unwrap();
+    let ours: Vec<f32> = raw.chunks(hp.embedding).flat_map(unit).collect();
+    let (shape, want) = common::npy_in(&dir, "partial_embeds");
+    assert_eq!(shape[0] as usize, partials, "partials");
+    let err = common::rel_err(&ours, &want);
+    println!("  {backend}: {partials} partials of the trimmed recording: rel err {err:.2e} (tolerance {:.0e})", tol.partials);
+    assert!(err <= tol.partials, "partials: {err:e}");
+
+    let embedding = ve::embed(&mut t3, &wav).unwrap();
+    let (_, want) = common::npy_in(&dir, "speaker_embedding");
+    let cos = cosine(&embedding, &want);
+    println!("  {backend}: speaker embedding cosine {cos:.8} (at least {}), rel err {:.2e}", tol.cosine, common::rel_err(&embedding, &want));
+    assert!(cos >= tol.cosine, "cosine {cos}");
+
+    // No sound above the trim threshold: a sentence, not a crash.
+    let err = ve::embed(&mut t3, &[1e-3; 100]).unwrap_err().to_string();
+    assert!(err.contains("the voice encoder needs at least 12 ms"), "{err}");
+}
+
+#[test]
+fn voice_encoder_matches_the_reference_on_cpu() {
+    voice_encoder("cpu", &CPU);
+}
+
+#[test]
+fn voice_encoder_matches_the_reference_on_vulkan() {
+    voice_encoder("vulkan", &VULKAN);
+}
