@@ -342,6 +342,70 @@ def s3gen_hift_hparams(s3: dict[str, np.ndarray]) -> dict:
     }
 
 
+# CAMPPlus as S3Gen builds it (xvector.py): what the weights cannot show.
+CAMPPLUS_FEAT_DIM = 80          # extract_feature: Kaldi fbank, num_mel_bins=80
+CAMPPLUS_TDNN_STRIDE = 2
+CAMPPLUS_DILATIONS = [1, 2, 2]  # per CAMDenseTDNNBlock
+CAMPPLUS_SEG_LEN = 100          # CAMLayer.seg_pooling
+BATCH_NORM_EPS = 1e-5
+
+
+def s3gen_campplus_hparams(s3: dict[str, np.ndarray]) -> dict:
+    c = "campplus"
+    # Blocks and their layers are numbered from 1 (`block1`, `tdnnd1`), the head's from 0.
+    highest = lambda prefix: max(int(m.group(1)) for k in s3 if (m := re.match(re.escape(prefix) + r"(\d+)\.", k)))
+    count = lambda prefix: 1 + highest(prefix)
+    n_blocks = highest(f"{c}.block")
+    if n_blocks != len(CAMPPLUS_DILATIONS):
+        raise ConversionError(f"CAMPPlus has {n_blocks} dense blocks, the reference configuration {len(CAMPPLUS_DILATIONS)}")
+    local = lambda i: s3[f"{c}.block{i}.tdnnd1.cam_layer.linear_local.weight"]
+    return {
+        "campplus.feat_dim": CAMPPLUS_FEAT_DIM,
+        "campplus.head_channels": int(s3[f"{c}.head.conv1.weight"].shape[0]),
+        "campplus.head_blocks": [count(f"{c}.head.layer1."), count(f"{c}.head.layer2.")],
+        "campplus.channels": int(s3[f"{c}.tdnn.linear.weight"].shape[0]),
+        "campplus.tdnn_kernel": int(s3[f"{c}.tdnn.linear.weight"].shape[2]),
+        "campplus.tdnn_stride": CAMPPLUS_TDNN_STRIDE,
+        "campplus.growth": int(local(1).shape[0]),
+        "campplus.bn_channels": int(s3[f"{c}.block1.tdnnd1.linear1.weight"].shape[0]),
+        "campplus.cam_channels": int(s3[f"{c}.block1.tdnnd1.cam_layer.linear1.weight"].shape[0]),
+        "campplus.block_layers": [highest(f"{c}.block{i}.tdnnd") for i in range(1, n_blocks + 1)],
+        "campplus.block_kernels": [int(local(i).shape[2]) for i in range(1, n_blocks + 1)],
+        "campplus.block_dilations": CAMPPLUS_DILATIONS,
+        "campplus.seg_len": CAMPPLUS_SEG_LEN,
+        "campplus.embedding": int(s3[f"{c}.dense.linear.weight"].shape[0]),
+        "campplus.bn_eps": BATCH_NORM_EPS,
+    }
+
+
+# S3TokenizerV2 (s3tokenizer/model_v2.py): its rotary table is built for 64-wide heads.
+S3TOK_HEAD_DIM = 64
+S3TOK_ROPE_BASE = 10000.0
+S3TOK_ROPE_POSITIONS = 2048
+S3TOK_FSQ_LEVELS = 3
+
+
+def s3gen_tokenizer_hparams(s3: dict[str, np.ndarray]) -> dict:
+    t = "s3tok.encoder"
+    count = lambda prefix: 1 + max(int(m.group(1)) for k in s3 if (m := re.match(re.escape(prefix) + r"\.(\d+)\.", k)))
+    n_state = int(s3[f"{t}.conv1.weight"].shape[0])
+    if n_state % S3TOK_HEAD_DIM:
+        raise ConversionError(f"S3Tokenizer width {n_state} is not a multiple of its {S3TOK_HEAD_DIM}-wide rotary heads")
+    return {
+        "tokenizer.n_mels": int(s3[f"{t}.conv1.weight"].shape[1]),
+        "tokenizer.n_state": n_state,
+        "tokenizer.n_head": n_state // S3TOK_HEAD_DIM,
+        "tokenizer.n_layer": count(f"{t}.blocks"),
+        "tokenizer.n_ff": int(s3[f"{t}.blocks.0.mlp.0.weight"].shape[0]),
+        "tokenizer.fsmn_kernel": int(s3[f"{t}.blocks.0.attn.fsmn_block.weight"].shape[2]),
+        "tokenizer.rope_base": S3TOK_ROPE_BASE,
+        "tokenizer.rope_positions": S3TOK_ROPE_POSITIONS,
+        "tokenizer.fsq_dims": int(s3["s3tok.quantizer._codebook.project_down.weight"].shape[0]),
+        "tokenizer.fsq_levels": S3TOK_FSQ_LEVELS,
+        "tokenizer.layer_norm_eps": 1e-5,
+    }
+
+
 def load_conds(path: Path) -> dict:
     import torch
     if not path.is_file():
@@ -492,6 +556,8 @@ def convert(ckpt: Path, out_dir: Path, variant: str, weights: str, n_head: int |
             *((f"{b}.{k}", v) for k, v in s3gen_flow_hparams(s3).items()),
             *((f"{b}.{k}", v) for k, v in s3gen_cfm_hparams(s3, cfm_heads).items()),
             *((f"{b}.{k}", v) for k, v in s3gen_hift_hparams(s3).items()),
+            *((f"{b}.{k}", v) for k, v in s3gen_campplus_hparams(s3).items()),
+            *((f"{b}.{k}", v) for k, v in s3gen_tokenizer_hparams(s3).items()),
             (f"{b}.weights", weights), (f"{b}.decoder_weights", decoder_storage(weights, decoder))]
     s3_path = out_dir / ("s3gen-meanflow.gguf" if meanflow else "s3gen.gguf")
     n2 = write(s3_path, b, meta, s3, weights, decoder_storage(weights, decoder))

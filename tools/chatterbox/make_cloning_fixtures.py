@@ -18,6 +18,11 @@ writes it), also the VoiceEncoder end to end, into OUT_DIR/../voice_encoder/:
   partial_embeds.npy       VoiceEncoder.forward on the partials: (N, E)
   speaker_embedding.npy    embeds_from_wavs([recording16k], 16000): (1, E)
 
+and CAMPPlus (the tiny S3Gen's speaker_encoder), into OUT_DIR/../campplus/:
+
+  xvector_1s.npy           speaker_encoder.inference([wav16k]): (1, 192)
+  xvector.npy              speaker_encoder.inference([recording16k]): (1, 192)
+
 Usage: make_cloning_fixtures.py OUT_DIR [TINY_CHECKPOINT_DIR]  (the Chatterbox venv)
 """
 import sys
@@ -57,7 +62,30 @@ def main():
     for p in sorted(out.glob("*.npy")):
         print(p.name, np.load(p).shape)
     if len(sys.argv) > 2:
-        voice_encoder(Path(sys.argv[2]), out.parent / "voice_encoder")
+        ckpt = Path(sys.argv[2])
+        voice_encoder(ckpt, out.parent / "voice_encoder")
+        campplus(ckpt, wav16, out.parent / "campplus")
+
+
+def tiny_s3gen(ckpt):
+    """The tiny Turbo S3Gen that make_fixtures.py built and saved, with its weights."""
+    sys.path.insert(0, str(Path(__file__).resolve().parent))
+    import make_fixtures as mf
+    from safetensors.torch import load_file
+    s3gen = mf.build_s3gen("tiny")
+    s3gen.load_state_dict(load_file(ckpt / "s3gen_meanflow.safetensors"), strict=True)
+    return s3gen.eval()
+
+
+def campplus(ckpt, wav_1s, out):
+    out.mkdir(parents=True, exist_ok=True)
+    encoder = tiny_s3gen(ckpt).speaker_encoder
+    recording = np.load(out.parent / "voice_encoder" / "recording16k.npy")
+    with torch.inference_mode():
+        for name, wav in [("xvector_1s", wav_1s), ("xvector", recording)]:
+            np.save(out / f"{name}.npy", encoder.inference([torch.from_numpy(wav)]).numpy().astype(np.float32))
+    for p in sorted(out.glob("*.npy")):
+        print(p.name, np.load(p).shape)
 
 
 def speech_like(rate, seconds, seed):

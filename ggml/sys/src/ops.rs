@@ -31,6 +31,10 @@ impl Context {
         relu => ggml_relu;
         tanh => ggml_tanh;
         sigmoid => ggml_sigmoid;
+        /// The mean of each row (ne0), as `[1, ne1, ne2, ne3]`.
+        mean => ggml_mean;
+        /// The sum of each row (ne0), as `[1, ne1, ne2, ne3]`.
+        sum_rows => ggml_sum_rows;
         sqrt => ggml_sqrt;
         softplus => ggml_softplus;
         /// x·sigmoid(x) (Swish).
@@ -191,6 +195,20 @@ impl Context {
         let t_out = patches.ne()[1];
         let patches = self.reshape(patches, &[k * cin, t_out])?;
         self.mul_mat(patches, self.reshape(kernel, &[k * cin, cout])?)
+    }
+
+    /// 2-D convolution of an image `x` `[W, H, C_in]` (W fastest), kernel in
+    /// PyTorch's layout (`[kw, kh, C_in, C_out]` in ggml order), strides and
+    /// symmetric zero padding per axis (W, H). Returns `[W_out, H_out, C_out]`;
+    /// patches gathered in F32.
+    pub fn conv_2d<'a>(&'a self, kernel: Tensor<'a>, x: Tensor<'a>, stride: [i32; 2], pad: [i32; 2]) -> Result<Tensor<'a>> {
+        let [kw, kh, cin, cout] = kernel.ne();
+        let patches = self.wrap(unsafe {
+            sys::ggml_im2col(self.as_ptr(), kernel.as_ptr(), x.as_ptr(), stride[0], stride[1], pad[0], pad[1], 1, 1, true, sys::GGML_TYPE_F32)
+        })?; // [C_in·kh·kw, W_out, H_out]
+        let [k, w_out, h_out, _] = patches.ne();
+        let y = self.mul_mat(self.reshape(patches, &[k, w_out * h_out])?, self.reshape(kernel, &[kw * kh * cin, cout])?)?;
+        self.reshape(y, &[w_out, h_out, cout])
     }
 
     /// Reflection padding of ne0 (`left`, `right` < ne0).

@@ -352,6 +352,75 @@ pub struct S3GenHparams {
     pub encoder: EncoderHparams,
     pub cfm: CfmHparams,
     pub hift: HiftHparams,
+    pub campplus: CampplusHparams,
+    pub tokenizer: TokenizerHparams,
+}
+
+/// CAMPPlus (3D-Speaker's x-vector network, `xvector.py`): fbank → the
+/// speaker embedding S3Gen conditions on. A 2-D convolutional head over
+/// (frequency, time), a strided TDNN, densely connected CAM blocks each
+/// followed by a halving transit layer, statistics pooling and a dense layer.
+#[derive(Debug, Clone, PartialEq)]
+pub struct CampplusHparams {
+    /// Fbank bins of the input (the head's image height).
+    pub feat_dim: usize,
+    pub head_channels: usize,
+    /// Residual blocks in each of the head's two strided stages.
+    pub head_blocks: Vec<usize>,
+    /// Output channels of the TDNN after the head.
+    pub channels: usize,
+    pub tdnn_kernel: usize,
+    pub tdnn_stride: usize,
+    /// Channels each CAM layer adds.
+    pub growth: usize,
+    /// Bottleneck width inside a CAM layer.
+    pub bn_channels: usize,
+    /// Width of a CAM layer's context attention.
+    pub cam_channels: usize,
+    pub block_layers: Vec<usize>,
+    pub block_kernels: Vec<usize>,
+    pub block_dilations: Vec<usize>,
+    /// Frames per segment of the context pooling.
+    pub seg_len: usize,
+    pub embedding: usize,
+    pub bn_eps: f32,
+}
+
+impl CampplusHparams {
+    /// Fbank bins left after the head's three stride-2 convolutions (k3, p1).
+    pub fn head_bins(&self) -> usize {
+        (0..3).fold(self.feat_dim, |f, _| (f - 1) / 2 + 1)
+    }
+
+    /// Channels into each dense block, and the final width (after the last transit).
+    pub fn block_inputs(&self) -> (Vec<usize>, usize) {
+        let mut c = self.channels;
+        let mut inputs = Vec::new();
+        for &layers in &self.block_layers {
+            inputs.push(c);
+            c = (c + layers * self.growth) / 2;
+        }
+        (inputs, c)
+    }
+}
+
+/// S3TokenizerV2 (`s3tokenizer/model_v2.py`): log mel → 25 Hz speech tokens.
+#[derive(Debug, Clone, PartialEq)]
+pub struct TokenizerHparams {
+    pub n_mels: usize,
+    pub n_state: usize,
+    pub n_head: usize,
+    pub n_layer: usize,
+    pub n_ff: usize,
+    /// Taps of the FSMN memory's depthwise convolution.
+    pub fsmn_kernel: usize,
+    pub rope_base: f32,
+    /// Rows of the reference's rotary table: the longest token sequence.
+    pub rope_positions: usize,
+    /// Dimensions of the FSQ projection, each rounded to `fsq_levels` values.
+    pub fsq_dims: usize,
+    pub fsq_levels: usize,
+    pub layer_norm_eps: f32,
 }
 
 /// Upper bound on HiFT's samples per mel frame (∏ upsample rates × hop).
@@ -413,6 +482,37 @@ impl S3GenHparams {
             f0_kernel: m.count("hift.f0_kernel", KERNEL)?,
             trim_fade_samples: m.count("hift.trim_fade_samples", 0..=192_000)?,
         };
+        let blocks = 1..=8;
+        let campplus = CampplusHparams {
+            feat_dim: m.count("campplus.feat_dim", 8..=1024)?,
+            head_channels: m.count("campplus.head_channels", DIM)?,
+            head_blocks: m.counts("campplus.head_blocks", 2..=2, 1..=16)?,
+            channels: m.count("campplus.channels", DIM)?,
+            tdnn_kernel: m.count("campplus.tdnn_kernel", KERNEL)?,
+            tdnn_stride: m.count("campplus.tdnn_stride", 1..=8)?,
+            growth: m.count("campplus.growth", DIM)?,
+            bn_channels: m.count("campplus.bn_channels", DIM)?,
+            cam_channels: m.count("campplus.cam_channels", DIM)?,
+            block_layers: m.counts("campplus.block_layers", blocks.clone(), LAYERS)?,
+            block_kernels: m.counts("campplus.block_kernels", blocks.clone(), KERNEL)?,
+            block_dilations: m.counts("campplus.block_dilations", blocks, DILATION)?,
+            seg_len: m.count("campplus.seg_len", 1..=10_000)?,
+            embedding: m.count("campplus.embedding", DIM)?,
+            bn_eps: m.real("campplus.bn_eps", EPS)?,
+        };
+        let tokenizer = TokenizerHparams {
+            n_mels: m.count("tokenizer.n_mels", 1..=1024)?,
+            n_state: m.count("tokenizer.n_state", DIM)?,
+            n_head: m.count("tokenizer.n_head", HEADS)?,
+            n_layer: m.count("tokenizer.n_layer", LAYERS)?,
+            n_ff: m.count("tokenizer.n_ff", DIM)?,
+            fsmn_kernel: m.count("tokenizer.fsmn_kernel", KERNEL)?,
+            rope_base: m.real("tokenizer.rope_base", 1.0..=1e9)?,
+            rope_positions: m.count("tokenizer.rope_positions", 1..=65_536)?,
+            fsq_dims: m.count("tokenizer.fsq_dims", 1..=16)?,
+            fsq_levels: m.count("tokenizer.fsq_levels", 2..=16)?,
+            layer_norm_eps: m.real("tokenizer.layer_norm_eps", EPS)?,
+        };
         let mel_channels = m.count("mel_channels", 1..=1024)?;
         let hp = S3GenHparams {
             variant: m.choice("variant", &["meanflow", "standard"])?,
@@ -425,9 +525,40 @@ impl S3GenHparams {
             encoder,
             cfm,
             hift,
+            campplus,
+            tokenizer,
         };
         hp.check_relations(&m)?;
+        hp.check_cloning(&m)?;
         Ok(hp)
+    }
+
+    /// The voice-cloning encoders' metadata against itself and the rest.
+    fn check_cloning(&self, m: &HparamReader) -> Result<()> {
+        use engine_core::model_kit::hparams::DIM;
+        let c = &self.campplus;
+        m.require(c.block_kernels.len() == c.block_layers.len() && c.block_dilations.len() == c.block_layers.len(), || {
+            "campplus.block_layers, block_kernels and block_dilations disagree in count".into()
+        })?;
+        m.require(c.block_kernels.iter().chain([&c.tdnn_kernel]).all(|k| k % 2 == 1), || "CAMPPlus convolutions need odd kernels".into())?;
+        m.require(c.embedding == self.speaker_dim, || format!("campplus.embedding {} is not S3Gen's speaker width {}", c.embedding, self.speaker_dim))?;
+        // The widths the dense blocks grow to stay within range.
+        let mut width = c.channels;
+        for &layers in &c.block_layers {
+            match layers.checked_mul(c.growth).and_then(|g| g.checked_add(width)).filter(|w| DIM.contains(w)) {
+                Some(full) => width = full / 2,
+                None => return Err(m.error(format!("a CAMPPlus dense block grows past {} channels", DIM.end()))),
+            }
+        }
+        let t = &self.tokenizer;
+        m.require(t.n_state.is_multiple_of(t.n_head) && (t.n_state / t.n_head).is_multiple_of(2), || {
+            format!("tokenizer.n_state {} does not split into {} heads of even width", t.n_state, t.n_head)
+        })?;
+        m.require(t.fsmn_kernel % 2 == 1, || format!("tokenizer.fsmn_kernel {} is even", t.fsmn_kernel))?;
+        let codes = (t.fsq_levels as u64).checked_pow(t.fsq_dims as u32);
+        m.require(codes.is_some_and(|n| n <= self.speech_vocab as u64), || {
+            format!("{}^{} FSQ codes do not fit S3Gen's speech vocabulary of {}", t.fsq_levels, t.fsq_dims, self.speech_vocab)
+        })
     }
 
     fn check_relations(&self, m: &HparamReader) -> Result<()> {

@@ -2,10 +2,10 @@
 //! host-side stages use, with the shape the hparams imply (docs/gguf.md). They
 //! mirror the graph builders (`t3/gpt2.rs`, `s3gen/{encoder,cfm,hift}.rs`) block
 //! by block; the loaders check a file against them before reading any weight.
-//! CAMPPlus and the S3Tokenizer are carried for voice cloning stages that do
-//! not run yet: their tensors are not checked.
+//! The S3Tokenizer is carried for a voice cloning stage that does not run
+//! yet: its tensors are not checked.
 
-use crate::hparams::{Backbone, CfmHparams, EncoderHparams, HiftHparams, LlamaHparams, S3GenHparams, T3Hparams, VoiceEncoderHparams};
+use crate::hparams::{Backbone, CampplusHparams, CfmHparams, EncoderHparams, HiftHparams, LlamaHparams, S3GenHparams, T3Hparams, VoiceEncoderHparams};
 use engine_core::model_kit::{Dim, Storage, TensorTable};
 
 pub const T3_SPEAKER_EMB: &str = "voice.builtin.speaker_emb";
@@ -105,8 +105,85 @@ pub fn s3gen_table(hp: &S3GenHparams) -> TensorTable {
     t.add_dims(S3_PROMPT_FEAT, &[hp.mel_channels.into(), Dim::Free(PROMPT_FRAMES)], Storage::F32);
     t.add_dims(S3_PROMPT_TOKEN, &[Dim::Free(PROMPT_TOKENS)], Storage::I32);
     t.f32(S3_EMBEDDING, &[hp.speaker_dim]);
-    t.carry("campplus.").carry("s3tok.");
+    campplus(&mut t, &hp.campplus);
+    t.carry("s3tok.");
     t
+}
+
+/// A CAMPPlus batch norm: its prefix, width, and whether it is affine.
+pub struct BatchNorm {
+    pub prefix: String,
+    pub channels: usize,
+    pub affine: bool,
+}
+
+/// Every batch norm of CAMPPlus, in graph order: the table declares their
+/// statistics, the loader folds each into a per-channel scale and shift.
+pub fn campplus_batch_norms(c: &CampplusHparams) -> Vec<BatchNorm> {
+    let bn = |prefix: String, channels: usize| BatchNorm { prefix, channels, affine: true };
+    let hc = c.head_channels;
+    let mut out = vec![bn("campplus.head.bn1".into(), hc)];
+    for (stage, &blocks) in c.head_blocks.iter().enumerate() {
+        for j in 0..blocks {
+            let p = format!("campplus.head.layer{}.{j}", stage + 1);
+            out.push(bn(format!("{p}.bn1"), hc));
+            out.push(bn(format!("{p}.bn2"), hc));
+            if j == 0 {
+                out.push(bn(format!("{p}.shortcut.1"), hc));
+            }
+        }
+    }
+    out.push(bn("campplus.head.bn2".into(), hc));
+    out.push(bn("campplus.tdnn.nl.bn".into(), c.channels));
+    let (inputs, last) = c.block_inputs();
+    for (b, (&layers, &input)) in c.block_layers.iter().zip(&inputs).enumerate() {
+        for l in 0..layers {
+            let p = format!("campplus.block{}.tdnnd{}", b + 1, l + 1);
+            out.push(bn(format!("{p}.nl1.bn"), input + l * c.growth));
+            out.push(bn(format!("{p}.nl2.bn"), c.bn_channels));
+        }
+        out.push(bn(format!("campplus.transit{}.nl.bn", b + 1), input + layers * c.growth));
+    }
+    out.push(bn("campplus.out_nonlinear.bn".into(), last));
+    out.push(BatchNorm { prefix: "campplus.dense.nl.bn".into(), channels: c.embedding, affine: false });
+    out
+}
+
+/// CAMPPlus (`cloning/campplus.rs`), in F32 (the converter keeps it so):
+/// 2-D kernels `[kw, kh, in, out]`, 1-D ones `[k, in, out]`.
+fn campplus(t: &mut TensorTable, c: &CampplusHparams) {
+    let hc = c.head_channels;
+    t.f32("campplus.head.conv1.weight", &[3, 3, 1, hc]);
+    for (stage, &blocks) in c.head_blocks.iter().enumerate() {
+        for j in 0..blocks {
+            let p = format!("campplus.head.layer{}.{j}", stage + 1);
+            t.f32(format!("{p}.conv1.weight"), &[3, 3, hc, hc]).f32(format!("{p}.conv2.weight"), &[3, 3, hc, hc]);
+            if j == 0 {
+                t.f32(format!("{p}.shortcut.0.weight"), &[1, 1, hc, hc]);
+            }
+        }
+    }
+    t.f32("campplus.head.conv2.weight", &[3, 3, hc, hc]);
+    t.f32("campplus.tdnn.linear.weight", &[c.tdnn_kernel, hc * c.head_bins(), c.channels]);
+    let (inputs, last) = c.block_inputs();
+    for (b, ((&layers, &input), &kernel)) in c.block_layers.iter().zip(&inputs).zip(&c.block_kernels).enumerate() {
+        for l in 0..layers {
+            let p = format!("campplus.block{}.tdnnd{}", b + 1, l + 1);
+            t.f32(format!("{p}.linear1.weight"), &[1, input + l * c.growth, c.bn_channels]);
+            t.f32(format!("{p}.cam_layer.linear_local.weight"), &[kernel, c.bn_channels, c.growth]);
+            t.f32(format!("{p}.cam_layer.linear1.weight"), &[1, c.bn_channels, c.cam_channels]).f32(format!("{p}.cam_layer.linear1.bias"), &[c.cam_channels]);
+            t.f32(format!("{p}.cam_layer.linear2.weight"), &[1, c.cam_channels, c.growth]).f32(format!("{p}.cam_layer.linear2.bias"), &[c.growth]);
+        }
+        let full = input + layers * c.growth;
+        t.f32(format!("campplus.transit{}.linear.weight", b + 1), &[1, full, full / 2]);
+    }
+    t.f32("campplus.dense.linear.weight", &[1, 2 * last, c.embedding]);
+    for n in campplus_batch_norms(c) {
+        if n.affine {
+            t.norm(&n.prefix, n.channels);
+        }
+        t.f32(format!("{}.running_mean", n.prefix), &[n.channels]).f32(format!("{}.running_var", n.prefix), &[n.channels]);
+    }
 }
 
 fn encoder(t: &mut TensorTable, hp: &S3GenHparams) {

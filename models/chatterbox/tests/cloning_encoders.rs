@@ -5,10 +5,12 @@
 
 mod common;
 
+use engine_core::model_kit::census::{assert_declared, census};
 use engine_core::model_kit::OpPolicy;
 use std::path::{Path, PathBuf};
 use tts_model_chatterbox::cloning::features;
 use tts_model_chatterbox::cloning::voice_encoder::{self as ve, PARTIAL_FRAMES};
+use tts_model_chatterbox::s3gen::S3Gen;
 use tts_model_chatterbox::t3::T3;
 
 fn fixtures() -> PathBuf {
@@ -21,12 +23,14 @@ struct Tolerances {
     partials: f32,
     /// The speaker embedding's cosine with the reference's, at least (the bound).
     cosine: f64,
+    /// The x-vector, max |diff| / max |ref| (the bound on CPU).
+    xvector: f32,
 }
 
-const CPU: Tolerances = Tolerances { partials: 1e-5, cosine: 0.9999 };
-/// Vulkan (lavapipe measured 1.9e-5): its f32 products and transcendentals
-/// round differently, and 160 recurrent steps compound that.
-const VULKAN: Tolerances = Tolerances { partials: 2e-4, cosine: 0.9999 };
+const CPU: Tolerances = Tolerances { partials: 1e-5, cosine: 0.9999, xvector: 1e-4 };
+/// Vulkan (lavapipe measured 1.9e-5 on the partials): its f32 products and
+/// transcendentals round differently, and 160 recurrent steps compound that.
+const VULKAN: Tolerances = Tolerances { partials: 2e-4, cosine: 0.9999, xvector: 1e-3 };
 
 fn unit(v: &[f32]) -> Vec<f32> {
     let norm = v.iter().map(|x| x * x).sum::<f32>().sqrt();
@@ -86,6 +90,25 @@ fn voice_encoder(backend: &str, tol: &Tolerances) {
     // No sound above the trim threshold: a sentence, not a crash.
     let err = ve::embed(&mut t3, &[1e-3; 100]).unwrap_err().to_string();
     assert!(err.contains("the voice encoder needs at least 12 ms"), "{err}");
+    assert_declared(&t3.graphs().into_iter().map(|(s, g)| (s, census(g))).collect(), tts_model_chatterbox::GRAPH_OPS);
+}
+
+fn campplus(backend: &str, tol: &Tolerances) {
+    let handle = common::open(backend);
+    let mut s3 = S3Gen::load(&fixtures().join("turbo-tiny/s3gen-meanflow.gguf"), handle.ggml_backend(), &OpPolicy::reference()).unwrap();
+    let dir = fixtures().join("cloning");
+    let recordings = [("1 s", "features/wav16k", "xvector_1s"), ("4.4 s", "voice_encoder/recording16k", "xvector")];
+    for (what, wav, want) in recordings {
+        let (_, wav) = common::npy_in(&dir, wav);
+        let xvector = s3.xvector(&features::campplus_fbank(&wav).unwrap()).unwrap();
+        let (_, want) = common::npy_in(&dir.join("campplus"), want);
+        let err = common::rel_err(&xvector, &want);
+        println!("  {backend}: CAMPPlus x-vector of the {what} recording: rel err {err:.2e} (tolerance {:.0e})", tol.xvector);
+        assert!(err <= tol.xvector, "x-vector ({what}): {err:e}");
+    }
+    let err = s3.xvector(&features::campplus_fbank(&[0.1; 500]).unwrap()).unwrap_err().to_string();
+    assert!(err.contains("CAMPPlus needs a longer recording than 1 fbank frames"), "{err}");
+    assert_declared(&s3.graphs().into_iter().map(|(s, g)| (s, census(g))).collect(), tts_model_chatterbox::GRAPH_OPS);
 }
 
 #[test]
@@ -94,6 +117,13 @@ fn voice_encoder_matches_the_reference_on_cpu() {
 }
 
 #[test]
-fn voice_encoder_matches_the_reference_on_vulkan() {
+fn campplus_matches_the_reference_on_cpu() {
+    campplus("cpu", &CPU);
+}
+
+/// Both networks in one test: one Vulkan device serves it from one thread.
+#[test]
+fn cloning_encoders_match_the_reference_on_vulkan() {
     voice_encoder("vulkan", &VULKAN);
+    campplus("vulkan", &VULKAN);
 }

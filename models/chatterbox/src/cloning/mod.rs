@@ -2,5 +2,6 @@
 //! needs (speaker embedding, x-vector, prompt tokens, prompt mel). This module
 //! holds the stages one per file; `features` are the spectral front ends.
 
+pub mod campplus;
 pub mod features;
 pub mod voice_encoder;

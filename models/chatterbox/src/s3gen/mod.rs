@@ -75,6 +75,8 @@ pub struct S3Gen {
     cfm_graph: GraphSlot<(usize, usize)>,
     f0_graph: GraphSlot<usize>,
     hift_graph: GraphSlot<usize>,
+    /// CAMPPlus's, by fbank frames.
+    campplus_graph: GraphSlot<usize>,
     weights: Weights,
     backend: Backend,
     pub hp: S3GenHparams,
@@ -96,6 +98,7 @@ impl S3Gen {
         let mut weights = Weights::load(gguf, &backend, table, policy.matmul_weights, is_matmul_weight)?;
         let mut derived = hift::snake_reciprocals(&weights)?;
         derived.extend(hift::stft_bases(&hp.hift));
+        derived.extend(crate::cloning::campplus::fold_batch_norms(&weights, &hp.campplus)?);
         weights.add_derived(&backend, derived)?;
         let source_merge = (weights.host_f32("hift.m_source.l_linear.weight")?, weights.host_f32("hift.m_source.l_linear.bias")?[0]);
         let speaker_affine = (weights.host_f32("flow.spk_embed_affine_layer.weight")?, weights.host_f32("flow.spk_embed_affine_layer.bias")?);
@@ -104,6 +107,7 @@ impl S3Gen {
             cfm_graph: GraphSlot::default(),
             f0_graph: GraphSlot::default(),
             hift_graph: GraphSlot::default(),
+            campplus_graph: GraphSlot::default(),
             weights,
             backend,
             hp,
@@ -127,6 +131,7 @@ impl S3Gen {
             ("s3gen.cfm", self.cfm_graph.graph()),
             ("hift.f0", self.f0_graph.graph()),
             ("hift", self.hift_graph.graph()),
+            ("campplus", self.campplus_graph.graph()),
         ];
         graphs.into_iter().filter_map(|(name, graph)| graph.map(|g| (name, g))).collect()
     }
@@ -138,6 +143,34 @@ impl S3Gen {
             prompt_feat: self.weights.host_f32(crate::tensors::S3_PROMPT_FEAT)?,
             embedding: self.weights.host_f32(crate::tensors::S3_EMBEDDING)?,
         })
+    }
+
+    /// CAMPPlus on a mean-subtracted fbank (`cloning::features::campplus_fbank`):
+    /// the x-vector, `speaker_dim` values.
+    pub fn xvector(&mut self, fbank: &crate::cloning::features::Features) -> Result<Vec<f32>> {
+        use crate::cloning::campplus;
+        let c = &self.hp.campplus;
+        if fbank.dims != c.feat_dim {
+            return Err(format!("CAMPPlus takes {} fbank bins, got {}", c.feat_dim, fbank.dims).into());
+        }
+        // The unbiased deviation over time needs two frames after the TDNN.
+        if campplus::tdnn_frames(c, fbank.frames) < 2 {
+            return Err(format!("CAMPPlus needs a longer recording than {} fbank frames", fbank.frames).into());
+        }
+        let frames = fbank.frames;
+        let mut time_first = vec![0.0; fbank.data.len()];
+        for (t, row) in fbank.data.chunks_exact(fbank.dims).enumerate() {
+            row.iter().enumerate().for_each(|(f, &v)| time_first[f * frames + t] = v);
+        }
+        let scale = campplus::segment_scale(c, campplus::tdnn_frames(c, frames));
+        let graph = self.campplus_graph.get_or_build(frames, || {
+            compute_graph(&self.backend, &self.weights, &self.policy, campplus::max_nodes(&self.hp.campplus), "CAMPPlus", |b| {
+                campplus::build(&b, &self.hp.campplus, frames)
+            })
+        })?;
+        graph.set_f32(campplus::FBANK, &time_first)?;
+        graph.set_f32(campplus::SEGMENT_SCALE, &scale)?;
+        Ok(graph.compute_and_get_f32(&self.backend, campplus::XVECTOR)?)
     }
 
     /// Runs the flow encoder over `tokens` (prompt tokens first).
