@@ -23,6 +23,12 @@ and CAMPPlus (the tiny S3Gen's speaker_encoder), into OUT_DIR/../campplus/:
   xvector_1s.npy           speaker_encoder.inference([wav16k]): (1, 192)
   xvector.npy              speaker_encoder.inference([recording16k]): (1, 192)
 
+and the S3Tokenizer (the tiny S3Gen's tokenizer), into OUT_DIR/../s3tokenizer/:
+
+  projection_1s.npy        FSQ's project_down on the encoder output of wav16k: (T, 8)
+  tokens_1s.npy            tokenizer.forward([wav16k]): int64 (T,)
+  projection.npy, tokens.npy  the same for recording16k with max_len=60 (mel cut to 240 frames)
+
 Usage: make_cloning_fixtures.py OUT_DIR [TINY_CHECKPOINT_DIR]  (the Chatterbox venv)
 """
 import sys
@@ -65,6 +71,7 @@ def main():
         ckpt = Path(sys.argv[2])
         voice_encoder(ckpt, out.parent / "voice_encoder")
         campplus(ckpt, wav16, out.parent / "campplus")
+        s3_tokenizer(ckpt, wav16, out.parent / "s3tokenizer")
 
 
 def tiny_s3gen(ckpt):
@@ -75,6 +82,24 @@ def tiny_s3gen(ckpt):
     s3gen = mf.build_s3gen("tiny")
     s3gen.load_state_dict(load_file(ckpt / "s3gen_meanflow.safetensors"), strict=True)
     return s3gen.eval()
+
+
+def s3_tokenizer(ckpt, wav_1s, out):
+    out.mkdir(parents=True, exist_ok=True)
+    tokenizer = tiny_s3gen(ckpt).tokenizer
+    recording = np.load(out.parent / "voice_encoder" / "recording16k.npy")
+    with torch.inference_mode():
+        for suffix, wav, max_len in [("_1s", wav_1s, None), ("", recording, 60)]:
+            tokens, _ = tokenizer.forward([wav], max_len=max_len)
+            mel = tokenizer.log_mel_spectrogram(torch.from_numpy(wav))
+            if max_len is not None:
+                mel = mel[..., :max_len * 4]
+            hidden, _ = tokenizer.encoder(mel, torch.tensor([mel.shape[-1]]))
+            projection = tokenizer.quantizer._codebook.project_down(hidden)[0]
+            np.save(out / f"projection{suffix}.npy", projection.numpy().astype(np.float32))
+            np.save(out / f"tokens{suffix}.npy", tokens[0].numpy().astype(np.int64))
+    for p in sorted(out.glob("*.npy")):
+        print(p.name, np.load(p).shape)
 
 
 def campplus(ckpt, wav_1s, out):

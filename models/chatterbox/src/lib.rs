@@ -153,6 +153,7 @@ pub const GRAPH_OPS: &[&str] = &[
     "CLAMP",
     "CONCAT",
     "CONT",
+    "CONV_2D_DW",
     "CONV_TRANSPOSE_1D",
     "COS",
     "CPY",
@@ -186,6 +187,10 @@ pub const GRAPH_OPS: &[&str] = &[
 /// What the Llama T3 (Multilingual) adds to [`GRAPH_OPS`]: a deny rule on one
 /// of these refuses that T3 only.
 pub const LLAMA_T3_OPS: &[&str] = &["GLU", "RMS_NORM", "ROPE"];
+
+/// What voice cloning (the S3Tokenizer) adds to [`GRAPH_OPS`]: a deny rule on
+/// one of these refuses cloning when its graph is built, not the model.
+pub const CLONING_OPS: &[&str] = &["ROPE"];
 
 /// The load-time checks of either Chatterbox file (T3 with its tokenizer, or
 /// S3Gen) on a file image in memory (no device, no weights loaded): what the

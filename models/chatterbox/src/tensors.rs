@@ -2,10 +2,10 @@
 //! host-side stages use, with the shape the hparams imply (docs/gguf.md). They
 //! mirror the graph builders (`t3/gpt2.rs`, `s3gen/{encoder,cfm,hift}.rs`) block
 //! by block; the loaders check a file against them before reading any weight.
-//! The S3Tokenizer is carried for a voice cloning stage that does not run
-//! yet: its tensors are not checked.
 
-use crate::hparams::{Backbone, CampplusHparams, CfmHparams, EncoderHparams, HiftHparams, LlamaHparams, S3GenHparams, T3Hparams, VoiceEncoderHparams};
+use crate::hparams::{
+    Backbone, CampplusHparams, CfmHparams, EncoderHparams, HiftHparams, LlamaHparams, S3GenHparams, T3Hparams, TokenizerHparams, VoiceEncoderHparams,
+};
 use engine_core::model_kit::{Dim, Storage, TensorTable};
 
 pub const T3_SPEAKER_EMB: &str = "voice.builtin.speaker_emb";
@@ -106,8 +106,31 @@ pub fn s3gen_table(hp: &S3GenHparams) -> TensorTable {
     t.add_dims(S3_PROMPT_TOKEN, &[Dim::Free(PROMPT_TOKENS)], Storage::I32);
     t.f32(S3_EMBEDDING, &[hp.speaker_dim]);
     campplus(&mut t, &hp.campplus);
-    t.carry("s3tok.");
+    s3_tokenizer(&mut t, &hp.tokenizer);
     t
+}
+
+/// The S3Tokenizer (`cloning/s3tokenizer.rs`), F32 as the converter keeps it.
+/// Its mel filters and window are carried: the front end computes both.
+fn s3_tokenizer(t: &mut TensorTable, tok: &TokenizerHparams) {
+    let d = tok.n_state;
+    let e = "s3tok.encoder";
+    t.f32(format!("{e}.conv1.weight"), &[3, tok.n_mels, d]).f32(format!("{e}.conv1.bias"), &[d]);
+    t.f32(format!("{e}.conv2.weight"), &[3, d, d]).f32(format!("{e}.conv2.bias"), &[d]);
+    for l in 0..tok.n_layer {
+        let p = format!("{e}.blocks.{l}");
+        t.norm(&format!("{p}.attn_ln"), d).norm(&format!("{p}.mlp_ln"), d);
+        for m in ["query", "value", "out"] {
+            t.f32(format!("{p}.attn.{m}.weight"), &[d, d]).f32(format!("{p}.attn.{m}.bias"), &[d]);
+        }
+        t.f32(format!("{p}.attn.key.weight"), &[d, d]);
+        t.f32(format!("{p}.attn.fsmn_block.weight"), &[tok.fsmn_kernel, 1, d]);
+        t.f32(format!("{p}.mlp.0.weight"), &[d, tok.n_ff]).f32(format!("{p}.mlp.0.bias"), &[tok.n_ff]);
+        t.f32(format!("{p}.mlp.2.weight"), &[tok.n_ff, d]).f32(format!("{p}.mlp.2.bias"), &[d]);
+    }
+    let q = "s3tok.quantizer._codebook.project_down";
+    t.f32(format!("{q}.weight"), &[d, tok.fsq_dims]).f32(format!("{q}.bias"), &[tok.fsq_dims]);
+    t.carry("s3tok._mel_filters").carry("s3tok.window");
 }
 
 /// A CAMPPlus batch norm: its prefix, width, and whether it is affine.

@@ -9,6 +9,7 @@ use engine_core::model_kit::census::{assert_declared, census};
 use engine_core::model_kit::OpPolicy;
 use std::path::{Path, PathBuf};
 use tts_model_chatterbox::cloning::features;
+use tts_model_chatterbox::cloning::s3tokenizer as s3tok;
 use tts_model_chatterbox::cloning::voice_encoder::{self as ve, PARTIAL_FRAMES};
 use tts_model_chatterbox::s3gen::S3Gen;
 use tts_model_chatterbox::t3::T3;
@@ -25,12 +26,16 @@ struct Tolerances {
     cosine: f64,
     /// The x-vector, max |diff| / max |ref| (the bound on CPU).
     xvector: f32,
+    /// The S3Tokenizer's FSQ projection, before rounding (the bound on CPU).
+    projection: f32,
+    /// Share of speech tokens identical to the reference's, at least.
+    same_tokens: f64,
 }
 
-const CPU: Tolerances = Tolerances { partials: 1e-5, cosine: 0.9999, xvector: 1e-4 };
+const CPU: Tolerances = Tolerances { partials: 1e-5, cosine: 0.9999, xvector: 1e-4, projection: 1e-4, same_tokens: 0.99 };
 /// Vulkan (lavapipe measured 1.9e-5 on the partials): its f32 products and
 /// transcendentals round differently, and 160 recurrent steps compound that.
-const VULKAN: Tolerances = Tolerances { partials: 2e-4, cosine: 0.9999, xvector: 1e-3 };
+const VULKAN: Tolerances = Tolerances { partials: 2e-4, cosine: 0.9999, xvector: 1e-3, projection: 3e-3, same_tokens: 0.95 };
 
 fn unit(v: &[f32]) -> Vec<f32> {
     let norm = v.iter().map(|x| x * x).sum::<f32>().sqrt();
@@ -111,6 +116,44 @@ fn campplus(backend: &str, tol: &Tolerances) {
     assert_declared(&s3.graphs().into_iter().map(|(s, g)| (s, census(g))).collect(), tts_model_chatterbox::GRAPH_OPS);
 }
 
+fn s3_tokenizer(backend: &str, tol: &Tolerances) {
+    let handle = common::open(backend);
+    let mut s3 = S3Gen::load(&fixtures().join("turbo-tiny/s3gen-meanflow.gguf"), handle.ggml_backend(), &OpPolicy::reference()).unwrap();
+    let dir = fixtures().join("cloning");
+    let cases = [("1 s", "features/wav16k", "_1s", None), ("4.4 s, 60 tokens", "voice_encoder/recording16k", "", Some(60))];
+    for (what, wav, suffix, max_tokens) in cases {
+        let (_, wav) = common::npy_in(&dir, wav);
+        let mut mel = features::s3tokenizer_log_mel(&wav).unwrap();
+        if let Some(n) = max_tokens {
+            mel.frames = mel.frames.min(n * s3tok::FRAMES_PER_TOKEN);
+            mel.data.truncate(mel.frames * mel.dims);
+        }
+        let projection = s3.speech_token_projection(&mel).unwrap();
+        let (_, want) = common::npy_in(&dir.join("s3tokenizer"), &format!("projection{suffix}"));
+        let err = common::rel_err(&projection, &want);
+        let tokens = s3tok::quantize(&projection, &s3.hp.tokenizer);
+        let want_tokens = common::npy_i64_in(&dir.join("s3tokenizer"), &format!("tokens{suffix}"));
+        assert_eq!(tokens.len(), want_tokens.len(), "{what}: token count");
+        let same = tokens.iter().zip(&want_tokens).filter(|(a, b)| **a as i64 == **b).count();
+        let rate = same as f64 / tokens.len() as f64;
+        println!(
+            "  {backend}: S3Tokenizer, {what}: projection rel err {err:.2e} (tolerance {:.0e}), {same}/{} tokens identical (at least {:.0}%)",
+            tol.projection,
+            tokens.len(),
+            100.0 * tol.same_tokens
+        );
+        assert!(err <= tol.projection, "projection ({what}): {err:e}");
+        assert!(rate >= tol.same_tokens, "tokens ({what}): {rate}");
+    }
+    let declared = [tts_model_chatterbox::GRAPH_OPS, tts_model_chatterbox::CLONING_OPS].concat();
+    assert_declared(&s3.graphs().into_iter().map(|(s, g)| (s, census(g))).collect(), &declared);
+}
+
+#[test]
+fn s3_tokenizer_matches_the_reference_on_cpu() {
+    s3_tokenizer("cpu", &CPU);
+}
+
 #[test]
 fn voice_encoder_matches_the_reference_on_cpu() {
     voice_encoder("cpu", &CPU);
@@ -121,9 +164,10 @@ fn campplus_matches_the_reference_on_cpu() {
     campplus("cpu", &CPU);
 }
 
-/// Both networks in one test: one Vulkan device serves it from one thread.
+/// The three networks in one test: one Vulkan device serves it from one thread.
 #[test]
 fn cloning_encoders_match_the_reference_on_vulkan() {
     voice_encoder("vulkan", &VULKAN);
     campplus("vulkan", &VULKAN);
+    s3_tokenizer("vulkan", &VULKAN);
 }

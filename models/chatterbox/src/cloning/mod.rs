@@ -4,4 +4,5 @@
 
 pub mod campplus;
 pub mod features;
+pub mod s3tokenizer;
 pub mod voice_encoder;

@@ -77,6 +77,8 @@ pub struct S3Gen {
     hift_graph: GraphSlot<usize>,
     /// CAMPPlus's, by fbank frames.
     campplus_graph: GraphSlot<usize>,
+    /// The S3Tokenizer's, by mel frames (the T3 prompt's and S3Gen's lengths).
+    tokenizer_graph: GraphSlot<usize>,
     weights: Weights,
     backend: Backend,
     pub hp: S3GenHparams,
@@ -99,6 +101,7 @@ impl S3Gen {
         let mut derived = hift::snake_reciprocals(&weights)?;
         derived.extend(hift::stft_bases(&hp.hift));
         derived.extend(crate::cloning::campplus::fold_batch_norms(&weights, &hp.campplus)?);
+        derived.extend(crate::cloning::s3tokenizer::fsmn_taps(&weights, &hp.tokenizer)?);
         weights.add_derived(&backend, derived)?;
         let source_merge = (weights.host_f32("hift.m_source.l_linear.weight")?, weights.host_f32("hift.m_source.l_linear.bias")?[0]);
         let speaker_affine = (weights.host_f32("flow.spk_embed_affine_layer.weight")?, weights.host_f32("flow.spk_embed_affine_layer.bias")?);
@@ -108,6 +111,7 @@ impl S3Gen {
             f0_graph: GraphSlot::default(),
             hift_graph: GraphSlot::default(),
             campplus_graph: GraphSlot::default(),
+            tokenizer_graph: GraphSlot::with_capacity(2),
             weights,
             backend,
             hp,
@@ -132,6 +136,7 @@ impl S3Gen {
             ("hift.f0", self.f0_graph.graph()),
             ("hift", self.hift_graph.graph()),
             ("campplus", self.campplus_graph.graph()),
+            ("s3tokenizer", self.tokenizer_graph.graph()),
         ];
         graphs.into_iter().filter_map(|(name, graph)| graph.map(|g| (name, g))).collect()
     }
@@ -171,6 +176,34 @@ impl S3Gen {
         graph.set_f32(campplus::FBANK, &time_first)?;
         graph.set_f32(campplus::SEGMENT_SCALE, &scale)?;
         Ok(graph.compute_and_get_f32(&self.backend, campplus::XVECTOR)?)
+    }
+
+    /// The S3Tokenizer up to FSQ's projection on a log mel
+    /// (`cloning::features::s3tokenizer_log_mel`): `[token][fsq_dims]`; see
+    /// `cloning::s3tokenizer::quantize` for the tokens.
+    pub fn speech_token_projection(&mut self, mel: &crate::cloning::features::Features) -> Result<Vec<f32>> {
+        use crate::cloning::s3tokenizer;
+        let tok = &self.hp.tokenizer;
+        if mel.dims != tok.n_mels || mel.frames == 0 {
+            return Err(format!("the S3Tokenizer takes {} mel bins, got {} frames of {}", tok.n_mels, mel.frames, mel.dims).into());
+        }
+        let (frames, tokens) = (mel.frames, s3tokenizer::token_count(mel.frames));
+        if tokens > tok.rope_positions {
+            return Err(format!(
+                "the S3Tokenizer takes at most {} tokens ({} s of audio), the recording gives {tokens}",
+                tok.rope_positions,
+                tok.rope_positions / 25
+            )
+            .into());
+        }
+        let graph = self.tokenizer_graph.get_or_build(frames, || {
+            compute_graph(&self.backend, &self.weights, &self.policy, s3tokenizer::max_nodes(&self.hp.tokenizer), "the S3Tokenizer", |b| {
+                s3tokenizer::build(&b, &self.hp.tokenizer, frames)
+            })
+        })?;
+        graph.set_f32(s3tokenizer::MEL, &mel.data)?;
+        graph.set_i32(s3tokenizer::POSITIONS, &(0..tokens as i32).collect::<Vec<_>>())?;
+        Ok(graph.compute_and_get_f32(&self.backend, s3tokenizer::PROJECTION)?)
     }
 
     /// Runs the flow encoder over `tokens` (prompt tokens first).
