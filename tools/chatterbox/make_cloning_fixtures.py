@@ -29,6 +29,16 @@ and the S3Tokenizer (the tiny S3Gen's tokenizer), into OUT_DIR/../s3tokenizer/:
   tokens_1s.npy            tokenizer.forward([wav16k]): int64 (T,)
   projection.npy, tokens.npy  the same for recording16k with max_len=60 (mel cut to 240 frames)
 
+and the conditionals `prepare_conditionals` computes from a 24 kHz recording (the steps
+after `librosa.load` and before T3, with the tiny Turbo models), into OUT_DIR/../conditionals/:
+
+  recording24k.npy         6 s at 24 kHz
+  ref16k_torchaudio.npy    torchaudio Resample(24000, 16000) of it (embed_ref's resampler)
+  prompt_feat.npy, prompt_token.npy, embedding.npy   s3gen.embed_ref(recording24k, 24000)
+  t3_prompt_tokens.npy     tokenizer.forward([ref_16k[:plen * 640]], max_len=plen), plen the
+                           tiny T3's speech_cond_prompt_len, ref_16k = librosa.resample (soxr_hq)
+  speaker_emb.npy          ve.embeds_from_wavs([ref_16k], sample_rate=16000)
+
 Usage: make_cloning_fixtures.py OUT_DIR [TINY_CHECKPOINT_DIR]  (the Chatterbox venv)
 """
 import sys
@@ -72,6 +82,7 @@ def main():
         voice_encoder(ckpt, out.parent / "voice_encoder")
         campplus(ckpt, wav16, out.parent / "campplus")
         s3_tokenizer(ckpt, wav16, out.parent / "s3tokenizer")
+        conditionals(ckpt, out.parent / "conditionals")
 
 
 def tiny_s3gen(ckpt):
@@ -82,6 +93,47 @@ def tiny_s3gen(ckpt):
     s3gen = mf.build_s3gen("tiny")
     s3gen.load_state_dict(load_file(ckpt / "s3gen_meanflow.safetensors"), strict=True)
     return s3gen.eval()
+
+
+def tiny_voice_encoder(ckpt):
+    from chatterbox.models.voice_encoder import VoiceEncoder
+    from chatterbox.models.voice_encoder.config import VoiceEncConfig
+    if (ckpt / "ve.safetensors").is_file():
+        from safetensors.torch import load_file
+        state = load_file(ckpt / "ve.safetensors")
+    else:
+        state = torch.load(ckpt / "ve.pt", weights_only=True)
+    hp = VoiceEncConfig()
+    hp.ve_hidden_size = state["lstm.weight_hh_l0"].shape[1]
+    hp.speaker_embed_size = state["proj.weight"].shape[0]
+    ve = VoiceEncoder(hp).eval()
+    ve.load_state_dict(state)
+    return ve
+
+
+def conditionals(ckpt, out):
+    """prepare_conditionals after its librosa.load (Multilingual's order; Turbo adds its
+    loudness step before resampling)."""
+    import librosa
+    import make_fixtures as mf
+    from chatterbox.models.s3gen.s3gen import get_resampler
+    out.mkdir(parents=True, exist_ok=True)
+    s3gen, ve = tiny_s3gen(ckpt), tiny_voice_encoder(ckpt)
+    plen = mf.SIZES["tiny"]["cond_prompt_len"]
+    wav24 = speech_like(24000, 6.0, seed=9)
+    np.save(out / "recording24k.npy", wav24)
+    ref_16k = librosa.resample(wav24, orig_sr=24000, target_sr=16000)
+    with torch.inference_mode():
+        np.save(out / "ref16k_torchaudio.npy", get_resampler(24000, 16000, "cpu")(torch.from_numpy(wav24)[None])[0].numpy())
+        ref = s3gen.embed_ref(wav24[:10 * 24000], 24000, device="cpu")
+        np.save(out / "prompt_feat.npy", np.ascontiguousarray(ref["prompt_feat"][0].numpy(), dtype=np.float32))
+        np.save(out / "prompt_token.npy", ref["prompt_token"][0].numpy().astype(np.int64))
+        np.save(out / "embedding.npy", ref["embedding"][0].numpy().astype(np.float32))
+        tokens, _ = s3gen.tokenizer.forward([ref_16k[:plen * 640]], max_len=plen)
+        np.save(out / "t3_prompt_tokens.npy", tokens[0].numpy().astype(np.int64))
+    np.save(out / "speaker_emb.npy", ve.embeds_from_wavs([ref_16k], sample_rate=16000).astype(np.float32))
+    for p in sorted(out.glob("*.npy")):
+        print(p.name, np.load(p).shape)
 
 
 def s3_tokenizer(ckpt, wav_1s, out):
@@ -132,23 +184,12 @@ def speech_like(rate, seconds, seed):
 def voice_encoder(ckpt, out):
     """The tiny VoiceEncoder (hidden size read from its weights) on a recording."""
     import librosa
-    from chatterbox.models.voice_encoder import VoiceEncoder
-    from chatterbox.models.voice_encoder.config import VoiceEncConfig
     from chatterbox.models.voice_encoder.melspec import melspectrogram
     from chatterbox.models.voice_encoder.voice_encoder import stride_as_partials
 
     out.mkdir(parents=True, exist_ok=True)
-    if (ckpt / "ve.safetensors").is_file():
-        from safetensors.torch import load_file
-        state = load_file(ckpt / "ve.safetensors")
-    else:
-        state = torch.load(ckpt / "ve.pt", weights_only=True)
-    hp = VoiceEncConfig()
-    hp.ve_hidden_size = state["lstm.weight_hh_l0"].shape[1]
-    hp.speaker_embed_size = state["proj.weight"].shape[0]
-    ve = VoiceEncoder(hp).eval()
-    ve.load_state_dict(state)
-
+    ve = tiny_voice_encoder(ckpt)
+    hp = ve.hp
     wav = speech_like(16000, 4.4, seed=5)
     np.save(out / "recording16k.npy", wav)
     trimmed, interval = librosa.effects.trim(wav, top_db=20)

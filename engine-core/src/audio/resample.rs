@@ -43,6 +43,54 @@ pub fn resample(samples: &[f32], from: u32, to: u32) -> Result<Vec<f32>, String>
     Ok(out.take_data().into_iter().map(|s| s as f32).collect())
 }
 
+/// `torchaudio.transforms.Resample(from, to)` with its defaults
+/// (`sinc_interp_hann`, 6 zero crossings, roll-off 0.99), reproduced: a
+/// polyphase Hann-windowed sinc over the reduced ratio, the input zero-padded
+/// by the filter's half-width, `ceil(len · to / from)` samples out. The kernel
+/// is computed in f64 and rounded to f32, as torchaudio stores it; sums run in
+/// f64. Reference paths that resample through torchaudio (Chatterbox's S3Gen
+/// prompt) use this to see the samples their model saw.
+pub fn windowed_sinc(samples: &[f32], from: u32, to: u32) -> Result<Vec<f32>, String> {
+    const ZERO_CROSSINGS: f64 = 6.0;
+    const ROLLOFF: f64 = 0.99;
+    if from == 0 || to == 0 {
+        return Err(format!("cannot resample from {from} Hz to {to} Hz"));
+    }
+    if from == to {
+        return Ok(samples.to_vec());
+    }
+    let g = gcd(from, to);
+    let (orig, new) = ((from / g) as usize, (to / g) as usize);
+    if orig > 4096 || new > 4096 {
+        return Err(format!("{from} Hz to {to} Hz reduces to {orig}:{new}; the windowed-sinc resampler takes ratios of at most 4096"));
+    }
+    let base = orig.min(new) as f64 * ROLLOFF;
+    let width = (ZERO_CROSSINGS * orig as f64 / base).ceil() as usize;
+    let taps = 2 * width + orig;
+    let kernel: Vec<Vec<f64>> = (0..new)
+        .map(|phase| {
+            (0..taps)
+                .map(|i| {
+                    let t = ((-(phase as f64) / new as f64 + (i as f64 - width as f64) / orig as f64) * base).clamp(-ZERO_CROSSINGS, ZERO_CROSSINGS);
+                    let window = (t * std::f64::consts::PI / ZERO_CROSSINGS / 2.0).cos().powi(2);
+                    let t = t * std::f64::consts::PI;
+                    let sinc = if t == 0.0 { 1.0 } else { t.sin() / t };
+                    (sinc * window * base / orig as f64) as f32 as f64
+                })
+                .collect()
+        })
+        .collect();
+    let target = (new as f64 * samples.len() as f64 / orig as f64).ceil() as usize;
+    // Sample `j` of the padded input is `samples[j - width]`, zero outside.
+    let at = |j: usize| j.checked_sub(width).and_then(|k| samples.get(k)).map_or(0.0, |&x| x as f64);
+    Ok((0..target)
+        .map(|n| {
+            let (frame, phase) = (n / new, n % new);
+            kernel[phase].iter().enumerate().map(|(i, w)| w * at(frame * orig + i)).sum::<f64>() as f32
+        })
+        .collect())
+}
+
 fn gcd(a: u32, b: u32) -> u32 {
     if b == 0 {
         a

@@ -149,6 +149,54 @@ fn s3_tokenizer(backend: &str, tol: &Tolerances) {
     assert_declared(&s3.graphs().into_iter().map(|(s, g)| (s, census(g))).collect(), &declared);
 }
 
+/// `prepare_conditionals` from a 24 kHz recording. S3Gen's path resamples as
+/// the reference does (torchaudio's sinc, reproduced: compared directly);
+/// T3's goes through rubato where the reference uses soxr, so its tokens and
+/// embedding are held to agreement, not identity.
+fn conditionals(backend: &str, tol: &Tolerances) {
+    use tts_model_chatterbox::cloning;
+    let handle = common::open(backend);
+    let policy = OpPolicy::reference();
+    let mut t3 = T3::load(&fixtures().join("turbo-tiny/t3-turbo.gguf"), handle.ggml_backend(), &policy).unwrap();
+    let mut s3 = S3Gen::load(&fixtures().join("turbo-tiny/s3gen-meanflow.gguf"), handle.ggml_backend(), &policy).unwrap();
+    let dir = fixtures().join("cloning/conditionals");
+    let (_, wav) = common::npy_in(&dir, "recording24k");
+    let (_, want) = common::npy_in(&dir, "ref16k_torchaudio");
+    let ours = engine_core::audio::resample::windowed_sinc(&wav, 24_000, 16_000).unwrap();
+    let snr = engine_core::compare::snr_db(&ours, &want).unwrap();
+    println!("  {backend}: torchaudio's 24 -> 16 kHz resampling reproduced at {snr:.1} dB SNR (at least 120)");
+    assert!(snr >= 120.0, "resampler: {snr} dB");
+
+    let (t3c, s3c) = cloning::conditionals(&mut t3, &mut s3, &wav).unwrap();
+    let (_, feat) = common::npy_in(&dir, "prompt_feat");
+    let err = common::rel_err(&s3c.prompt_feat, &feat);
+    println!("  {backend}: prompt mel rel err {err:.2e} (tolerance 1e-4)");
+    assert!(err <= 1e-4, "prompt_feat {err}");
+    let (_, embedding) = common::npy_in(&dir, "embedding");
+    let err = common::rel_err(&s3c.embedding, &embedding);
+    println!("  {backend}: x-vector rel err {err:.2e} (tolerance {:.0e})", tol.xvector);
+    assert!(err <= tol.xvector, "embedding {err}");
+    let agreement = |ours: &[i32], name: &str| -> f64 {
+        let want = common::npy_i64_in(&dir, name);
+        assert_eq!(ours.len(), want.len(), "{name}: token count");
+        ours.iter().zip(&want).filter(|(a, b)| **a as i64 == **b).count() as f64 / want.len() as f64
+    };
+    let same = agreement(&s3c.prompt_token, "prompt_token");
+    println!("  {backend}: S3Gen prompt tokens {:.1}% identical (at least {:.0}%)", 100.0 * same, 100.0 * tol.same_tokens);
+    assert!(same >= tol.same_tokens, "prompt tokens {same}");
+    let same = agreement(&t3c.prompt_speech_tokens, "t3_prompt_tokens");
+    println!("  {backend}: T3 prompt tokens {:.1}% identical (soxr vs rubato input; reported)", 100.0 * same);
+    let (_, speaker) = common::npy_in(&dir, "speaker_emb");
+    let cos = cosine(&t3c.speaker_emb, &speaker);
+    println!("  {backend}: speaker embedding cosine {cos:.8} (at least {})", tol.cosine);
+    assert!(cos >= tol.cosine, "speaker embedding cosine {cos}");
+}
+
+#[test]
+fn conditionals_match_the_reference_on_cpu() {
+    conditionals("cpu", &CPU);
+}
+
 #[test]
 fn s3_tokenizer_matches_the_reference_on_cpu() {
     s3_tokenizer("cpu", &CPU);
@@ -170,4 +218,5 @@ fn cloning_encoders_match_the_reference_on_vulkan() {
     voice_encoder("vulkan", &VULKAN);
     campplus("vulkan", &VULKAN);
     s3_tokenizer("vulkan", &VULKAN);
+    conditionals("vulkan", &VULKAN);
 }

@@ -1,8 +1,58 @@
 //! Voice cloning: a reference recording becomes the conditionals a voice
-//! needs (speaker embedding, x-vector, prompt tokens, prompt mel). This module
-//! holds the stages one per file; `features` are the spectral front ends.
+//! needs (speaker embedding, x-vector, prompt tokens, prompt mel). One stage
+//! per file: `features` are the spectral front ends, `voice_encoder`,
+//! `campplus` and `s3tokenizer` the networks; this module strings them
+//! together as the reference's `prepare_conditionals` does.
 
 pub mod campplus;
 pub mod features;
 pub mod s3tokenizer;
 pub mod voice_encoder;
+
+use crate::s3gen::{S3Gen, S3GenConditioning};
+use crate::t3::{T3Conditioning, T3};
+use engine_core::audio::resample;
+use engine_core::model_kit::Result;
+
+/// The rate the voice encoder, CAMPPlus and the S3Tokenizer take.
+pub const ENCODER_RATE: u32 = 16_000;
+/// Speech tokens per second of 16 kHz audio (hop 160, four frames per token).
+const TOKEN_SAMPLES: usize = 640;
+/// `DEC_COND_LEN`: seconds of the reference S3Gen's prompt takes (both variants).
+pub const S3GEN_PROMPT_SECONDS: usize = 10;
+
+/// `embed_ref(wav24k[:10 s])`: S3Gen's prompt mel, x-vector and prompt
+/// tokens. The 16 kHz copy goes through torchaudio's resampler, as there;
+/// tokens are cut to half the mel frames when the two disagree.
+pub fn s3gen_conditioning(s3: &mut S3Gen, wav: &[f32]) -> Result<S3GenConditioning> {
+    let rate = s3.hp.hift.sample_rate;
+    let wav = &wav[..wav.len().min(S3GEN_PROMPT_SECONDS * rate as usize)];
+    let prompt_feat = features::s3gen_mel(wav)?;
+    let wav16 = resample::windowed_sinc(wav, rate, ENCODER_RATE)?;
+    let embedding = s3.xvector(&features::campplus_fbank(&wav16)?)?;
+    let mut prompt_token = s3tokenizer::quantize(&s3.speech_token_projection(&features::s3tokenizer_log_mel(&wav16)?)?, &s3.hp.tokenizer);
+    prompt_token.truncate(prompt_feat.frames / 2);
+    Ok(S3GenConditioning { prompt_token, prompt_feat: prompt_feat.data, embedding })
+}
+
+/// T3's conditioning from the reference at 16 kHz: prompt tokens of its
+/// first `cond_prompt_len` tokens' worth (15 s for Turbo, 6 s for
+/// Multilingual), and the voice encoder's embedding of the whole clip.
+pub fn t3_conditioning(t3: &mut T3, s3: &mut S3Gen, wav16k: &[f32]) -> Result<T3Conditioning> {
+    let tokens = t3.hp.cond_prompt_len;
+    let mut mel = features::s3tokenizer_log_mel(&wav16k[..wav16k.len().min(tokens * TOKEN_SAMPLES)])?;
+    mel.frames = mel.frames.min(tokens * s3tokenizer::FRAMES_PER_TOKEN);
+    mel.data.truncate(mel.frames * mel.dims);
+    let prompt_speech_tokens = s3tokenizer::quantize(&s3.speech_token_projection(&mel)?, &s3.hp.tokenizer);
+    Ok(T3Conditioning { speaker_emb: voice_encoder::embed(t3, wav16k)?, prompt_speech_tokens })
+}
+
+/// Both conditionings from a reference at S3Gen's rate (24 kHz), after any
+/// loudness step: `prepare_conditionals` from its `librosa.load` on. The
+/// 16 kHz copy for T3 is `engine_core::audio::resample`'s (the reference
+/// uses soxr through librosa).
+pub fn conditionals(t3: &mut T3, s3: &mut S3Gen, wav: &[f32]) -> Result<(T3Conditioning, S3GenConditioning)> {
+    let wav16k = resample::resample(wav, s3.hp.hift.sample_rate, ENCODER_RATE)?;
+    let s3gen = s3gen_conditioning(s3, wav)?;
+    Ok((t3_conditioning(t3, s3, &wav16k)?, s3gen))
+}

@@ -69,6 +69,8 @@ pub fn npy_in(dir: &Path, name: &str) -> (Vec<u64>, Vec<f32>) {
     let path = dir.join(format!("{name}.npy"));
     let bytes = std::fs::read(&path).unwrap_or_else(|e| panic!("{}: {e}", path.display()));
     let f = npyz::NpyFile::new(&bytes[..]).unwrap();
+    // A transposed tensor's `.numpy()` saves column-major: read as it is, it would be transposed.
+    assert!(f.order() == npyz::Order::C, "{}: saved in Fortran order; save np.ascontiguousarray(...)", path.display());
     let shape = f.shape().to_vec();
     let values = match f.dtype().descr().trim_matches('\'') {
         "<f4" => f.into_vec::<f32>().unwrap(),
