@@ -57,6 +57,11 @@ def recording(rate, seconds=1.0, seed=11):
     return x.astype(np.float32)
 
 
+def report(out):
+    for p in sorted(out.glob("*.npy")):
+        print(p.name, np.load(p).shape)
+
+
 def main():
     out = Path(sys.argv[1])
     out.mkdir(parents=True, exist_ok=True)
@@ -75,8 +80,7 @@ def main():
     feats, _, _ = extract_feature([torch.from_numpy(wav16)])
     np.save(out / "campplus_fbank.npy", feats[0].numpy().astype(np.float32))
     np.save(out / "s3gen_mel.npy", mel_spectrogram(torch.from_numpy(wav24))[0].numpy().astype(np.float32))
-    for p in sorted(out.glob("*.npy")):
-        print(p.name, np.load(p).shape)
+    report(out)
     if len(sys.argv) > 2:
         ckpt = Path(sys.argv[2])
         voice_encoder(ckpt, out.parent / "voice_encoder")
@@ -132,8 +136,7 @@ def conditionals(ckpt, out):
         tokens, _ = s3gen.tokenizer.forward([ref_16k[:plen * 640]], max_len=plen)
         np.save(out / "t3_prompt_tokens.npy", tokens[0].numpy().astype(np.int64))
     np.save(out / "speaker_emb.npy", ve.embeds_from_wavs([ref_16k], sample_rate=16000).astype(np.float32))
-    for p in sorted(out.glob("*.npy")):
-        print(p.name, np.load(p).shape)
+    report(out)
 
 
 def s3_tokenizer(ckpt, wav_1s, out):
@@ -150,8 +153,7 @@ def s3_tokenizer(ckpt, wav_1s, out):
             projection = tokenizer.quantizer._codebook.project_down(hidden)[0]
             np.save(out / f"projection{suffix}.npy", projection.numpy().astype(np.float32))
             np.save(out / f"tokens{suffix}.npy", tokens[0].numpy().astype(np.int64))
-    for p in sorted(out.glob("*.npy")):
-        print(p.name, np.load(p).shape)
+    report(out)
 
 
 def campplus(ckpt, wav_1s, out):
@@ -161,8 +163,7 @@ def campplus(ckpt, wav_1s, out):
     with torch.inference_mode():
         for name, wav in [("xvector_1s", wav_1s), ("xvector", recording)]:
             np.save(out / f"{name}.npy", encoder.inference([torch.from_numpy(wav)]).numpy().astype(np.float32))
-    for p in sorted(out.glob("*.npy")):
-        print(p.name, np.load(p).shape)
+    report(out)
 
 
 def speech_like(rate, seconds, seed):
@@ -198,8 +199,7 @@ def voice_encoder(ckpt, out):
     with torch.inference_mode():
         np.save(out / "partial_embeds.npy", ve(torch.from_numpy(np.ascontiguousarray(partials))).numpy())
     np.save(out / "speaker_embedding.npy", ve.embeds_from_wavs([wav], sample_rate=16000).astype(np.float32))
-    for p in sorted(out.glob("*.npy")):
-        print(p.name, np.load(p).shape)
+    report(out)
 
 
 if __name__ == "__main__":
