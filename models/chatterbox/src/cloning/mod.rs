@@ -40,6 +40,10 @@ pub fn s3gen_conditioning(s3: &mut S3Gen, wav: &[f32]) -> Result<S3GenConditioni
 /// Multilingual), and the voice encoder's embedding of the whole clip.
 pub fn t3_conditioning(t3: &mut T3, s3: &mut S3Gen, wav16k: &[f32]) -> Result<T3Conditioning> {
     let tokens = t3.hp.cond_prompt_len;
+    // The reference tokenizes no prompt for a T3 without one.
+    if tokens == 0 {
+        return Ok(T3Conditioning { speaker_emb: voice_encoder::embed(t3, wav16k)?, prompt_speech_tokens: Vec::new() });
+    }
     let mut mel = features::s3tokenizer_log_mel(&wav16k[..wav16k.len().min(tokens * TOKEN_SAMPLES)])?;
     mel.frames = mel.frames.min(tokens * s3tokenizer::FRAMES_PER_TOKEN);
     mel.data.truncate(mel.frames * mel.dims);
