@@ -38,9 +38,9 @@ const TRIM_HOP: usize = 512;
 
 /// `librosa.effects.trim(wav, top_db)`: from the start of the first to the
 /// end of the last RMS frame (2048 samples every 512, centred, zero-padded)
-/// within `top_db` of the loudest frame, in samples. Like librosa, an
-/// all-zero recording is one 0 dB plateau and keeps everything; a recording
-/// with no frame above the threshold trims to an empty range.
+/// within `top_db` of the loudest frame, in samples. The loudest frame always
+/// qualifies, so only an empty recording trims to an empty range; like
+/// librosa, an all-zero one is a 0 dB plateau and keeps everything.
 pub fn trim_silence(wav: &[f32], top_db: f64) -> Range<usize> {
     let frames = 1 + wav.len() / TRIM_HOP;
     let half = (TRIM_FRAME / 2) as isize;
