@@ -83,10 +83,13 @@ def main():
     report(out)
     if len(sys.argv) > 2:
         ckpt = Path(sys.argv[2])
-        voice_encoder(ckpt, out.parent / "voice_encoder")
-        campplus(ckpt, wav16, out.parent / "campplus")
-        s3_tokenizer(ckpt, wav16, out.parent / "s3tokenizer")
-        conditionals(ckpt, out.parent / "conditionals")
+        ve, s3gen = tiny_voice_encoder(ckpt), tiny_s3gen(ckpt)
+        longer = voice_encoder(ve, out.parent / "voice_encoder")
+        # The networks on a short and a longer recording.
+        recordings = [("_1s", wav16), ("", longer)]
+        campplus(s3gen.speaker_encoder, recordings, out.parent / "campplus")
+        s3_tokenizer(s3gen.tokenizer, recordings, out.parent / "s3tokenizer")
+        conditionals(s3gen, ve, out.parent / "conditionals")
 
 
 def tiny_s3gen(ckpt):
@@ -115,14 +118,13 @@ def tiny_voice_encoder(ckpt):
     return ve
 
 
-def conditionals(ckpt, out):
+def conditionals(s3gen, ve, out):
     """prepare_conditionals after its librosa.load (Multilingual's order; Turbo adds its
     loudness step before resampling)."""
     import librosa
     import make_fixtures as mf
     from chatterbox.models.s3gen.s3gen import get_resampler
     out.mkdir(parents=True, exist_ok=True)
-    s3gen, ve = tiny_s3gen(ckpt), tiny_voice_encoder(ckpt)
     plen = mf.SIZES["tiny"]["cond_prompt_len"]
     wav24 = speech_like(24000, 6.0, seed=9)
     np.save(out / "recording24k.npy", wav24)
@@ -139,12 +141,11 @@ def conditionals(ckpt, out):
     report(out)
 
 
-def s3_tokenizer(ckpt, wav_1s, out):
+def s3_tokenizer(tokenizer, recordings, out):
+    """The whole short recording, the longer one cut to 60 tokens (`max_len`)."""
     out.mkdir(parents=True, exist_ok=True)
-    tokenizer = tiny_s3gen(ckpt).tokenizer
-    recording = np.load(out.parent / "voice_encoder" / "recording16k.npy")
     with torch.inference_mode():
-        for suffix, wav, max_len in [("_1s", wav_1s, None), ("", recording, 60)]:
+        for (suffix, wav), max_len in zip(recordings, [None, 60]):
             tokens, _ = tokenizer.forward([wav], max_len=max_len)
             mel = tokenizer.log_mel_spectrogram(torch.from_numpy(wav))
             if max_len is not None:
@@ -156,13 +157,11 @@ def s3_tokenizer(ckpt, wav_1s, out):
     report(out)
 
 
-def campplus(ckpt, wav_1s, out):
+def campplus(encoder, recordings, out):
     out.mkdir(parents=True, exist_ok=True)
-    encoder = tiny_s3gen(ckpt).speaker_encoder
-    recording = np.load(out.parent / "voice_encoder" / "recording16k.npy")
     with torch.inference_mode():
-        for name, wav in [("xvector_1s", wav_1s), ("xvector", recording)]:
-            np.save(out / f"{name}.npy", encoder.inference([torch.from_numpy(wav)]).numpy().astype(np.float32))
+        for suffix, wav in recordings:
+            np.save(out / f"xvector{suffix}.npy", encoder.inference([torch.from_numpy(wav)]).numpy().astype(np.float32))
     report(out)
 
 
@@ -182,14 +181,13 @@ def speech_like(rate, seconds, seed):
     return x.astype(np.float32)
 
 
-def voice_encoder(ckpt, out):
-    """The tiny VoiceEncoder (hidden size read from its weights) on a recording."""
+def voice_encoder(ve, out):
+    """The tiny VoiceEncoder on a recording with quiet edges; returns the recording."""
     import librosa
     from chatterbox.models.voice_encoder.melspec import melspectrogram
     from chatterbox.models.voice_encoder.voice_encoder import stride_as_partials
 
     out.mkdir(parents=True, exist_ok=True)
-    ve = tiny_voice_encoder(ckpt)
     hp = ve.hp
     wav = speech_like(16000, 4.4, seed=5)
     np.save(out / "recording16k.npy", wav)
@@ -200,6 +198,7 @@ def voice_encoder(ckpt, out):
         np.save(out / "partial_embeds.npy", ve(torch.from_numpy(np.ascontiguousarray(partials))).numpy())
     np.save(out / "speaker_embedding.npy", ve.embeds_from_wavs([wav], sample_rate=16000).astype(np.float32))
     report(out)
+    return wav
 
 
 if __name__ == "__main__":

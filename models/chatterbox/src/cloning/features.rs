@@ -27,6 +27,12 @@ impl Features {
     pub fn row(&self, frame: usize) -> &[f32] {
         &self.data[frame * self.dims..(frame + 1) * self.dims]
     }
+
+    /// Keeps at most the first `frames` frames (the reference's `mel[..., :n]`).
+    pub fn truncate(&mut self, frames: usize) {
+        self.frames = self.frames.min(frames);
+        self.data.truncate(self.frames * self.dims);
+    }
 }
 
 /// `librosa.filters.mel` with its defaults (Slaney mel scale, Slaney area

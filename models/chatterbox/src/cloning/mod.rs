@@ -21,6 +21,11 @@ const TOKEN_SAMPLES: usize = 640;
 /// `DEC_COND_LEN`: seconds of the reference S3Gen's prompt takes (both variants).
 pub const S3GEN_PROMPT_SECONDS: usize = 10;
 
+/// The S3Tokenizer's tokens for a log mel: the graph's projection, quantized on the host.
+pub fn speech_tokens(s3: &mut S3Gen, mel: &features::Features) -> Result<Vec<i32>> {
+    Ok(s3tokenizer::quantize(&s3.speech_token_projection(mel)?, &s3.hp.tokenizer))
+}
+
 /// `embed_ref(wav24k[:10 s])`: S3Gen's prompt mel, x-vector and prompt
 /// tokens. The 16 kHz copy goes through torchaudio's resampler, as there;
 /// tokens are cut to half the mel frames when the two disagree.
@@ -30,7 +35,7 @@ pub fn s3gen_conditioning(s3: &mut S3Gen, wav: &[f32]) -> Result<S3GenConditioni
     let prompt_feat = features::s3gen_mel(wav)?;
     let wav16 = resample::windowed_sinc(wav, rate, ENCODER_RATE)?;
     let embedding = s3.xvector(&features::campplus_fbank(&wav16)?)?;
-    let mut prompt_token = s3tokenizer::quantize(&s3.speech_token_projection(&features::s3tokenizer_log_mel(&wav16)?)?, &s3.hp.tokenizer);
+    let mut prompt_token = speech_tokens(s3, &features::s3tokenizer_log_mel(&wav16)?)?;
     prompt_token.truncate(prompt_feat.frames / 2);
     Ok(S3GenConditioning { prompt_token, prompt_feat: prompt_feat.data, embedding })
 }
@@ -45,9 +50,8 @@ pub fn t3_conditioning(t3: &mut T3, s3: &mut S3Gen, wav16k: &[f32]) -> Result<T3
         return Ok(T3Conditioning { speaker_emb: voice_encoder::embed(t3, wav16k)?, prompt_speech_tokens: Vec::new() });
     }
     let mut mel = features::s3tokenizer_log_mel(&wav16k[..wav16k.len().min(tokens * TOKEN_SAMPLES)])?;
-    mel.frames = mel.frames.min(tokens * s3tokenizer::FRAMES_PER_TOKEN);
-    mel.data.truncate(mel.frames * mel.dims);
-    let prompt_speech_tokens = s3tokenizer::quantize(&s3.speech_token_projection(&mel)?, &s3.hp.tokenizer);
+    mel.truncate(tokens * s3tokenizer::FRAMES_PER_TOKEN);
+    let prompt_speech_tokens = speech_tokens(s3, &mel)?;
     Ok(T3Conditioning { speaker_emb: voice_encoder::embed(t3, wav16k)?, prompt_speech_tokens })
 }
 
