@@ -129,6 +129,30 @@ enum Command {
         #[arg(long)]
         json: bool,
     },
+    /// Saved voices: `tts voice save --reference REC --out NAME.voice`.
+    Voice {
+        #[command(subcommand)]
+        action: VoiceCommand,
+    },
+}
+
+#[derive(Subcommand, Debug)]
+enum VoiceCommand {
+    /// Clone the voice of a recording once and save it as a voice file;
+    /// `--set voice=FILE` then synthesizes with it without the encoders.
+    Save {
+        #[command(flatten)]
+        common: Common,
+        /// The recording to clone (WAV, FLAC, MP3 or Ogg Vorbis).
+        #[arg(long, value_name = "FILE")]
+        reference: PathBuf,
+        /// The voice file to write (e.g. NAME.voice).
+        #[arg(long, value_name = "FILE")]
+        out: PathBuf,
+        /// Override a [synthesis] option (repeatable).
+        #[arg(long = "set", value_name = "KEY=VALUE", value_parser = parse_key_value)]
+        set: Vec<(String, String)>,
+    },
 }
 
 fn parse_key_value(s: &str) -> Result<(String, String), String> {
@@ -277,6 +301,15 @@ fn run(cli: Cli) -> Result<(), String> {
             let out = if json { serde_json::to_string_pretty(&report).map_err(|e| e.to_string())? + "\n" } else { soak::render(&report) };
             write_stdout(&out)?;
             soak::verdict(&report, max_rss_growth_mib)
+        }
+        Some(Command::Voice { action: VoiceCommand::Save { common, reference, out, set } }) => {
+            let engine = open_engine(&common, false)?;
+            let mut session = engine.open_model(&set).map_err(|e| e.to_string())?;
+            let timings = session.save_voice(&reference, &out).map_err(|e| e.to_string())?;
+            let total: f64 = timings.iter().map(|(_, ms)| ms).sum();
+            let stages: Vec<String> = timings.iter().map(|(stage, ms)| format!("{stage} {ms:.0} ms")).collect();
+            eprintln!("wrote {} ({} {}; {total:.0} ms: {})", out.display(), session.info.family, session.info.variant, stages.join(", "));
+            Ok(())
         }
         None => {
             let args = cli.synth;

@@ -22,7 +22,7 @@ fn backend<'a>(report: &'a Value, name: &str) -> &'a Value {
 fn version_names_ggml_and_plugin_abi() {
     let o = run(&["--version"]);
     let out = String::from_utf8_lossy(&o.stdout);
-    assert!(out.contains("plugin ABI 5.0.0") && out.contains("ggml 0.26.0"), "{out}");
+    assert!(out.contains("plugin ABI 5.1.0") && out.contains("ggml 0.26.0"), "{out}");
 }
 
 #[test]
@@ -104,7 +104,7 @@ fn plugin_for_another_abi_version_is_refused() {
     std::fs::copy(artifacts().join("libtts_test_abi_mismatch.so"), plugins.path().join("libtts_backend_future.so")).unwrap();
     let report = devices_json(&repo().join("profiles/ci.toml"), plugins.path());
     let reason = backend(&report, "future")["reason"].as_str().unwrap().to_string();
-    assert!(reason.ends_with("libtts_backend_future.so was built for plugin ABI 9.0.0; this host speaks plugin ABI 5.0.0"), "{reason}");
+    assert!(reason.ends_with("libtts_backend_future.so was built for plugin ABI 9.0.0; this host speaks plugin ABI 5.1.0"), "{reason}");
     assert_eq!(report["selected"]["backend"], "cpu", "a bad plugin never stops the others");
 }
 

@@ -19,7 +19,7 @@ use abi_stable::{
 use std::ffi::c_void;
 
 /// Version of this ABI. Plugins built against another major version are refused.
-pub const PLUGIN_ABI_VERSION: &str = "5.0.0";
+pub const PLUGIN_ABI_VERSION: &str = "5.1.0";
 
 /// Identity of a plugin file.
 #[repr(C)]
@@ -364,12 +364,38 @@ pub struct SynthesisOutput {
     pub tokens: RVec<TokenTrace>,
 }
 
+#[repr(C)]
+#[derive(StableAbi, Debug, Clone)]
+pub struct VoiceCloneRequest {
+    /// The recording to clone (a path the host checked exists).
+    pub reference: RString,
+    /// Validated synthesis options (a family may read some while cloning).
+    pub options: OptionList,
+}
+
+#[repr(C)]
+#[derive(StableAbi, Debug, Clone)]
+pub struct VoiceCloneOutput {
+    /// The voice file, in the family's own documented format; the host writes it.
+    pub voice: RVec<u8>,
+    pub timings: RVec<StageTiming>,
+}
+
 /// A loaded model, bound to the backend it was loaded on.
+///
+/// Methods after `synthesize` were added in minor ABI versions: a plugin
+/// built before one existed answers it with the default body below.
 #[sabi_trait]
 pub trait Model: Send {
     fn info(&self) -> LoadedModelInfo;
     #[sabi(last_prefix_field)]
     fn synthesize(&mut self, request: &SynthesisRequest) -> RResult<SynthesisOutput, RString>;
+
+    /// Computes a reusable voice from a reference recording (ABI 5.1).
+    fn clone_voice(&mut self, request: &VoiceCloneRequest) -> RResult<VoiceCloneOutput, RString> {
+        let _ = request;
+        RResult::RErr(RString::from("this model family does not clone voices"))
+    }
 }
 
 pub type ModelBox = Model_TO<'static, RBox<()>>;

@@ -1,10 +1,11 @@
 //! Audio output: checks what a model produced and encodes it as WAV; the file
 //! itself is written by [`crate::output`]. Reading recordings is [`input`],
-//! converting rates [`resample`].
+//! converting rates [`resample`], measuring loudness [`loudness`].
 
 use std::path::Path;
 
 pub mod input;
+pub mod loudness;
 pub mod resample;
 
 /// Sample rates the engine writes (a model reporting another is refused).

@@ -27,6 +27,10 @@ mkdir -p "$out/reference"
 cp "$ckpt"/*.npy "$ckpt/stages.json" "$out/reference/"
 "$PY" tools/chatterbox/text_cases.py "$ckpt" "$out/reference/text_cases.json"
 "$PY" tools/chatterbox/pipeline_case.py "$ckpt" "$out/reference/pipeline"
+# Voice cloning: the feature extractors, the three encoders and the conditionals, then a
+# cloned synthesis end to end.
+"$PY" tools/chatterbox/make_cloning_fixtures.py tests/fixtures/chatterbox/cloning/features "$ckpt"
+"$PY" tools/chatterbox/cloned_case.py "$ckpt" tests/fixtures/chatterbox/cloning/pipeline
 
 # Multilingual: tiny random-weight Llama T3 + standard S3Gen, with the synthetic grapheme tokenizer
 # of tests/fixtures/chatterbox/mtl-text (the official one cannot be downloaded here).

@@ -517,9 +517,13 @@ impl Drop for GgufFile {
     }
 }
 
-/// A GGUF metadata writer (tests and tools write small model files with it).
+/// A GGUF writer: metadata, and small tensors held in host memory (tests and
+/// tools write small model files with it; saved voices are written with
+/// [`GgufWriter::to_bytes`]).
 pub struct GgufWriter {
     ptr: NonNull<sys::gguf_context>,
+    /// Name, type, shape and little-endian data of each tensor, in order.
+    tensors: Vec<(String, crate::Type, Vec<i64>, Vec<u8>)>,
 }
 
 impl Default for GgufWriter {
@@ -530,7 +534,7 @@ impl Default for GgufWriter {
 
 impl GgufWriter {
     pub fn new() -> Self {
-        GgufWriter { ptr: NonNull::new(unsafe { sys::gguf_init_empty() }).expect("gguf_init_empty") }
+        GgufWriter { ptr: NonNull::new(unsafe { sys::gguf_init_empty() }).expect("gguf_init_empty"), tensors: Vec::new() }
     }
 
     fn key(key: &str) -> CString {
@@ -556,6 +560,50 @@ impl GgufWriter {
     pub fn set_u32_array(&mut self, key: &str, values: &[u32]) -> &mut Self {
         unsafe { sys::gguf_set_arr_data(self.ptr.as_ptr(), Self::key(key).as_ptr(), sys::GGUF_TYPE_UINT32, values.as_ptr().cast(), values.len()) };
         self
+    }
+
+    /// Adds a tensor with its data (`ne` innermost first, as ggml orders
+    /// dimensions); the data's length must be the shape's size in `ty`.
+    pub fn add_tensor(&mut self, name: &str, ty: crate::Type, ne: &[i64], data: Vec<u8>) -> Result<&mut Self> {
+        if ne.is_empty() || ne.len() > 4 || ne.iter().any(|&n| n < 1) {
+            return err(format!("tensor '{name}': shape {ne:?} is not 1 to 4 positive dimensions"));
+        }
+        let elements = ne.iter().product::<i64>() as usize;
+        let block = unsafe { sys::ggml_blck_size(ty) } as usize;
+        let expected = elements / block * unsafe { sys::ggml_type_size(ty) };
+        if !elements.is_multiple_of(block) || data.len() != expected {
+            return err(format!("tensor '{name}': {} bytes of data for shape {ne:?}, which takes {expected}", data.len()));
+        }
+        if name.is_empty() || name.contains('\0') || name.len() >= sys::GGML_MAX_NAME as usize || self.tensors.iter().any(|t| t.0 == name) {
+            return err(format!("tensor name '{name}' is empty, too long, holds a NUL or is given twice"));
+        }
+        self.tensors.push((name.to_string(), ty, ne.to_vec(), data));
+        Ok(self)
+    }
+
+    /// The whole file in memory: the header, metadata and tensor table as
+    /// ggml lays them out, then each tensor's data padded to the alignment.
+    pub fn to_bytes(&self) -> Result<Vec<u8>> {
+        let out = GgufWriter::new();
+        unsafe { sys::gguf_set_kv(out.ptr.as_ptr(), self.ptr.as_ptr()) };
+        let scratch = crate::Context::new_no_alloc(self.tensors.len().max(1), 0)?;
+        for (name, ty, ne, _) in &self.tensors {
+            let t = scratch.new_tensor(*ty, ne)?.set_name(name);
+            unsafe { sys::gguf_add_tensor(out.ptr.as_ptr(), t.as_ptr()) };
+        }
+        let ctx = out.ptr.as_ptr();
+        let mut bytes = vec![0u8; unsafe { sys::gguf_get_meta_size(ctx) }];
+        unsafe { sys::gguf_get_meta_data(ctx, bytes.as_mut_ptr().cast()) };
+        let (data_start, alignment) = (bytes.len(), unsafe { sys::gguf_get_alignment(ctx) });
+        for (i, (name, _, _, data)) in self.tensors.iter().enumerate() {
+            let offset = unsafe { sys::gguf_get_tensor_offset(ctx, i as i64) };
+            if data_start + offset != bytes.len() {
+                return err(format!("tensor '{name}': ggml places it at {offset}, the data so far ends at {}", bytes.len() - data_start));
+            }
+            bytes.extend_from_slice(data);
+            bytes.resize(bytes.len().next_multiple_of(alignment), 0);
+        }
+        Ok(bytes)
     }
 
     /// Writes the metadata (no tensors) to `path`.

@@ -29,12 +29,12 @@ use abi_stable::{
 };
 use engine_core::abi::{
     BackendHandle, LoadedModelInfo, Model, ModelBox, ModelFamilyInfo, ModelLoadRequest, ModelPlugin, ModelPluginRef, Model_TO, OptionKind, OptionList,
-    OptionSpec, OptionValue, PluginInfo, SynthesisOutput, SynthesisRequest, TokenTrace,
+    OptionSpec, OptionValue, PluginInfo, SynthesisOutput, SynthesisRequest, TokenTrace, VoiceCloneOutput, VoiceCloneRequest,
 };
 use engine_core::backend_kit::spec;
 use engine_core::model_kit::Result;
 use engine_core::model_kit::{guarded, Error, OpPolicy, OptionReader};
-use model::{Chatterbox, SynthesisParams};
+use model::{Chatterbox, SynthesisParams, VoiceSource};
 use t3::guided::GuidanceMode;
 
 #[export_root_module]
@@ -56,6 +56,13 @@ extern "C" fn family() -> ModelFamilyInfo {
 
 extern "C" fn option_specs() -> RVec<OptionSpec> {
     RVec::from(vec![
+        spec(
+            "reference_audio",
+            OptionKind::Path,
+            OptionValue::Str("".into()),
+            "clone the voice of this recording (WAV, FLAC, MP3 or Ogg; Turbo/Nano: longer than 5 s; the first 60 s are read); the encoders run at every synthesis: save it once with `tts voice save` to skip them",
+        ),
+        spec("voice", OptionKind::Path, OptionValue::Str("".into()), "a voice file saved by `tts voice save` with this model (\"\" = the built-in voice)"),
         spec("seed", OptionKind::Int, OptionValue::Int(0), "seed of the token sampler and the vocoder noise, 0..=9223372036854775807"),
         spec(
             "language",
@@ -125,7 +132,14 @@ pub fn params_from_options(options: &OptionList) -> Result<SynthesisParams> {
         n if (1..=10).contains(&n) => Some(n as usize),
         n => return Err(Error::msg(format!("cfm_steps must be in 1..=10 (or -1), got {n}"))),
     };
+    let voice = match (o.path("reference_audio")?, o.path("voice")?) {
+        (Some(r), Some(v)) => return Err(Error::msg(format!("reference_audio ({}) and voice ({}) both name a voice; give one", r.display(), v.display()))),
+        (Some(r), None) => VoiceSource::Reference(r),
+        (None, Some(v)) => VoiceSource::Saved(v),
+        (None, None) => VoiceSource::Builtin,
+    };
     Ok(SynthesisParams {
+        voice,
         temperature,
         top_k,
         top_p,
@@ -241,6 +255,14 @@ impl Model for Plugin {
                 timings: s.timings.into_stage_timings(),
                 tokens: RVec::from(vec![speech_tokens]),
             })
+        })
+    }
+
+    fn clone_voice(&mut self, request: &VoiceCloneRequest) -> RResult<VoiceCloneOutput, RString> {
+        guarded("chatterbox", || {
+            let mut timings = engine_core::model_kit::Timings::default();
+            let voice = self.model.save_voice(std::path::Path::new(request.reference.as_str()), &mut timings).map_err(|e| format!("chatterbox: {e}"))?;
+            Ok(VoiceCloneOutput { voice: voice.into(), timings: timings.into_stage_timings() })
         })
     }
 }

@@ -8,13 +8,15 @@
 //! grapheme tokenizer with a language tag, the reference's start/stop slice,
 //! the 10-step standard decoder with guidance.
 
+use crate::cloning::reference::{self, ReferenceRules};
+use crate::cloning::{self, voice_file, Voice};
 use crate::hparams::{S3GenHparams, T3Hparams, S3GEN_ARCH, T3_ARCH};
 use crate::s3gen::source::{apply_trim_fade, SourceNoise};
-use crate::s3gen::{S3Gen, S3GenConditioning};
+use crate::s3gen::S3Gen;
 use crate::sampler::{GuidedSamplingParams, SamplingParams, UniformSource, Xoshiro256};
 pub use crate::speech_tokens::SpeechGenerator;
 use crate::t3::guided::{GuidanceMode, GuidedT3};
-use crate::t3::{T3Conditioning, TokenLimits, T3};
+use crate::t3::{TokenLimits, T3};
 use crate::text::multilingual::{self, MultilingualTokenizer};
 use crate::text::{self, TextTokenizer};
 use engine_core::model_kit::{npy, OpPolicy, Timings};
@@ -54,8 +56,21 @@ impl RecordedDraws {
     }
 }
 
+/// Where a synthesis takes its voice from.
+#[derive(Debug, Clone, Default, PartialEq)]
+pub enum VoiceSource {
+    /// The voice the model files carry (`conds.pt`).
+    #[default]
+    Builtin,
+    /// Cloned from a recording at every synthesis (`reference_audio=`).
+    Reference(PathBuf),
+    /// A voice file saved earlier (`voice=`): no encoder runs.
+    Saved(PathBuf),
+}
+
 #[derive(Debug, Clone)]
 pub struct SynthesisParams {
+    pub voice: VoiceSource,
     /// 0 means greedy decoding (the argmax of the processed logits).
     pub temperature: f32,
     /// None: the variant's default (Turbo 1000; Multilingual has no top-k step).
@@ -90,6 +105,7 @@ pub struct SynthesisParams {
 impl Default for SynthesisParams {
     fn default() -> Self {
         SynthesisParams {
+            voice: VoiceSource::Builtin,
             temperature: 0.8,
             top_k: None,
             top_p: None,
@@ -152,8 +168,7 @@ pub struct Synthesis {
 pub struct Chatterbox {
     pub t3: SpeechGenerator,
     pub s3gen: S3Gen,
-    t3_voice: T3Conditioning,
-    s3_voice: S3GenConditioning,
+    builtin: Voice,
 }
 
 /// A GGUF file's metadata and its `general.architecture`.
@@ -216,12 +231,43 @@ impl Chatterbox {
         if (t3.hp().start_speech_token as usize) < s3gen.hp.speech_vocab {
             return Err(format!("T3's start token {} lies inside S3Gen's speech vocabulary ({})", t3.hp().start_speech_token, s3gen.hp.speech_vocab).into());
         }
-        let t3_voice = t3.builtin_voice()?;
-        let s3_voice = s3gen.builtin_voice()?;
-        if s3_voice.prompt_feat.len() % s3gen.hp.mel_channels != 0 {
+        let builtin = Voice { t3: t3.builtin_voice()?, s3gen: s3gen.builtin_voice()? };
+        if !builtin.s3gen.prompt_feat.len().is_multiple_of(s3gen.hp.mel_channels) {
             return Err(format!("{}: the built-in prompt_feat is not whole mel frames", s3_path.display()).into());
         }
-        Ok(Chatterbox { t3, s3gen, t3_voice, s3_voice })
+        Ok(Chatterbox { t3, s3gen, builtin })
+    }
+
+    /// What this variant's `prepare_conditionals` does to a reference clip.
+    pub fn reference_rules(&self) -> ReferenceRules {
+        match self.t3 {
+            SpeechGenerator::Gpt2 { .. } => ReferenceRules::TURBO,
+            SpeechGenerator::Llama { .. } => ReferenceRules::MULTILINGUAL,
+        }
+    }
+
+    /// A voice cloned from the recording at `path`: read as the reference
+    /// reads it, then the three encoders (timed as `clone.*` stages).
+    pub fn clone_voice(&mut self, path: &Path, timings: &mut Timings) -> Result<Voice> {
+        let rules = self.reference_rules();
+        let rate = self.sample_rate();
+        let wav = timings.time("clone.read", || reference::load(path, rate, &rules))?;
+        cloning::conditionals(&mut self.t3, &mut self.s3gen, &wav, timings).map_err(|e| Error::msg(format!("{}: {e}", path.display())))
+    }
+
+    /// [`clone_voice`](Self::clone_voice) as a voice file's bytes.
+    pub fn save_voice(&mut self, path: &Path, timings: &mut Timings) -> Result<Vec<u8>> {
+        let voice = self.clone_voice(path, timings)?;
+        voice_file::to_bytes(&voice, &self.t3.hp().variant, self.s3gen.hp.mel_channels)
+    }
+
+    /// The voice `source` names, for this model.
+    fn voice(&mut self, source: &VoiceSource, timings: &mut Timings) -> Result<Voice> {
+        match source {
+            VoiceSource::Builtin => Ok(self.builtin.clone()),
+            VoiceSource::Reference(path) => self.clone_voice(path, timings),
+            VoiceSource::Saved(path) => voice_file::read(path, self.t3.hp(), &self.s3gen.hp),
+        }
     }
 
     pub fn variant(&self) -> &str {
@@ -276,15 +322,16 @@ impl Chatterbox {
             }
             None => None,
         };
-        // Tokenize every chunk first, so a text problem fails before any compute.
-        let encoded: Vec<Vec<i32>> = chunks.iter().map(|c| self.t3.encode(c, params, &self.t3_voice)).collect::<Result<_>>()?;
         let mut timings = Timings::default();
+        let voice = self.voice(&params.voice, &mut timings)?;
+        // Tokenize every chunk first, so a text problem fails before any compute.
+        let encoded: Vec<Vec<i32>> = chunks.iter().map(|c| self.t3.encode(c, params, &voice.t3)).collect::<Result<_>>()?;
         let mut samples: Vec<f32> = Vec::new();
         let mut speech_tokens = Vec::new();
         let crossfade = (params.crossfade_ms.max(0.0) * self.sample_rate() as f32 / 1000.0) as usize;
         for (i, ids) in encoded.iter().enumerate() {
             let seed = params.seed.wrapping_add(i as u64);
-            let (wav, tokens) = self.synthesize_chunk(ids, params, seed, draws.as_ref(), &mut timings)?;
+            let (wav, tokens) = self.synthesize_chunk(ids, &voice, params, seed, draws.as_ref(), &mut timings)?;
             join_crossfade(&mut samples, &wav, crossfade);
             speech_tokens.push(tokens);
         }
@@ -298,6 +345,7 @@ impl Chatterbox {
     fn synthesize_chunk(
         &mut self,
         ids: &[i32],
+        voice: &Voice,
         params: &SynthesisParams,
         seed: u64,
         draws: Option<&RecordedDraws>,
@@ -307,26 +355,26 @@ impl Chatterbox {
             Some(u) => UniformSource::recorded(u),
             None => UniformSource::seeded(seed),
         };
-        let tokens = self.t3.generate(ids, &self.t3_voice, params, uniforms, timings)?;
+        let tokens = self.t3.generate(ids, &voice.t3, params, uniforms, timings)?;
         let s3 = &mut self.s3gen;
         let codes = self.t3.speech_codes(&tokens, s3.hp.speech_vocab as u32);
         if codes.is_empty() {
             return Err(format!("T3 produced no speech tokens ({} tokens, none a speech code)", tokens.len()).into());
         }
-        let mut speech: Vec<i32> = self.s3_voice.prompt_token.clone();
+        let mut speech: Vec<i32> = voice.s3gen.prompt_token.clone();
         speech.extend(codes);
 
         let encoded = timings.time("s3gen.encoder", || s3.encode(&speech))?;
         let mel_ch = s3.hp.mel_channels;
         let frames = encoded.frames;
-        let prompt_frames = self.s3_voice.prompt_feat.len() / mel_ch;
+        let prompt_frames = voice.s3gen.prompt_feat.len() / mel_ch;
         if prompt_frames >= frames {
             return Err(format!("the voice's prompt has {prompt_frames} mel frames, the encoder produced only {frames}").into());
         }
-        let spks = s3.speaker_projection(&self.s3_voice.embedding)?;
+        let spks = s3.speaker_projection(&voice.s3gen.embedding)?;
         // The CFM's `cond`: the voice's mel over the prompt frames, zeros after.
         let mut cond = vec![0f32; frames * mel_ch];
-        cond[..prompt_frames * mel_ch].copy_from_slice(&self.s3_voice.prompt_feat);
+        cond[..prompt_frames * mel_ch].copy_from_slice(&voice.s3gen.prompt_feat);
         let z = match draws.and_then(|d| d.cfm_z.as_ref()) {
             Some(z) if z.len() == frames * mel_ch => transpose(z, mel_ch, frames),
             Some(z) => return Err(format!("recorded cfm_z has {} values, this chunk needs {}", z.len(), frames * mel_ch).into()),

@@ -19,6 +19,19 @@ pub enum SpeechGenerator {
     Llama { t3: GuidedT3, tokenizer: MultilingualTokenizer },
 }
 
+impl crate::cloning::voice_encoder::VoiceEncoding for SpeechGenerator {
+    fn hp(&self) -> &T3Hparams {
+        SpeechGenerator::hp(self)
+    }
+
+    fn voice_encoder_partials(&mut self, batch: &[f32], partials: usize) -> Result<Vec<f32>> {
+        match self {
+            SpeechGenerator::Gpt2 { t3, .. } => t3.voice_encoder_partials(batch, partials),
+            SpeechGenerator::Llama { t3, .. } => t3.voice_encoder_partials(batch, partials),
+        }
+    }
+}
+
 impl SpeechGenerator {
     pub fn hp(&self) -> &T3Hparams {
         match self {

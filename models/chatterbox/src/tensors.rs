@@ -19,6 +19,13 @@ pub const F0_CHANNELS: &str = "f0_channels";
 pub const PROMPT_FRAMES: &str = "prompt_frames";
 pub const PROMPT_TOKENS: &str = "prompt_tokens";
 
+/// A saved voice (`cloning/voice_file.rs`): the same five arrays as a built-in voice.
+pub const VOICE_SPEAKER_EMB: &str = "voice.speaker_emb";
+pub const VOICE_PROMPT_SPEECH_TOKENS: &str = "voice.prompt_speech_tokens";
+pub const VOICE_PROMPT_TOKEN: &str = "voice.prompt_token";
+pub const VOICE_PROMPT_FEAT: &str = "voice.prompt_feat";
+pub const VOICE_EMBEDDING: &str = "voice.embedding";
+
 /// Derived at load (not in the file): the rotary frequency divisors.
 pub const T3_ROPE_FREQ_FACTORS: &str = "t3.rope_freq_factors";
 
@@ -324,4 +331,19 @@ fn resblock(t: &mut TensorTable, h: &HiftHparams, prefix: &str, kernel: usize, c
         conv(t, &format!("{prefix}.convs1.{i}"), kernel, c, c);
         conv(t, &format!("{prefix}.convs2.{i}"), kernel, c, c);
     }
+}
+
+/// A saved voice for a model with these hparams, whose T3 prompt holds
+/// `t3_prompt_tokens` tokens (that tensor is absent when there are none).
+pub fn voice_table(t3: &T3Hparams, s3: &S3GenHparams, t3_prompt_tokens: usize) -> TensorTable {
+    let mut t = TensorTable::new();
+    t.free_dim(PROMPT_FRAMES, 2..=65536).free_dim(PROMPT_TOKENS, 1..=32768);
+    t.f32(VOICE_SPEAKER_EMB, &[t3.speaker_dim]);
+    if t3_prompt_tokens > 0 {
+        t.i32(VOICE_PROMPT_SPEECH_TOKENS, &[t3_prompt_tokens]);
+    }
+    t.add_dims(VOICE_PROMPT_FEAT, &[s3.mel_channels.into(), Dim::Free(PROMPT_FRAMES)], Storage::F32);
+    t.add_dims(VOICE_PROMPT_TOKEN, &[Dim::Free(PROMPT_TOKENS)], Storage::I32);
+    t.f32(VOICE_EMBEDDING, &[s3.speaker_dim]);
+    t
 }

@@ -60,7 +60,11 @@ pub struct VoiceShape {
 
 impl Voice {
     pub fn from_json_file(path: &Path, shape: &VoiceShape) -> Result<Voice> {
-        let text = std::fs::read_to_string(path).map_err(|e| format!("voice file {}: {e}", path.display()))?;
+        let bytes = std::fs::read(path).map_err(|e| format!("voice file {}: {e}", path.display()))?;
+        if bytes.starts_with(b"GGUF") {
+            return Err(format!("voice file {}: a GGUF voice of another model family (Chatterbox); Supertonic takes a voice style JSON", path.display()).into());
+        }
+        let text = String::from_utf8(bytes).map_err(|_| format!("voice file {}: not a voice style JSON (not UTF-8 text)", path.display()))?;
         let parsed: StyleJson = serde_json::from_str(&text).map_err(|e| format!("voice file {}: not a voice style JSON ({e})", path.display()))?;
         let style_ttl = parsed.style_ttl.values("style_ttl", shape.ttl.0, shape.ttl.1).map_err(|e| format!("voice file {}: {e}", path.display()))?;
         let style_dp = parsed.style_dp.values("style_dp", shape.dp.0, shape.dp.1).map_err(|e| format!("voice file {}: {e}", path.display()))?;

@@ -11,10 +11,10 @@
 //! L2-normalised ([`speaker_embedding`]).
 
 use super::features;
-use crate::hparams::VoiceEncoderHparams;
-use crate::t3::T3;
-use engine_core::model_kit::Builder;
-use ggml_sys::{GraphIo, Result, Tensor, TYPE_F32};
+use crate::hparams::{T3Hparams, VoiceEncoderHparams};
+use engine_core::model_kit::builder::compute_graph;
+use engine_core::model_kit::{Builder, OpPolicy, Weights};
+use ggml_sys::{Backend, ComputeGraph, GraphIo, GraphSlot, Result, Tensor, TYPE_F32};
 use std::ops::Range;
 
 pub const MELS: &str = "ve.mels";
@@ -162,10 +162,55 @@ fn lstm_cell<'c>(b: &Builder<'c, '_>, gates: Tensor<'c>, h: i64, n: i64, c_prev:
     Ok((h_new, c))
 }
 
+/// A T3 file's voice encoder, whichever backbone the file holds.
+pub trait VoiceEncoding {
+    fn hp(&self) -> &T3Hparams;
+    /// The voice encoder over one batch of `partials` partial mels laid out
+    /// as [`partial_batch`] lays them: their raw embeddings,
+    /// `[partial][embedding]` flattened.
+    fn voice_encoder_partials(&mut self, batch: &[f32], partials: usize) -> engine_core::model_kit::Result<Vec<f32>>;
+}
+
+/// The voice encoder's graphs, by partials per batch (a full batch and the
+/// rest), built on the weights of the T3 that owns them.
+pub struct VoiceEncoderGraphs {
+    slot: GraphSlot<usize>,
+}
+
+impl Default for VoiceEncoderGraphs {
+    fn default() -> Self {
+        VoiceEncoderGraphs { slot: GraphSlot::with_capacity(2) }
+    }
+}
+
+impl VoiceEncoderGraphs {
+    pub fn graph(&self) -> Option<&ComputeGraph> {
+        self.slot.graph()
+    }
+
+    pub fn run(
+        &mut self,
+        backend: &Backend,
+        weights: &Weights,
+        policy: &OpPolicy,
+        hp: &VoiceEncoderHparams,
+        batch: &[f32],
+        partials: usize,
+    ) -> engine_core::model_kit::Result<Vec<f32>> {
+        if partials == 0 || batch.len() != partials * PARTIAL_FRAMES * hp.n_mels {
+            return Err(format!("the voice encoder got {} values for {partials} partials of {PARTIAL_FRAMES} frames x {} bins", batch.len(), hp.n_mels).into());
+        }
+        let graph =
+            self.slot.get_or_build(partials, || compute_graph(backend, weights, policy, max_nodes(hp), "the voice encoder", |b| build(&b, hp, partials)))?;
+        graph.set_f32(MELS, batch)?;
+        Ok(graph.compute_and_get_f32(backend, EMBEDDINGS)?)
+    }
+}
+
 /// `VoiceEncoder.embeds_from_wavs([wav16k], 16000)`: the speaker embedding
 /// of a 16 kHz recording, computed by `t3`'s voice encoder.
-pub fn embed(t3: &mut T3, wav16k: &[f32]) -> engine_core::model_kit::Result<Vec<f32>> {
-    let hp = t3.hp.voice_encoder;
+pub fn embed(t3: &mut impl VoiceEncoding, wav16k: &[f32]) -> engine_core::model_kit::Result<Vec<f32>> {
+    let hp = t3.hp().voice_encoder;
     let span = trim_silence(wav16k, TRIM_TOP_DB);
     let speech = &wav16k[span.clone()];
     if speech.len() < MIN_SAMPLES {

@@ -12,6 +12,7 @@ use super::alignment::AlignmentAnalyzer;
 use super::kv_cache::{AttentionPath, KvCache, KvDims, KvLayout};
 use super::llama::{self, input, output, Feed, Rows, Shape};
 use super::{cache_positions, check_file, AttentionConfig, T3Conditioning, TokenLimits};
+use crate::cloning::voice_encoder::{VoiceEncoderGraphs, VoiceEncoding};
 use crate::hparams::{LlamaHparams, T3Hparams};
 use crate::sampler::{self, GuidedSamplingParams, UniformSource};
 use crate::tensors::T3_ROPE_FREQ_FACTORS;
@@ -68,6 +69,7 @@ pub struct GuidedT3 {
     cond_graph: GraphSlot<Shape>,
     text_graphs: GraphSlot<Shape>,
     step_graphs: HashMap<Shape, ComputeGraph>,
+    voice_encoder: VoiceEncoderGraphs,
     kv: Option<KvCache>,
     weights: Weights,
     backend: Backend,
@@ -109,6 +111,7 @@ impl GuidedT3 {
             cond_graph: GraphSlot::default(),
             text_graphs: GraphSlot::with_capacity(2),
             step_graphs: HashMap::new(),
+            voice_encoder: VoiceEncoderGraphs::default(),
             kv: None,
             weights,
             backend,
@@ -143,6 +146,7 @@ impl GuidedT3 {
         out.extend(self.cond_graph.graph().map(|g| ("t3.conditioning", g)));
         out.extend(self.text_graphs.graph().map(|g| ("t3.text", g)));
         out.extend(self.step_graphs.values().map(|g| ("t3.step", g)));
+        out.extend(self.voice_encoder.graph().map(|g| ("voice_encoder", g)));
         out
     }
 
@@ -431,4 +435,13 @@ pub fn generate(
         tokens.pop();
     }
     Ok((tokens, stats))
+}
+
+impl VoiceEncoding for GuidedT3 {
+    fn hp(&self) -> &T3Hparams {
+        &self.hp
+    }
+    fn voice_encoder_partials(&mut self, batch: &[f32], partials: usize) -> Result<Vec<f32>> {
+        self.voice_encoder.run(&self.backend, &self.weights, &self.policy, &self.hp.voice_encoder, batch, partials)
+    }
 }

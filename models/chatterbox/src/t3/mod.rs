@@ -8,6 +8,7 @@ pub mod guided;
 pub mod kv_cache;
 pub mod llama;
 
+use crate::cloning::voice_encoder::{VoiceEncoderGraphs, VoiceEncoding};
 use crate::hparams::{T3Hparams, T3_ARCH};
 use crate::sampler::{self, SamplingParams, UniformSource};
 use engine_core::model_kit::builder::compute_graph;
@@ -159,8 +160,7 @@ pub struct T3 {
     prefix_graph: GraphSlot<Shape>,
     suffix_graph: GraphSlot<Shape>,
     step_graphs: HashMap<usize, ComputeGraph>,
-    /// The voice encoder's, by partials per batch (a full batch and the rest).
-    voice_encoder_graph: GraphSlot<usize>,
+    voice_encoder: VoiceEncoderGraphs,
     kv: Option<KvCache>,
     weights: Weights,
     backend: Backend,
@@ -184,7 +184,7 @@ impl T3 {
             prefix_graph: GraphSlot::default(),
             suffix_graph: GraphSlot::default(),
             step_graphs: HashMap::new(),
-            voice_encoder_graph: GraphSlot::with_capacity(2),
+            voice_encoder: VoiceEncoderGraphs::default(),
             kv: None,
             weights,
             backend,
@@ -207,26 +207,8 @@ impl T3 {
         out.extend(self.prefix_graph.graph().map(|g| ("t3.prefix", g)));
         out.extend(self.suffix_graph.graph().map(|g| ("t3.suffix", g)));
         out.extend(self.step_graphs.values().map(|g| ("t3.step", g)));
-        out.extend(self.voice_encoder_graph.graph().map(|g| ("voice_encoder", g)));
+        out.extend(self.voice_encoder.graph().map(|g| ("voice_encoder", g)));
         out
-    }
-
-    /// The voice encoder over one batch of `partials` partial mels laid out as
-    /// [`crate::cloning::voice_encoder::partial_batch`] lays them: their raw
-    /// embeddings, `[partial][embedding]` flattened.
-    pub fn voice_encoder_partials(&mut self, batch: &[f32], partials: usize) -> Result<Vec<f32>> {
-        use crate::cloning::voice_encoder as ve;
-        let hp = self.hp.voice_encoder;
-        if partials == 0 || batch.len() != partials * ve::PARTIAL_FRAMES * hp.n_mels {
-            return Err(
-                format!("the voice encoder got {} values for {partials} partials of {} frames x {} bins", batch.len(), ve::PARTIAL_FRAMES, hp.n_mels).into()
-            );
-        }
-        let graph = self.voice_encoder_graph.get_or_build(partials, || {
-            compute_graph(&self.backend, &self.weights, &self.policy, ve::max_nodes(&hp), "the voice encoder", |b| ve::build(&b, &hp, partials))
-        })?;
-        graph.set_f32(ve::MELS, batch)?;
-        Ok(graph.compute_and_get_f32(&self.backend, ve::EMBEDDINGS)?)
     }
 
     pub fn attention(&self) -> AttentionConfig {
@@ -454,4 +436,13 @@ pub fn generate(t3: &mut T3, cond: &T3Conditioning, text: &[i32], choice: &mut T
         tokens.pop();
     }
     Ok((tokens, stats))
+}
+
+impl VoiceEncoding for T3 {
+    fn hp(&self) -> &T3Hparams {
+        &self.hp
+    }
+    fn voice_encoder_partials(&mut self, batch: &[f32], partials: usize) -> Result<Vec<f32>> {
+        self.voice_encoder.run(&self.backend, &self.weights, &self.policy, &self.hp.voice_encoder, batch, partials)
+    }
 }
