@@ -513,6 +513,7 @@ const FUZZ_TARGETS: &[(&str, &[&str])] = &[
     ("profile", &["profiles/ci.toml", "profiles/default.toml", "profiles/mtl.toml", "profiles/supertonic.toml", "profiles/turbo.toml"]),
     ("supertonic_text", &[]),
     ("chatterbox_text", &[]),
+    ("audio_input", &[]),
 ];
 
 fn host_triple() -> Result<String, String> {

@@ -43,31 +43,48 @@ pub fn read_mono(path: &Path, max_seconds: f64) -> Result<Clip, String> {
     if !(max_seconds.is_finite() && max_seconds > 0.0) {
         return Err(format!("{shown}: the reading limit must be a positive number of seconds, not {max_seconds}"));
     }
-    let mut file = File::open(path).map_err(|e| format!("{shown}: cannot open: {e}"))?;
+    let file = File::open(path).map_err(|e| format!("{shown}: cannot open: {e}"))?;
     if file.metadata().map(|m| m.is_dir()).unwrap_or(false) {
         return Err(format!("{shown}: is a directory, not an audio file"));
     }
-    let mut magic = [0u8; 12];
-    let n = read_up_to(&mut file, &mut magic).map_err(|e| format!("{shown}: cannot read: {e}"))?;
-    if n == 0 {
-        return Err(format!("{shown}: the file is empty"));
+    let extension = path.extension().and_then(|e| e.to_str());
+    decode(file, extension, max_seconds).map_err(|e| format!("{shown}: {e}"))
+}
+
+/// [`read_mono`] on a file image in memory (fuzzing; no extension hint).
+pub fn decode_mono(bytes: &[u8], max_seconds: f64) -> Result<Clip, String> {
+    if !(max_seconds.is_finite() && max_seconds > 0.0) {
+        return Err(format!("the reading limit must be a positive number of seconds, not {max_seconds}"));
     }
-    file.seek(SeekFrom::Start(0)).map_err(|e| format!("{shown}: cannot read: {e}"))?;
+    decode(std::io::Cursor::new(bytes.to_vec()), None, max_seconds)
+}
+
+fn decode<R: symphonia::core::io::MediaSource + 'static>(mut source: R, extension: Option<&str>, max_seconds: f64) -> Result<Clip, String> {
+    let mut magic = [0u8; 12];
+    let n = read_up_to(&mut source, &mut magic).map_err(|e| format!("cannot read: {e}"))?;
+    if n == 0 {
+        return Err("the file is empty".to_string());
+    }
+    source.seek(SeekFrom::Start(0)).map_err(|e| format!("cannot read: {e}"))?;
     let is_wav = n >= 12 && (&magic[..4] == b"RIFF" || &magic[..4] == b"RF64") && &magic[8..12] == b"WAVE";
-    let decoded =
-        std::panic::catch_unwind(std::panic::AssertUnwindSafe(|| if is_wav { read_wav(file, max_seconds) } else { read_compressed(file, path, max_seconds) }))
-            .unwrap_or_else(|_| Err("the decoder failed on malformed data".to_string()));
-    let clip = decoded.map_err(|e| format!("{shown}: {e}"))?;
+    let clip = std::panic::catch_unwind(std::panic::AssertUnwindSafe(|| {
+        if is_wav {
+            read_wav(source, max_seconds)
+        } else {
+            read_compressed(Box::new(source), extension, max_seconds)
+        }
+    }))
+    .unwrap_or_else(|_| Err("the decoder failed on malformed data".to_string()))?;
     if clip.samples.is_empty() {
-        return Err(format!("{shown}: contains no audio samples"));
+        return Err("contains no audio samples".to_string());
     }
     if let Some(i) = clip.samples.iter().position(|s| !s.is_finite()) {
-        return Err(format!("{shown}: sample {i} is not a finite number (NaN or infinity)"));
+        return Err(format!("sample {i} is not a finite number (NaN or infinity)"));
     }
     Ok(clip)
 }
 
-fn read_up_to(file: &mut File, buf: &mut [u8]) -> std::io::Result<usize> {
+fn read_up_to(file: &mut impl Read, buf: &mut [u8]) -> std::io::Result<usize> {
     let mut filled = 0;
     while filled < buf.len() {
         match file.read(&mut buf[filled..])? {
@@ -119,7 +136,7 @@ impl Mixdown {
     }
 }
 
-fn read_wav(file: File, max_seconds: f64) -> Result<Clip, String> {
+fn read_wav(file: impl Read + Seek, max_seconds: f64) -> Result<Clip, String> {
     let mut reader = hound::WavReader::new(BufReader::new(file)).map_err(|e| format!("not a valid WAV file: {e}"))?;
     let spec = reader.spec();
     check_format(spec.sample_rate, spec.channels)?;
@@ -169,7 +186,7 @@ fn cut_short(e: hound::Error, mix: Mixdown, spec: hound::WavSpec) -> Result<Clip
     }
 }
 
-fn read_compressed(file: File, path: &Path, max_seconds: f64) -> Result<Clip, String> {
+fn read_compressed(source: Box<dyn symphonia::core::io::MediaSource>, extension: Option<&str>, max_seconds: f64) -> Result<Clip, String> {
     use symphonia::core::codecs::audio::AudioDecoderOptions;
     use symphonia::core::errors::Error;
     use symphonia::core::formats::probe::Hint;
@@ -179,10 +196,10 @@ fn read_compressed(file: File, path: &Path, max_seconds: f64) -> Result<Clip, St
 
     const KNOWN: &str = "not a recognised audio file (WAV, FLAC, MP3 or Ogg Vorbis)";
     let mut hint = Hint::new();
-    if let Some(ext) = path.extension().and_then(|e| e.to_str()) {
+    if let Some(ext) = extension {
         hint.with_extension(ext);
     }
-    let stream = MediaSourceStream::new(Box::new(file), Default::default());
+    let stream = MediaSourceStream::new(source, Default::default());
     let mut format =
         symphonia::default::get_probe().probe(&hint, stream, FormatOptions::default(), MetadataOptions::default()).map_err(|_| KNOWN.to_string())?;
     let track = format.default_track(TrackType::Audio).ok_or_else(|| "has no audio track".to_string())?;
