@@ -1,10 +1,19 @@
-//! `tts bench`: repeated synthesis of one text on one loaded model; per-stage
-//! medians as the model plugin reports them, real-time factor and peak RSS.
+//! `tts bench`: repeated synthesis of one text (or cloning of one reference
+//! recording) on one loaded model; per-stage medians as the model plugin
+//! reports them, real-time factor and peak RSS.
 
 use engine_core::engine::ModelSession;
 use indexmap::IndexMap;
 use serde::Serialize;
+use std::path::Path;
 use std::time::Instant;
+
+/// What each run does.
+pub enum Work<'a> {
+    Synthesize(&'a str),
+    /// Clone the voice of a recording (the voice is not written).
+    CloneVoice(&'a Path),
+}
 
 /// What a report is about: the loaded model and the device it runs on.
 #[derive(Serialize)]
@@ -32,6 +41,9 @@ pub struct BenchReport {
     pub session: SessionInfo,
     pub runs: usize,
     pub warmup: usize,
+    /// `synthesize` or `clone_voice`.
+    pub work: &'static str,
+    /// Audio produced per run (0 when cloning).
     pub audio_seconds: f64,
     /// Median ms per stage (stages repeated within one run, e.g. per chunk, are summed).
     pub stages_ms: IndexMap<String, f64>,
@@ -67,7 +79,7 @@ pub fn peak_rss_mib() -> f64 {
     status_mib("VmHWM")
 }
 
-pub fn run(session: &mut ModelSession, text: &str, runs: usize, warmup: usize, load_ms: f64) -> Result<BenchReport, String> {
+pub fn run(session: &mut ModelSession, work: Work, runs: usize, warmup: usize, load_ms: f64) -> Result<BenchReport, String> {
     if runs == 0 {
         return Err("--runs must be at least 1".into());
     }
@@ -76,14 +88,20 @@ pub fn run(session: &mut ModelSession, text: &str, runs: usize, warmup: usize, l
     let mut audio_seconds = 0.0;
     for i in 0..warmup + runs {
         let start = Instant::now();
-        let out = session.synthesize(text).map_err(|e| e.to_string())?;
+        let timings = match work {
+            Work::Synthesize(text) => {
+                let out = session.synthesize(text).map_err(|e| e.to_string())?;
+                audio_seconds = out.samples.len() as f64 / out.sample_rate.max(1) as f64;
+                out.timings
+            }
+            Work::CloneVoice(reference) => session.clone_voice(reference).map_err(|e| e.to_string())?.timings,
+        };
         let total = start.elapsed().as_secs_f64() * 1e3;
         if i < warmup {
             continue;
         }
-        audio_seconds = out.samples.len() as f64 / out.sample_rate.max(1) as f64;
         let mut this_run: IndexMap<String, f64> = IndexMap::new();
-        for t in out.timings.iter() {
+        for t in timings.iter() {
             *this_run.entry(t.stage.to_string()).or_default() += t.ms;
         }
         for (stage, ms) in this_run {
@@ -96,6 +114,10 @@ pub fn run(session: &mut ModelSession, text: &str, runs: usize, warmup: usize, l
         session: SessionInfo::of(session),
         runs,
         warmup,
+        work: match work {
+            Work::Synthesize(_) => "synthesize",
+            Work::CloneVoice(_) => "clone_voice",
+        },
         audio_seconds,
         stages_ms: per_stage.into_iter().map(|(k, v)| (k, median(v))).collect(),
         total_ms,
@@ -112,6 +134,10 @@ pub fn render(r: &BenchReport) -> String {
         s += &format!("  {stage:<28} {ms:>10.2} ms\n");
     }
     s += &format!("  {:<28} {:>10.2} ms\n", "total", r.total_ms);
-    s += &format!("  audio {:.2} s, RTF {:.4}, load {:.0} ms, peak RSS {:.1} MiB\n", r.audio_seconds, r.rtf, r.load_ms, r.peak_rss_mib);
+    if r.work == "clone_voice" {
+        s += &format!("  voice cloning, load {:.0} ms, peak RSS {:.1} MiB\n", r.load_ms, r.peak_rss_mib);
+    } else {
+        s += &format!("  audio {:.2} s, RTF {:.4}, load {:.0} ms, peak RSS {:.1} MiB\n", r.audio_seconds, r.rtf, r.load_ms, r.peak_rss_mib);
+    }
     s
 }

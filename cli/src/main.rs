@@ -60,13 +60,17 @@ enum Command {
         #[arg(long)]
         json: bool,
     },
-    /// Time repeated synthesis of one text: per-stage medians, RTF, peak RSS.
+    /// Time repeated synthesis of one text (or cloning of one recording):
+    /// per-stage medians, RTF, peak RSS.
     Bench {
         #[command(flatten)]
         common: Common,
         /// Text to speak.
-        #[arg(long)]
-        text: String,
+        #[arg(long, required_unless_present = "reference", conflicts_with = "reference")]
+        text: Option<String>,
+        /// Time voice cloning of this recording instead of synthesis.
+        #[arg(long, value_name = "FILE")]
+        reference: Option<PathBuf>,
         /// Timed runs (the median is reported).
         #[arg(long, default_value_t = 5)]
         runs: usize,
@@ -240,12 +244,17 @@ fn run(cli: Cli) -> Result<(), String> {
             let text = if json { serde_json::to_string_pretty(&report).map_err(|e| e.to_string())? + "\n" } else { devices::render(&report) };
             write_stdout(&text)
         }
-        Some(Command::Bench { common, text, runs, warmup, set, json }) => {
+        Some(Command::Bench { common, text, reference, runs, warmup, set, json }) => {
             let engine = open_engine(&common, false)?;
             let start = std::time::Instant::now();
             let mut session = engine.open_model(&set).map_err(|e| e.to_string())?;
             let load_ms = start.elapsed().as_secs_f64() * 1e3;
-            let report = bench::run(&mut session, &text, runs, warmup, load_ms)?;
+            let work = match (&text, &reference) {
+                (_, Some(r)) => bench::Work::CloneVoice(r),
+                (Some(t), None) => bench::Work::Synthesize(t),
+                (None, None) => return Err("give --text or --reference".into()),
+            };
+            let report = bench::run(&mut session, work, runs, warmup, load_ms)?;
             let text = if json { serde_json::to_string_pretty(&report).map_err(|e| e.to_string())? + "\n" } else { bench::render(&report) };
             write_stdout(&text)
         }

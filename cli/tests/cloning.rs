@@ -209,3 +209,40 @@ fn bad_references_are_one_line_errors_or_documented_successes() {
     drop(f);
     succeeds(&long, Some("longer than 60 s; the first 60 s are used"));
 }
+
+/// `tts bench --reference` times the cloning stages alone; a family that
+/// does not clone (Supertonic: the ABI's default answer) says so in one line.
+#[test]
+fn bench_times_cloning_and_families_without_it_refuse() {
+    let plugins = plugins_with(&["cpu"], &["chatterbox", "supertonic"]);
+    let dir = tempfile::tempdir().unwrap();
+    let reference = dir.path().join("me.wav");
+    write_wav(&reference, &voiced(24_000, 6.0), 24_000, 1, 16, false);
+    let turbo = profile_on(dir.path(), "cpu", &chatterbox_fixture());
+    let bench = |profile: &Path| {
+        run(&[
+            "bench",
+            "--profile",
+            profile.to_str().unwrap(),
+            "--plugin-dir",
+            plugins.path().to_str().unwrap(),
+            "--reference",
+            reference.to_str().unwrap(),
+            "--runs",
+            "2",
+            "--json",
+        ])
+    };
+    let o = bench(&turbo);
+    assert!(o.status.success(), "{}", stderr(&o));
+    let report: serde_json::Value = serde_json::from_slice(&o.stdout).unwrap();
+    assert_eq!(report["work"], "clone_voice");
+    let stages = report["stages_ms"].as_object().unwrap();
+    for stage in ["clone.read", "clone.resample", "clone.prompt", "clone.campplus", "clone.s3tokenizer", "clone.voice_encoder"] {
+        assert!(stages[stage].as_f64().unwrap() > 0.0, "{stage}: {stages:?}");
+    }
+    let sub = dir.path().join("supertonic");
+    std::fs::create_dir(&sub).unwrap();
+    let o = bench(&profile_on(&sub, "cpu", &[supertonic_fixture()]));
+    assert_one_line_error(&o, "this model family does not clone voices");
+}

@@ -3,7 +3,7 @@
 
 use crate::abi::{
     BackendHandle, BackendOpenRequest, BackendSessionBox, DeviceInfo, LoadedModelInfo, ModelBox, ModelLoadRequest, OptionList, ProbeResult, SynthesisOutput,
-    SynthesisRequest, VoiceCloneRequest,
+    SynthesisRequest, VoiceCloneOutput, VoiceCloneRequest,
 };
 use crate::loader::{self, PluginFile, PluginKind};
 use crate::policy::{self, DeviceRef, Resolution};
@@ -353,19 +353,25 @@ impl ModelSession {
         Ok(output)
     }
 
-    /// Clones the voice of the recording at `reference` and writes the
-    /// model's voice file to `out` ([`crate::output`]: no partial file, no
-    /// link followed). Returns the stage timings.
-    pub fn save_voice(&mut self, reference: &Path, out: &Path) -> Result<Vec<(String, f64)>, EngineError> {
+    /// Clones the voice of the recording at `reference`: the model's voice
+    /// file bytes and the stage timings.
+    pub fn clone_voice(&mut self, reference: &Path) -> Result<VoiceCloneOutput, EngineError> {
         if !reference.is_file() {
             let what = if reference.exists() { "is not a regular file" } else { "does not exist" };
             return fail(format!("reference {} {what}", reference.display()));
         }
         let request = VoiceCloneRequest { reference: reference.display().to_string().into(), options: self.options.clone() };
-        let output = match self.model.clone_voice(&request) {
-            RResult::ROk(o) => o,
-            RResult::RErr(e) => return fail(e.to_string()),
-        };
+        match self.model.clone_voice(&request) {
+            RResult::ROk(o) => Ok(o),
+            RResult::RErr(e) => fail(e.to_string()),
+        }
+    }
+
+    /// [`clone_voice`](Self::clone_voice), the voice file written to `out`
+    /// ([`crate::output`]: no partial file, no link followed). Returns the
+    /// stage timings.
+    pub fn save_voice(&mut self, reference: &Path, out: &Path) -> Result<Vec<(String, f64)>, EngineError> {
+        let output = self.clone_voice(reference)?;
         crate::output::write_file(out, &output.voice).map_err(|e| EngineError(format!("{}: {e}", out.display())))?;
         Ok(output.timings.iter().map(|t| (t.stage.to_string(), t.ms)).collect())
     }
