@@ -34,8 +34,6 @@ import gguf
 import numpy as np
 import pyloudnorm
 import torch
-from safetensors.torch import load_file
-from transformers import AutoTokenizer
 
 sys.path.insert(0, str(Path(__file__).parent))
 import make_fixtures as mf  # noqa: E402  (registers the tiny configurations)
@@ -107,19 +105,7 @@ def main() -> int:
     wav_path = out / "reference.wav"
     wav_path.write_bytes(wav_bytes)
 
-    t3 = mf.build_t3("tiny", "turbo")
-    t3.load_state_dict(load_file(ckpt / "t3_turbo_v1.safetensors"))
-    del t3.tfmr.wte
-    t3.eval()
-    s3gen = mf.build_s3gen("tiny")
-    s3gen.load_state_dict(load_file(ckpt / "s3gen_meanflow.safetensors"), strict=True)
-    s3gen.eval()
-    ve = mf.build_ve("tiny")
-    ve.load_state_dict(load_file(ckpt / "ve.safetensors"))
-    ve.eval()
-    tokenizer = AutoTokenizer.from_pretrained(str(ckpt))
-    if tokenizer.pad_token is None:
-        tokenizer.pad_token = tokenizer.eos_token
+    t3, s3gen, ve, tokenizer = mf.load_tiny_turbo(ckpt)
     tts = ChatterboxTurboTTS(t3, s3gen, ve, tokenizer, "cpu", conds=None)
     tts.watermarker.apply_watermark = lambda wav, sample_rate: wav
     tts.t3.inference_turbo = partial(type(tts.t3).inference_turbo, tts.t3, max_gen_len=MAX_GEN_LEN)
