@@ -27,7 +27,6 @@ import json
 import math
 import sys
 import wave
-from functools import partial
 from pathlib import Path
 
 import gguf
@@ -107,30 +106,10 @@ def main() -> int:
 
     t3, s3gen, ve, tokenizer = mf.load_tiny_turbo(ckpt)
     tts = ChatterboxTurboTTS(t3, s3gen, ve, tokenizer, "cpu", conds=None)
-    tts.watermarker.apply_watermark = lambda wav, sample_rate: wav
-    tts.t3.inference_turbo = partial(type(tts.t3).inference_turbo, tts.t3, max_gen_len=MAX_GEN_LEN)
-
     import librosa
     loaded, _ = librosa.load(wav_path, sr=RATE)
     loudness = float(pyloudnorm.Meter(RATE).integrated_loudness(loaded))
-
-    g = torch.Generator().manual_seed(SEED)
-    uniforms = torch.rand(MAX_GEN_LEN + 1, generator=g, dtype=torch.float32)
-    drawn = []
-
-    def multinomial(probs, num_samples=1, *a, **k):
-        tok = mf.inverse_cdf(probs[0], float(uniforms[len(drawn)]))
-        drawn.append(tok)
-        return torch.tensor([[tok]], dtype=torch.long)
-
-    rng_log = []
-    torch.manual_seed(SEED)
-    with mf.replace_multinomial(multinomial), mf.record_rng(rng_log), torch.inference_mode():
-        wav = tts.generate(TEXT, audio_prompt_path=str(wav_path))
-    kinds = [k for k, _ in rng_log]
-    assert kinds == ["torch.randn", "torch.randn_like", "Uniform(-pi,pi).sample", "torch.randn_like",
-                     "torch.randn_like"], kinds
-    _, z, phase, sine_noise, _ = [t for _, t in rng_log]
+    uniforms, drawn, z, phase, sine_noise, wav = mf.generate_recorded(tts, SEED, MAX_GEN_LEN, TEXT, audio_prompt_path=str(wav_path))
     wav_path.unlink()
 
     write_voice(out / "reference.voice", tts.conds, "turbo")

@@ -396,6 +396,34 @@ def load_tiny_turbo(ckpt):
     return t3, s3gen, ve, tokenizer
 
 
+def generate_recorded(tts, seed, max_gen_len, text, **kwargs):
+    """`tts.generate(text, **kwargs)` on a ChatterboxTurboTTS with the watermark off, T3 capped at
+    `max_gen_len` tokens, `torch.multinomial` drawing by inverse CDF from seeded uniforms, and the
+    other draws recorded. Returns (uniforms, drawn tokens, cfm z, sine phase, sine noise, wav)."""
+    import torch
+    from functools import partial
+    tts.watermarker.apply_watermark = lambda wav, sample_rate: wav
+    tts.t3.inference_turbo = partial(type(tts.t3).inference_turbo, tts.t3, max_gen_len=max_gen_len)
+    g = torch.Generator().manual_seed(seed)
+    uniforms = torch.rand(max_gen_len + 1, generator=g, dtype=torch.float32)
+    drawn = []
+
+    def multinomial(probs, num_samples=1, *a, **k):
+        tok = inverse_cdf(probs[0], float(uniforms[len(drawn)]))
+        drawn.append(tok)
+        return torch.tensor([[tok]], dtype=torch.long)
+
+    rng_log = []
+    torch.manual_seed(seed)
+    with replace_multinomial(multinomial), record_rng(rng_log), torch.inference_mode():
+        wav = tts.generate(text, **kwargs)
+    kinds = [k for k, _ in rng_log]
+    assert kinds == ["torch.randn", "torch.randn_like", "Uniform(-pi,pi).sample", "torch.randn_like",
+                     "torch.randn_like"], kinds
+    _, z, phase, sine_noise, _ = [t for _, t in rng_log]
+    return uniforms, drawn, z, phase, sine_noise, wav
+
+
 def save_pipeline_case(out, uniforms, drawn, z, phase, sine_noise, wav, case):
     """Writes an end-to-end case: the draws the engine injects (`t3_uniforms`, `cfm_z`,
     `sine_phase`, `sine_noise`), the drawn `speech_tokens`, the `wav` and `case.json`."""

@@ -101,13 +101,7 @@ pub fn read(path: &Path, t3: &T3Hparams, s3: &S3GenHparams) -> Result<Voice> {
             None => Ok(v),
         }
     };
-    let tokens = |name: &str, vocab: usize| -> Result<Vec<i32>> {
-        let v: Vec<i32> = gguf.read_bytes(name)?.chunks_exact(4).map(|c| i32::from_le_bytes([c[0], c[1], c[2], c[3]])).collect();
-        match v.iter().find(|&&t| t < 0 || t as usize >= vocab) {
-            Some(bad) => Err(format!("{shown}: {name} holds token {bad}, outside the vocabulary of {vocab}").into()),
-            None => Ok(v),
-        }
-    };
+    let tokens = |name: &str, vocab: usize| crate::t3::read_tokens(&gguf, name, vocab);
     let (frames, s3_tokens) = (table.dim(PROMPT_FRAMES).unwrap_or(0), table.dim(PROMPT_TOKENS).unwrap_or(0));
     if s3_tokens > frames / 2 {
         return Err(format!("{shown}: {s3_tokens} S3Gen prompt tokens for {frames} mel frames (at most one token per two frames)").into());

@@ -129,14 +129,19 @@ pub fn builtin_voice(weights: &Weights) -> Result<T3Conditioning> {
     })
 }
 
-/// Checks that the I32 tensor `name` holds only tokens below `vocab` (they
-/// index an embedding table), reading it from the file.
-pub fn check_tokens(gguf: &GgufTensors, name: &str, vocab: usize) -> Result<()> {
-    let bytes = gguf.read_bytes(name)?;
-    match bytes.chunks_exact(4).map(|c| i32::from_le_bytes([c[0], c[1], c[2], c[3]])).find(|&t| t < 0 || t as usize >= vocab) {
+/// The I32 tensor `name` read from the file, checked to hold only tokens
+/// below `vocab` (they index an embedding table).
+pub fn read_tokens(gguf: &GgufTensors, name: &str, vocab: usize) -> Result<Vec<i32>> {
+    let tokens: Vec<i32> = gguf.read_bytes(name)?.chunks_exact(4).map(|c| i32::from_le_bytes([c[0], c[1], c[2], c[3]])).collect();
+    match tokens.iter().find(|&&t| t < 0 || t as usize >= vocab) {
         Some(bad) => Err(format!("{}: {name} holds token {bad}, outside the vocabulary of {vocab}", gguf.file.path().display()).into()),
-        None => Ok(()),
+        None => Ok(tokens),
     }
+}
+
+/// [`read_tokens`] for its check alone.
+pub fn check_tokens(gguf: &GgufTensors, name: &str, vocab: usize) -> Result<()> {
+    read_tokens(gguf, name, vocab).map(|_| ())
 }
 
 /// Everything checked about a T3 file before any weight is read, without a
