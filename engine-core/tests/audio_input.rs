@@ -60,18 +60,48 @@ fn resampling_matches_soxr_hq() {
     let clip = read_mono(&fixtures().join("wav44k.wav"), 60.0).unwrap();
     let to24 = resample(&clip.samples, 44_100, 24_000).unwrap();
     let to16 = resample(&clip.samples, 44_100, 16_000).unwrap();
-    let chain = resample(&to24, 24_000, 16_000).unwrap();
+    // Chatterbox's T3 prompt: a 24 kHz clip taken to 16 kHz.
+    let chain = resample(&npy("wav44k_to_24k.npy"), 24_000, 16_000).unwrap();
     for (name, got) in [("wav44k_to_24k.npy", &to24), ("wav44k_to_16k.npy", &to16), ("24k_to_16k.npy", &chain)] {
         let want = npy(name);
         assert_eq!(got.len(), want.len(), "{name}: length");
         let whole = snr_db(got, &want);
-        // Away from the clip's first and last 50 ms, where the two filters see
-        // different amounts of the signal's (absent) outside.
-        let edge = want.len() / 20;
-        let inner = snr_db(&got[edge..got.len() - edge], &want[edge..want.len() - edge]);
-        eprintln!("{name}: SNR against soxr_hq {whole:.1} dB whole clip, {inner:.1} dB inside");
-        assert!(inner >= 90.0, "{name}: {inner:.1} dB");
+        // soxr's first outputs from a 44.1 kHz input are a start-up transient
+        // of its own (see `soxr_has_a_start_up_transient`), and its last
+        // output too. The clip starts and ends at full level, so they dominate
+        // a whole-clip figure there; 10 samples (0.6 ms at most) at each end
+        // hold them.
+        let edge = 10;
+        let trimmed = snr_db(&got[edge..got.len() - edge], &want[edge..want.len() - edge]);
+        let inside = {
+            let edge = want.len() / 20;
+            snr_db(&got[edge..got.len() - edge], &want[edge..want.len() - edge])
+        };
+        eprintln!("{name}: SNR against soxr_hq {whole:.1} dB whole clip, {trimmed:.1} dB without 10 samples at each end, {inside:.1} dB inside");
+        assert!(trimmed >= 90.0, "{name}: {trimmed:.1} dB");
+        if name == "24k_to_16k.npy" {
+            assert!(whole >= 90.0, "{name}: {whole:.1} dB over the whole clip");
+        }
     }
+}
+
+/// A unit impulse at a 44.1 kHz clip's first sample leaves soxr_hq (at 24 kHz)
+/// noticeably lower than the same impulse mid-clip: its filter is not yet the
+/// one it uses everywhere else. A linear-phase filter gives both the same peak.
+#[test]
+fn soxr_has_a_start_up_transient() {
+    let manifest: serde_json::Value = serde_json::from_slice(&std::fs::read(fixtures().join("manifest.json")).unwrap()).unwrap();
+    let impulse = &manifest["soxr_hq_impulse_44k_to_24k"];
+    let (at_start, mid_clip) = (impulse["at_start"].as_f64().unwrap(), impulse["mid_clip"].as_f64().unwrap());
+    let mut unit = vec![0.0f32; 44_100];
+    unit[0] = 1.0;
+    let ours_at_start = resample(&unit, 44_100, 24_000).unwrap()[0] as f64;
+    unit.rotate_right(441);
+    let ours_mid_clip = resample(&unit, 44_100, 24_000).unwrap()[240] as f64;
+    eprintln!("impulse peak at the start / mid-clip: soxr_hq {at_start:.4} / {mid_clip:.4}, ours {ours_at_start:.4} / {ours_mid_clip:.4}");
+    assert!((ours_at_start - ours_mid_clip).abs() < 1e-6, "ours: {ours_at_start} vs {ours_mid_clip}");
+    assert!((ours_mid_clip - mid_clip).abs() < 1e-3, "mid-clip: ours {ours_mid_clip}, soxr {mid_clip}");
+    assert!(mid_clip - at_start > 0.02, "soxr: {at_start} vs {mid_clip}");
 }
 
 fn scratch() -> tempfile::TempDir {

@@ -66,6 +66,14 @@ def main():
     np.save(out / "wav44k_to_16k.npy", to16.astype(np.float32))
     np.save(out / "24k_to_16k.npy", librosa.resample(to24, orig_sr=24000, target_sr=16000).astype(np.float32))
     manifest["resampler"] = "librosa %s resample, res_type soxr_hq" % librosa.__version__
+    # soxr's own start-up transient at 44.1 kHz: a unit impulse at the first
+    # sample and the same impulse mid-clip, each at the output sample it lands on.
+    impulse = np.zeros(44100)
+    impulse[0] = 1
+    at_start = librosa.resample(impulse, orig_sr=44100, target_sr=24000)[0]
+    impulse = np.roll(impulse, 441)
+    mid_clip = librosa.resample(impulse, orig_sr=44100, target_sr=24000)[240]
+    manifest["soxr_hq_impulse_44k_to_24k"] = {"at_start": float(at_start), "mid_clip": float(mid_clip)}
     (out / "manifest.json").write_text(json.dumps(manifest, indent=1) + "\n")
 
 
