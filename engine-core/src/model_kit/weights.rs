@@ -116,6 +116,11 @@ impl Weights {
         Ok(unsafe { self.checked(name)?.rebind(ctx) })
     }
 
+    /// A weight's shape (ggml order).
+    pub fn ne(&self, name: &str) -> Result<[i64; 4]> {
+        Ok(self.checked(name)?.ne())
+    }
+
     /// An F32 weight's values, read on the host.
     pub fn host_f32(&self, name: &str) -> Result<Vec<f32>> {
         self.checked(name)?.get_f32()

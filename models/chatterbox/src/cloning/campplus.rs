@@ -6,7 +6,9 @@
 //! reads time-first. The dense blocks then run channels-first `[C, T]`, where
 //! 1×1 convolutions are plain products and the dense concatenation appends
 //! rows. Every batch norm is folded at load into a per-channel scale and shift
-//! ([`fold_batch_norms`]).
+//! ([`fold_batch_norms`]). The dense layers' local convolutions run as one
+//! product per tap ([`local_taps`]): channels-first, the frames a tap reads
+//! are a contiguous slice of the padded input, so nothing is gathered.
 
 use crate::hparams::CampplusHparams;
 use crate::tensors::campplus_batch_norms;
@@ -47,6 +49,33 @@ pub fn fold_batch_norms(weights: &Weights, c: &CampplusHparams) -> engine_core::
         out.push(DerivedTensor { name: shift_name(p), ne, values: shift });
     }
     Ok(out)
+}
+
+fn taps_name(weight: &str) -> String {
+    format!("{weight}.taps")
+}
+
+fn local_kernels(c: &CampplusHparams) -> impl Iterator<Item = String> + '_ {
+    c.block_layers
+        .iter()
+        .enumerate()
+        .flat_map(|(b, &layers)| (0..layers).map(move |l| format!("campplus.block{}.tdnnd{}.cam_layer.linear_local.weight", b + 1, l + 1)))
+}
+
+/// Each local kernel `[k, in, out]` (ggml order) as one `[in, out]` matrix per
+/// tap, stacked `[in, out, k]`.
+pub fn local_taps(weights: &Weights, c: &CampplusHparams) -> engine_core::model_kit::Result<Vec<DerivedTensor>> {
+    local_kernels(c)
+        .map(|name| {
+            let w = weights.host_f32(&name)?;
+            let [k, cin, cout, _] = weights.ne(&name)?.map(|n| n as usize);
+            let mut values = vec![0.0; w.len()];
+            for (tap, o, ch) in (0..k).flat_map(|tap| (0..cout).flat_map(move |o| (0..cin).map(move |ch| (tap, o, ch)))) {
+                values[(tap * cout + o) * cin + ch] = w[(o * cin + ch) * k + tap];
+            }
+            Ok(DerivedTensor { name: taps_name(&name), ne: vec![cin as i64, cout as i64, k as i64], values })
+        })
+        .collect()
 }
 
 /// Frames after the strided TDNN for `frames` fbank frames.
@@ -132,7 +161,7 @@ fn cam_layer<'c>(
     let h = relu_norm(b, conv1x1(b, h, &format!("{p}.linear1.weight"))?, &format!("{p}.nl2.bn"))?; // [bn, T]
     let pad = (kernel / 2 * dilation) as i32;
     let padded = ctx.pad_ext(h, [[0, 0], [pad, pad], [0, 0], [0, 0]])?;
-    let y = ctx.conv_1d(b.w(&format!("{p}.cam_layer.linear_local.weight"))?, padded, 1, dilation as i32)?; // [growth, T]
+    let y = conv_1d_taps(b, padded, &format!("{p}.cam_layer.linear_local.weight"), dilation)?; // [growth, T]
 
     let [bn, t, _, _] = h.ne();
     let (seg, segments) = (c.seg_len as i64, segment_scale.ne()[1]);
@@ -148,6 +177,28 @@ fn cam_layer<'c>(
     let gate = ctx.repeat_to(ctx.reshape(gate, &[growth, 1, segments])?, [growth, seg, segments, 1])?;
     let gate = ctx.view(ctx.reshape(gate, &[growth, seg * segments])?, &[growth, t], &[growth as usize * std::mem::size_of::<f32>()], 0)?;
     ctx.mul(y, gate)
+}
+
+/// A 1-D convolution on channels-first `padded` `[C, T + (k − 1)·dilation]`
+/// with the [`local_taps`] of `name`: tap `i` reads the contiguous slice that
+/// starts at frame `i·dilation`.
+fn conv_1d_taps<'c>(b: &Builder<'c, '_>, padded: Tensor<'c>, name: &str, dilation: usize) -> Result<Tensor<'c>> {
+    let ctx = b.ctx;
+    let taps = b.w(&taps_name(name))?;
+    let [ch, cout, k, _] = taps.ne();
+    let t = padded.ne()[1] - (k - 1) * dilation as i64;
+    let size = std::mem::size_of::<f32>();
+    let frame = ch as usize * size;
+    let mut y: Option<Tensor<'c>> = None;
+    for tap in 0..k as usize {
+        let matrix = ctx.view(taps, &[ch, cout], &[frame], tap * (ch * cout) as usize * size)?;
+        let product = ctx.mul_mat(matrix, ctx.view(padded, &[ch, t], &[frame], tap * dilation * frame)?)?;
+        y = Some(match y {
+            Some(sum) => ctx.add(sum, product)?,
+            None => product,
+        });
+    }
+    y.ok_or_else(|| ggml_sys::Error::Msg(format!("{name} has no taps")))
 }
 
 /// Mean and unbiased standard deviation over time of `x` `[C, T]`, stacked `[2C, 1]`.
@@ -187,9 +238,9 @@ fn norm_2d<'c>(b: &Builder<'c, '_>, x: Tensor<'c>, prefix: &str) -> Result<Tenso
     ctx.add(ctx.mul(x, per_channel(scale_name(prefix))?)?, per_channel(shift_name(prefix))?)
 }
 
-/// Nodes of a [`build`] graph, bounded: under 48 per dense layer, 200 for the rest.
+/// Nodes of a [`build`] graph, bounded: under 64 per dense layer, 200 for the rest.
 pub fn max_nodes(c: &CampplusHparams) -> usize {
-    48 * c.block_layers.iter().sum::<usize>() + 200
+    64 * c.block_layers.iter().sum::<usize>() + 200
 }
 
 #[cfg(test)]

@@ -114,12 +114,22 @@ fn power_spectra(x: &[f32], n_fft: usize, hop: usize, pad: usize, frames: usize,
     })
 }
 
+/// Each filter applied to each spectrum, then `map`. A triangular filter is
+/// zero outside a few bins: only its nonzero span is summed, in bin order, so
+/// the sums equal the dense ones exactly.
 fn apply_filters(spectra: &[Vec<f64>], filters: &[Vec<f64>], map: impl Fn(f64) -> f64) -> Features {
+    let spans: Vec<(usize, &[f64])> = filters
+        .iter()
+        .map(|f| match (f.iter().position(|&w| w != 0.0), f.iter().rposition(|&w| w != 0.0)) {
+            (Some(first), Some(last)) => (first, &f[first..=last]),
+            _ => (0, &f[..0]),
+        })
+        .collect();
     let dims = filters.len();
     let mut data = Vec::with_capacity(spectra.len() * dims);
     for power in spectra {
-        for f in filters {
-            data.push(map(f.iter().zip(power).map(|(w, p)| w * p).sum()) as f32);
+        for &(first, weights) in &spans {
+            data.push(map(weights.iter().zip(&power[first..]).map(|(w, p)| w * p).sum()) as f32);
         }
     }
     Features { frames: spectra.len(), dims, data }

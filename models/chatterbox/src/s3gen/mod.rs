@@ -101,6 +101,7 @@ impl S3Gen {
         let mut derived = hift::snake_reciprocals(&weights)?;
         derived.extend(hift::stft_bases(&hp.hift));
         derived.extend(crate::cloning::campplus::fold_batch_norms(&weights, &hp.campplus)?);
+        derived.extend(crate::cloning::campplus::local_taps(&weights, &hp.campplus)?);
         derived.extend(crate::cloning::s3tokenizer::fsmn_taps(&weights, &hp.tokenizer)?);
         weights.add_derived(&backend, derived)?;
         let source_merge = (weights.host_f32("hift.m_source.l_linear.weight")?, weights.host_f32("hift.m_source.l_linear.bias")?[0]);
