@@ -29,6 +29,22 @@ pub struct DerivedTensor {
     pub values: Vec<f32>,
 }
 
+impl DerivedTensor {
+    /// Weight `source`, whose ne0 are a convolution's taps, with the taps moved
+    /// outermost: `[rest…, taps]` where `rest` are its other axes (ggml order),
+    /// so that each tap's matrix or vector is contiguous.
+    pub fn taps_outermost(weights: &Weights, source: &str, name: String, rest: &[i64]) -> Result<DerivedTensor> {
+        let w = weights.host_f32(source)?;
+        let taps = weights.ne(source)?[0] as usize;
+        let others = w.len() / taps.max(1);
+        if rest.iter().product::<i64>() as usize != others {
+            return Err(Error::Msg(format!("{source}: {others} values per tap, not {rest:?}")));
+        }
+        let values = (0..taps).flat_map(|tap| (0..others).map(move |r| (tap, r))).map(|(tap, r)| w[r * taps + tap]).collect();
+        Ok(DerivedTensor { name, ne: rest.iter().copied().chain([taps as i64]).collect(), values })
+    }
+}
+
 impl Weights {
     /// Checks `gguf` against `table` (unless the caller already did), then
     /// loads every tensor. The table's matrix-product weights are stored as

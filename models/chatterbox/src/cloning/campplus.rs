@@ -67,13 +67,8 @@ fn local_kernels(c: &CampplusHparams) -> impl Iterator<Item = String> + '_ {
 pub fn local_taps(weights: &Weights, c: &CampplusHparams) -> engine_core::model_kit::Result<Vec<DerivedTensor>> {
     local_kernels(c)
         .map(|name| {
-            let w = weights.host_f32(&name)?;
-            let [k, cin, cout, _] = weights.ne(&name)?.map(|n| n as usize);
-            let mut values = vec![0.0; w.len()];
-            for (tap, o, ch) in (0..k).flat_map(|tap| (0..cout).flat_map(move |o| (0..cin).map(move |ch| (tap, o, ch)))) {
-                values[(tap * cout + o) * cin + ch] = w[(o * cin + ch) * k + tap];
-            }
-            Ok(DerivedTensor { name: taps_name(&name), ne: vec![cin as i64, cout as i64, k as i64], values })
+            let [_, cin, cout, _] = weights.ne(&name)?;
+            Ok(DerivedTensor::taps_outermost(weights, &name, taps_name(&name), &[cin, cout])?)
         })
         .collect()
 }

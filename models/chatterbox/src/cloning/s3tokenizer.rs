@@ -35,13 +35,8 @@ fn taps_name(layer: usize) -> String {
 /// The FSMN kernels as `[D, K]` (channel fastest), the layout the depthwise
 /// convolution reads; the file keeps PyTorch's `[K, 1, D]`.
 pub fn fsmn_taps(weights: &Weights, tok: &TokenizerHparams) -> engine_core::model_kit::Result<Vec<DerivedTensor>> {
-    let (d, k) = (tok.n_state, tok.fsmn_kernel);
     (0..tok.n_layer)
-        .map(|l| {
-            let w = weights.host_f32(&format!("{P}.blocks.{l}.attn.fsmn_block.weight"))?;
-            let values = (0..k).flat_map(|tap| (0..d).map(move |c| (tap, c))).map(|(tap, c)| w[c * k + tap]).collect();
-            Ok(DerivedTensor { name: taps_name(l), ne: vec![d as i64, k as i64], values })
-        })
+        .map(|l| Ok(DerivedTensor::taps_outermost(weights, &format!("{P}.blocks.{l}.attn.fsmn_block.weight"), taps_name(l), &[tok.n_state as i64])?))
         .collect()
 }
 
