@@ -130,6 +130,26 @@ impl<'c, 'w> Builder<'c, 'w> {
         Ok(acc.expect("a kernel has at least one tap"))
     }
 
+    /// 2-D convolution of an image `x` `[W, H, C_in]` (W fastest), kernel
+    /// `[kw, kh, C_in, C_out]` (ggml order), strides and symmetric zero
+    /// padding per axis (W, H) → `[W_out, H_out, C_out]`. On the CPU the direct
+    /// `CONV_2D` node (the CPU plugin's patch 0005 computes it without a patch
+    /// matrix in memory); elsewhere, or where a deny rule forbids the node,
+    /// im2col and a product. ggml-vulkan's `CONV_2D` crashed lavapipe in about
+    /// one run of six of the cloning suite, so GPU backends keep the path
+    /// their parity suites verified.
+    pub fn conv_2d(&self, kernel: Tensor<'c>, x: Tensor<'c>, stride: [i32; 2], pad: [i32; 2]) -> Result<Tensor<'c>> {
+        let c = self.ctx;
+        let on_cpu = self.device.is_none_or(|d| d.kind() == ggml_sys::DeviceKind::Cpu);
+        if on_cpu && self.policy.denial("CONV_2D").is_none() {
+            let y = c.conv_2d_direct(kernel, x, stride, pad, [1, 1])?;
+            if self.device.is_none_or(|dev| dev.supports_op(y)) {
+                return Ok(y);
+            }
+        }
+        c.conv_2d(kernel, x, stride, pad)
+    }
+
     /// Transposed 1-D convolution, no padding, dilation 1: kernel `[K, Cout,
     /// Cin]`, input `[T, Cin]` → `[(T−1)·stride + K, Cout]`. The backend's
     /// `CONV_TRANSPOSE_1D`, or: one product gives every tap's contribution

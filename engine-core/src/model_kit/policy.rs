@@ -117,7 +117,7 @@ impl OpPolicy {
 }
 
 /// Ops the kit builds another way when they are denied (or off by policy).
-pub const OPS_WITH_FALLBACK: [&str; 4] = ["FLASH_ATTN_EXT", "LEAKY_RELU", "CONV_TRANSPOSE_1D", "CONV_2D_DW"];
+pub const OPS_WITH_FALLBACK: [&str; 5] = ["FLASH_ATTN_EXT", "LEAKY_RELU", "CONV_TRANSPOSE_1D", "CONV_2D_DW", "CONV_2D"];
 
 impl OpPolicy {
     /// At load: refuses a deny rule on an op the family's graphs use

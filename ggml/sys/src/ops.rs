@@ -211,6 +211,14 @@ impl Context {
         self.reshape(y, &[w_out, h_out, cout])
     }
 
+    /// [`Context::conv_2d`] as one `CONV_2D` node, with dilation per axis:
+    /// no patch matrix in memory where the backend runs the op directly.
+    /// Images and outputs may carry a batch in ne3.
+    pub fn conv_2d_direct<'a>(&'a self, kernel: Tensor<'a>, x: Tensor<'a>, stride: [i32; 2], pad: [i32; 2], dilation: [i32; 2]) -> Result<Tensor<'a>> {
+        let (c, k, p) = (self.as_ptr(), kernel.as_ptr(), x.as_ptr());
+        self.wrap(unsafe { sys::ggml_conv_2d_direct(c, k, p, stride[0], stride[1], pad[0], pad[1], dilation[0], dilation[1]) })
+    }
+
     /// Reflection padding of ne0 (`left`, `right` < ne0).
     pub fn pad_reflect_1d<'a>(&'a self, a: Tensor<'a>, left: i32, right: i32) -> Result<Tensor<'a>> {
         self.wrap(unsafe { sys::ggml_pad_reflect_1d(self.as_ptr(), a.as_ptr(), left, right) })

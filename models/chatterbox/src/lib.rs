@@ -168,6 +168,7 @@ pub const GRAPH_OPS: &[&str] = &[
     "CONCAT",
     "CONT",
     "CONV_2D_DW",
+    "CONV_2D",
     "CONV_TRANSPOSE_1D",
     "COS",
     "CPY",

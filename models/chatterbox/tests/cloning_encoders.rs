@@ -5,7 +5,7 @@
 
 mod common;
 
-use engine_core::model_kit::census::{assert_declared, census};
+use engine_core::model_kit::census::{all_on_denying, assert_declared, census, stages_with, StageNodes};
 use engine_core::model_kit::OpPolicy;
 use std::path::{Path, PathBuf};
 use tts_model_chatterbox::cloning::features;
@@ -99,22 +99,40 @@ fn voice_encoder(backend: &str, tol: &Tolerances) {
     assert_declared(&t3.graphs().into_iter().map(|(s, g)| (s, census(g))).collect(), tts_model_chatterbox::GRAPH_OPS);
 }
 
+/// CAMPPlus on two recordings: its 3×3 head as direct `CONV_2D` nodes on the
+/// CPU, and through im2col where a deny rule forbids them (and on Vulkan).
 fn campplus(backend: &str, tol: &Tolerances) {
     let handle = common::open(backend);
-    let mut s3 = S3Gen::load(&fixtures().join("turbo-tiny/s3gen-meanflow.gguf"), handle.ggml_backend(), &OpPolicy::reference()).unwrap();
-    let dir = fixtures().join("cloning");
-    let recordings = [("1 s", "features/wav16k", "xvector_1s"), ("4.4 s", "voice_encoder/recording16k", "xvector")];
-    for (what, wav, want) in recordings {
-        let (_, wav) = common::npy_in(&dir, wav);
-        let xvector = s3.xvector(&features::campplus_fbank(&wav).unwrap()).unwrap();
-        let (_, want) = common::npy_in(&dir.join("campplus"), want);
-        let err = common::rel_err(&xvector, &want);
-        println!("  {backend}: CAMPPlus x-vector of the {what} recording: rel err {err:.2e} (tolerance {:.0e})", tol.xvector);
-        assert!(err <= tol.xvector, "x-vector ({what}): {err:e}");
+    let policies = [("direct head", OpPolicy::reference()), ("CONV_2D denied", OpPolicy::from_resolved(&all_on_denying(&["CONV_2D"])))];
+    let mut by_policy: Vec<Vec<f32>> = Vec::new();
+    for (how, policy) in policies {
+        let mut s3 = S3Gen::load(&fixtures().join("turbo-tiny/s3gen-meanflow.gguf"), handle.ggml_backend(), &policy).unwrap();
+        let dir = fixtures().join("cloning");
+        let recordings = [("1 s", "features/wav16k", "xvector_1s"), ("4.4 s", "voice_encoder/recording16k", "xvector")];
+        for (what, wav, want) in recordings {
+            let (_, wav) = common::npy_in(&dir, wav);
+            let xvector = s3.xvector(&features::campplus_fbank(&wav).unwrap()).unwrap();
+            let (_, want) = common::npy_in(&dir.join("campplus"), want);
+            let err = common::rel_err(&xvector, &want);
+            println!("  {backend} ({how}): CAMPPlus x-vector of the {what} recording: rel err {err:.2e} (tolerance {:.0e})", tol.xvector);
+            assert!(err <= tol.xvector, "x-vector ({what}, {how}): {err:e}");
+            by_policy.push(xvector);
+        }
+        let nodes: StageNodes = s3.graphs().into_iter().map(|(s, g)| (s, census(g))).collect();
+        let (direct, im2col) = (stages_with(&nodes, "CONV_2D"), stages_with(&nodes, "IM2COL"));
+        // Direct on the CPU unless denied; im2col on a GPU backend either way.
+        match (policy.denial("CONV_2D"), backend) {
+            (None, "cpu") => assert!(direct.contains("campplus"), "{how}: {direct:?}"),
+            _ => assert!(direct.is_empty() && im2col.contains("campplus"), "{how}: {direct:?}, {im2col:?}"),
+        }
+        assert_declared(&nodes, tts_model_chatterbox::GRAPH_OPS);
+        let err = s3.xvector(&features::campplus_fbank(&[0.1; 500]).unwrap()).unwrap_err().to_string();
+        assert!(err.contains("CAMPPlus needs a longer recording than 1 fbank frames"), "{err}");
     }
-    let err = s3.xvector(&features::campplus_fbank(&[0.1; 500]).unwrap()).unwrap_err().to_string();
-    assert!(err.contains("CAMPPlus needs a longer recording than 1 fbank frames"), "{err}");
-    assert_declared(&s3.graphs().into_iter().map(|(s, g)| (s, census(g))).collect(), tts_model_chatterbox::GRAPH_OPS);
+    let (direct, im2col) = by_policy.split_at(2);
+    for (d, i) in direct.iter().zip(im2col) {
+        println!("  {backend}: direct against im2col head: x-vector rel diff {:.2e}", common::rel_err(d, i));
+    }
 }
 
 fn s3_tokenizer(backend: &str, tol: &Tolerances) {

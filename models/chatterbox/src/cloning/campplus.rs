@@ -119,7 +119,7 @@ pub fn build<'c>(b: &Builder<'c, '_>, c: &CampplusHparams, frames: usize) -> Res
 /// frequency axis, and a last frequency-halving conv + BN + ReLU.
 fn head<'c>(b: &Builder<'c, '_>, c: &CampplusHparams, x: Tensor<'c>) -> Result<Tensor<'c>> {
     let ctx = b.ctx;
-    let conv = |x: Tensor<'c>, name: &str, freq_stride: i32, pad: i32| ctx.conv_2d(b.w(name)?, x, [1, freq_stride], [pad, pad]);
+    let conv = |x: Tensor<'c>, name: &str, freq_stride: i32, pad: i32| b.conv_2d(b.w(name)?, x, [1, freq_stride], [pad, pad]);
     let mut x = ctx.relu(norm_2d(b, conv(x, "campplus.head.conv1.weight", 1, 1)?, "campplus.head.bn1")?)?;
     for (stage, &blocks) in c.head_blocks.iter().enumerate() {
         for j in 0..blocks {
