@@ -135,9 +135,10 @@ impl<'c, 'w> Builder<'c, 'w> {
     /// padding per axis (W, H) → `[W_out, H_out, C_out]`. On the CPU the direct
     /// `CONV_2D` node (the CPU plugin's patch 0005 computes it without a patch
     /// matrix in memory); elsewhere, or where a deny rule forbids the node,
-    /// im2col and a product. ggml-vulkan's `CONV_2D` crashed lavapipe in about
-    /// one run of six of the cloning suite, so GPU backends keep the path
-    /// their parity suites verified.
+    /// im2col and a product: GPU backends keep the path their parity suites
+    /// verified. (ggml-vulkan's `CONV_2D` crashed lavapipe in about one run of
+    /// six of the cloning suite, maybe the freed-buffer fault of
+    /// docs/architecture.md, "Lavapipe"; not measured apart.)
     pub fn conv_2d(&self, kernel: Tensor<'c>, x: Tensor<'c>, stride: [i32; 2], pad: [i32; 2]) -> Result<Tensor<'c>> {
         let c = self.ctx;
         let on_cpu = self.device.is_none_or(|d| d.kind() == ggml_sys::DeviceKind::Cpu);
