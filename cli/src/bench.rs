@@ -1,6 +1,7 @@
 //! `tts bench`: repeated synthesis of one text (or cloning of one reference
 //! recording) on one loaded model; per-stage medians as the model plugin
-//! reports them, real-time factor and peak RSS.
+//! reports them, time to first audio (synthesis streams), real-time factor
+//! and peak RSS.
 
 use engine_core::engine::ModelSession;
 use indexmap::IndexMap;
@@ -48,6 +49,12 @@ pub struct BenchReport {
     /// Median ms per stage (stages repeated within one run, e.g. per chunk, are summed).
     pub stages_ms: IndexMap<String, f64>,
     pub total_ms: f64,
+    /// Median ms from the request to the first streamed piece of audio (synthesis only).
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub first_audio_ms: Option<f64>,
+    /// Pieces the audio arrived in (synthesis only).
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub pieces: Option<u32>,
     /// total / audio duration (below 1 is faster than real time).
     pub rtf: f64,
     pub load_ms: f64,
@@ -85,14 +92,25 @@ pub fn run(session: &mut ModelSession, work: Work, runs: usize, warmup: usize, l
     }
     let mut per_stage: IndexMap<String, Vec<f64>> = IndexMap::new();
     let mut totals = Vec::new();
+    let (mut first_audio, mut pieces) = (Vec::new(), None);
     let mut audio_seconds = 0.0;
     for i in 0..warmup + runs {
         let start = Instant::now();
         let timings = match work {
             Work::Synthesize(text) => {
-                let out = session.synthesize(text).map_err(|e| e.to_string())?;
-                audio_seconds = out.samples.len() as f64 / out.sample_rate.max(1) as f64;
-                out.timings
+                let mut first = None;
+                let summary = session
+                    .synthesize_streaming(text, |_, _| {
+                        first.get_or_insert_with(|| start.elapsed().as_secs_f64() * 1e3);
+                        Ok(true)
+                    })
+                    .map_err(|e| e.to_string())?;
+                audio_seconds = summary.samples as f64 / summary.sample_rate.max(1) as f64;
+                if i >= warmup {
+                    first_audio.extend(first);
+                }
+                pieces = Some(summary.pieces);
+                summary.timings
             }
             Work::CloneVoice(reference) => session.clone_voice(reference).map_err(|e| e.to_string())?.timings,
         };
@@ -121,6 +139,8 @@ pub fn run(session: &mut ModelSession, work: Work, runs: usize, warmup: usize, l
         audio_seconds,
         stages_ms: per_stage.into_iter().map(|(k, v)| (k, median(v))).collect(),
         total_ms,
+        first_audio_ms: (!first_audio.is_empty()).then(|| median(first_audio)),
+        pieces,
         rtf: if audio_seconds > 0.0 { total_ms / 1e3 / audio_seconds } else { 0.0 },
         load_ms,
         peak_rss_mib: peak_rss_mib(),
@@ -134,6 +154,9 @@ pub fn render(r: &BenchReport) -> String {
         s += &format!("  {stage:<28} {ms:>10.2} ms\n");
     }
     s += &format!("  {:<28} {:>10.2} ms\n", "total", r.total_ms);
+    if let (Some(ms), Some(pieces)) = (r.first_audio_ms, r.pieces) {
+        s += &format!("  {:<28} {:>10.2} ms ({pieces} pieces)\n", "first audio", ms);
+    }
     if r.work == "clone_voice" {
         s += &format!("  voice cloning, load {:.0} ms, peak RSS {:.1} MiB\n", r.load_ms, r.peak_rss_mib);
     } else {

@@ -30,7 +30,7 @@ pub fn render(r: &DevicesReport) -> String {
     }
     for p in &r.plugins {
         match &p.error {
-            None => line!(out, "  {:<7} {:<12} {}  {}", p.kind, p.name, p.version.as_deref().unwrap_or("?"), p.path),
+            None => line!(out, "  {:<7} {:<12} {}  ABI {}  {}", p.kind, p.name, p.version.as_deref().unwrap_or("?"), p.abi.as_deref().unwrap_or("?"), p.path),
             Some(e) => line!(out, "  {:<7} {:<12} FAILED: {e}", p.kind, p.name),
         }
     }

@@ -4,7 +4,10 @@ mod bench;
 mod compare;
 mod devices;
 mod logging;
+mod options;
 mod soak;
+mod synth;
+mod voices;
 
 use clap::{Args, CommandFactory, FromArgMatches, Parser, Subcommand};
 use engine_core::engine::{self, Engine};
@@ -19,6 +22,12 @@ struct Cli {
     command: Option<Command>,
     #[command(flatten)]
     synth: SynthArgs,
+    /// Only errors on stderr.
+    #[arg(short, long, global = true, conflicts_with = "verbose")]
+    quiet: bool,
+    /// More on stderr: -v what happens (info), -vv details (debug). `TTS_LOG` overrides.
+    #[arg(short, long, global = true, action = clap::ArgAction::Count)]
+    verbose: u8,
 }
 
 #[derive(Args, Debug, Clone)]
@@ -39,15 +48,60 @@ struct Common {
 struct SynthArgs {
     #[command(flatten)]
     common: Common,
-    /// Text to speak.
+    /// Text to speak (`-`: read stdin). Without --text or --text-file, piped stdin is read.
     #[arg(long)]
     text: Option<String>,
-    /// Output WAV file.
+    /// Read the text to speak from FILE (`-`: stdin).
+    #[arg(long, value_name = "FILE", conflicts_with = "text")]
+    text_file: Option<PathBuf>,
+    /// Output file; `-` streams the audio to stdout as it is produced.
     #[arg(long, value_name = "FILE")]
     out: Option<PathBuf>,
+    /// Audio encoding of the output.
+    #[arg(long, value_enum, default_value_t = synth::Format::Wav)]
+    format: synth::Format,
+    #[command(flatten)]
+    flags: SynthesisFlags,
     /// Override a [synthesis] option, e.g. --set steps=8 (repeatable).
     #[arg(long = "set", value_name = "KEY=VALUE", value_parser = parse_key_value)]
     set: Vec<(String, String)>,
+}
+
+/// Short forms of the common [synthesis] options: each is `--set KEY=VALUE`
+/// (a model family without the option refuses it by name).
+#[derive(Args, Debug, Clone, Default)]
+struct SynthesisFlags {
+    /// Voice: a built-in name (`tts voices`) or a voice file.
+    #[arg(long)]
+    voice: Option<String>,
+    /// Language code (`tts voices` lists the model's).
+    #[arg(long)]
+    language: Option<String>,
+    /// Speaking rate (1 = the model's own).
+    #[arg(long)]
+    speed: Option<String>,
+    /// Random seed.
+    #[arg(long)]
+    seed: Option<String>,
+    /// Denoising steps (flow-matching models).
+    #[arg(long)]
+    steps: Option<String>,
+}
+
+impl SynthesisFlags {
+    /// `set` with these flags added; a key given both ways is an error.
+    fn merged(&self, set: &[(String, String)]) -> Result<Vec<(String, String)>, String> {
+        let mut out = set.to_vec();
+        let flags = [("voice", &self.voice), ("language", &self.language), ("speed", &self.speed), ("seed", &self.seed), ("steps", &self.steps)];
+        for (key, value) in flags {
+            let Some(value) = value else { continue };
+            if set.iter().any(|(k, _)| k == key) {
+                return Err(format!("{key} is given twice: --{key} and --set {key}=..."));
+            }
+            out.push((key.to_string(), value.clone()));
+        }
+        Ok(out)
+    }
 }
 
 #[derive(Subcommand, Debug)]
@@ -77,6 +131,8 @@ enum Command {
         /// Untimed runs first (graph building, pipeline caches).
         #[arg(long, default_value_t = 1)]
         warmup: usize,
+        #[command(flatten)]
+        flags: SynthesisFlags,
         /// Override a [synthesis] option (repeatable).
         #[arg(long = "set", value_name = "KEY=VALUE", value_parser = parse_key_value)]
         set: Vec<(String, String)>,
@@ -138,6 +194,32 @@ enum Command {
         #[command(subcommand)]
         action: VoiceCommand,
     },
+    /// The loaded model's built-in voices and languages, and the voice files
+    /// in a directory.
+    Voices {
+        #[command(flatten)]
+        common: Common,
+        /// Also list the voice files (*.voice) saved here.
+        #[arg(long, value_name = "DIR")]
+        dir: Option<PathBuf>,
+        /// Print JSON instead of lines.
+        #[arg(long)]
+        json: bool,
+    },
+    /// Every option of the profile's model family ([synthesis], --set) and
+    /// backends ([backends.NAME]): kind, default and help.
+    Options {
+        #[command(flatten)]
+        common: Common,
+        /// Print JSON instead of tables.
+        #[arg(long)]
+        json: bool,
+    },
+    /// Print a shell completion script: `tts completions bash > /etc/bash_completion.d/tts`.
+    Completions {
+        #[arg(value_enum)]
+        shell: clap_complete::Shell,
+    },
 }
 
 #[derive(Subcommand, Debug)]
@@ -171,8 +253,24 @@ fn version_line() -> String {
     format!("{} (plugin ABI {}, ggml {} from {})", env!("CARGO_PKG_VERSION"), engine_core::PLUGIN_ABI_VERSION, ggml_sys::GGML_VERSION, ggml_sys::SOURCE_PACKAGE)
 }
 
+/// `TTS_LOG` from -q / -v unless the environment sets it; set before any
+/// plugin loads, since each plugin reads it for its own log output.
+fn set_verbosity(quiet: bool, verbose: u8) {
+    if std::env::var_os("TTS_LOG").is_some() {
+        return;
+    }
+    let filter = match (quiet, verbose) {
+        (true, _) => Some("error,ggml=off,symphonia=off"),
+        (false, 0) => None,
+        (false, 1) => Some("info,ggml=off,symphonia=off"),
+        (false, _) => Some("debug,symphonia=off"),
+    };
+    if let Some(f) = filter {
+        std::env::set_var("TTS_LOG", f);
+    }
+}
+
 fn main() -> ExitCode {
-    logging::init();
     // A bug must still end as one line and leave no temporary behind: the hook
     // prints the one line, unwinding drops (and so deletes) any temporary.
     std::panic::set_hook(Box::new(|info| {
@@ -187,6 +285,8 @@ fn main() -> ExitCode {
         Ok(c) => c,
         Err(e) => e.exit(),
     };
+    set_verbosity(cli.quiet, cli.verbose);
+    logging::init();
     if let Err(e) = engine_core::output::remove_temporaries_on_signals() {
         eprintln!("error: {e}");
         return ExitCode::FAILURE;
@@ -244,7 +344,8 @@ fn run(cli: Cli) -> Result<(), String> {
             let text = if json { serde_json::to_string_pretty(&report).map_err(|e| e.to_string())? + "\n" } else { devices::render(&report) };
             write_stdout(&text)
         }
-        Some(Command::Bench { common, text, reference, runs, warmup, set, json }) => {
+        Some(Command::Bench { common, text, reference, runs, warmup, flags, set, json }) => {
+            let set = flags.merged(&set)?;
             let engine = open_engine(&common, false)?;
             let start = std::time::Instant::now();
             let mut session = engine.open_model(&set).map_err(|e| e.to_string())?;
@@ -320,15 +421,42 @@ fn run(cli: Cli) -> Result<(), String> {
             eprintln!("wrote {} ({} {}; {total:.0} ms: {})", out.display(), session.info.family, session.info.variant, stages.join(", "));
             Ok(())
         }
+        Some(Command::Voices { common, dir, json }) => {
+            let engine = open_engine(&common, false)?;
+            let session = engine.open_model(&[]).map_err(|e| e.to_string())?;
+            let report = voices::report(&session, dir.as_deref())?;
+            let text = if json { serde_json::to_string_pretty(&report).map_err(|e| e.to_string())? + "\n" } else { voices::render(&report) };
+            write_stdout(&text)
+        }
+        Some(Command::Options { common, json }) => {
+            let report = open_engine(&common, false)?.options_report().map_err(|e| e.to_string())?;
+            let text = if json { serde_json::to_string_pretty(&report).map_err(|e| e.to_string())? + "\n" } else { options::render(&report) };
+            write_stdout(&text)
+        }
+        Some(Command::Completions { shell }) => {
+            let mut script = Vec::new();
+            clap_complete::generate(shell, &mut Cli::command(), "tts", &mut script);
+            write_stdout(&String::from_utf8_lossy(&script))
+        }
         None => {
             let args = cli.synth;
-            let (Some(text), Some(out)) = (args.text.as_deref(), args.out.as_deref()) else {
-                return Err("give --text and --out to synthesize (or a subcommand; see --help)".into());
+            let Some(out) = args.out.as_deref() else {
+                return Err("give --out FILE (or --out - for stdout) to synthesize, or a subcommand (see --help)".into());
             };
+            let set = args.flags.merged(&args.set)?;
+            let text = synth::read_text(args.text.as_deref(), args.text_file.as_deref())?;
+            if text.trim().is_empty() {
+                return Err("text is empty".into());
+            }
             let engine = open_engine(&args.common, false)?;
-            let output = engine.synthesize_to_wav(text, &args.set, out).map_err(|e| e.to_string())?;
-            let seconds = output.samples.len() as f64 / output.sample_rate.max(1) as f64;
-            eprintln!("wrote {} ({seconds:.2} s at {} Hz)", out.display(), output.sample_rate);
+            let mut session = engine.open_model(&set).map_err(|e| e.to_string())?;
+            let written = synth::synthesize(&mut session, &text, out, args.format, &synth::Progress::new(cli.quiet))?;
+            if !cli.quiet && out != std::path::Path::new("-") {
+                eprintln!("wrote {} ({:.2} s at {} Hz)", out.display(), written.seconds, written.sample_rate);
+            }
+            if written.reader_gone {
+                tracing::info!("stdout was closed after {:.2} s of audio; synthesis stopped there", written.seconds);
+            }
             Ok(())
         }
     }

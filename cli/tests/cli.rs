@@ -22,7 +22,7 @@ fn backend<'a>(report: &'a Value, name: &str) -> &'a Value {
 fn version_names_ggml_and_plugin_abi() {
     let o = run(&["--version"]);
     let out = String::from_utf8_lossy(&o.stdout);
-    assert!(out.contains("plugin ABI 5.1.0") && out.contains("ggml 0.26.0"), "{out}");
+    assert!(out.contains("plugin ABI 5.2.0") && out.contains("ggml 0.26.0"), "{out}");
 }
 
 #[test]
@@ -214,7 +214,7 @@ fn synthesis_input_errors_are_one_line_and_leave_no_file() {
 #[test]
 fn missing_profile_and_missing_arguments() {
     assert_one_line_error(&run(&["devices", "--profile", "/nonexistent/p.toml"]), "/nonexistent/p.toml: cannot read profile");
-    assert_one_line_error(&run(&["--text", "hi"]), "give --text and --out");
+    assert_one_line_error(&run(&["--text", "hi"]), "give --out FILE (or --out - for stdout)");
     let o = run(&["--bogus-flag"]);
     assert_eq!(o.status.code(), Some(2), "clap usage errors exit 2");
 }

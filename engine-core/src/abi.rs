@@ -13,13 +13,25 @@ use abi_stable::{
     library::RootModule,
     sabi_trait,
     sabi_types::VersionStrings,
-    std_types::{RBox, RResult, RString, RVec, Tuple2},
+    std_types::{RBox, RResult, RSlice, RString, RVec, Tuple2},
     StableAbi,
 };
 use std::ffi::c_void;
 
-/// Version of this ABI. Plugins built against another major version are refused.
-pub const PLUGIN_ABI_VERSION: &str = "5.1.0";
+/// Version of this ABI. abi_stable refuses a plugin built against another
+/// major version, or against an older minor one (its prefix layouts accept
+/// only plugins that have at least the host's fields): the loader then tries
+/// the interfaces of earlier minors, kept as they were ([`v5_1`]), and adapts
+/// a plugin that matches one of them.
+pub const PLUGIN_ABI_VERSION: &str = "5.2.0";
+
+/// The backend plugin interface has not changed since 5.1, so backend plugins
+/// of 5.1 load as they are.
+pub const BACKEND_ABI_VERSION: &str = "5.1.0";
+
+/// The model plugin interface of earlier minor versions, kept for loading
+/// plugins built against them.
+pub mod v5_1;
 
 /// Identity of a plugin file.
 #[repr(C)]
@@ -227,7 +239,7 @@ impl RootModule for BackendPluginRef {
     declare_root_module_statics! {BackendPluginRef}
     const BASE_NAME: &'static str = "tts_backend";
     const NAME: &'static str = "tts backend plugin";
-    const VERSION_STRINGS: VersionStrings = VersionStrings::new(PLUGIN_ABI_VERSION);
+    const VERSION_STRINGS: VersionStrings = VersionStrings::new(BACKEND_ABI_VERSION);
 }
 
 /// K/V cache element type chosen by policy resolution.
@@ -381,6 +393,70 @@ pub struct VoiceCloneOutput {
     pub timings: RVec<StageTiming>,
 }
 
+/// Where a streamed synthesis delivers its audio (ABI 5.2): the host's
+/// callback, called on the synthesizing thread with each piece in order
+/// (mono samples in [-1, 1] at `sample_rate`). It returns false to stop the
+/// synthesis: the listener went away, or the host cancels.
+#[repr(C)]
+#[derive(StableAbi)]
+pub struct AudioSink {
+    /// The host's state, opaque to the plugin.
+    pub context: *mut c_void,
+    pub deliver: extern "C" fn(context: *mut c_void, samples: RSlice<'_, f32>, sample_rate: u32) -> bool,
+}
+
+impl AudioSink {
+    /// Hands `samples` to the host; false: stop synthesizing.
+    pub fn send(&self, samples: &[f32], sample_rate: u32) -> bool {
+        (self.deliver)(self.context, RSlice::from_slice(samples), sample_rate)
+    }
+}
+
+/// How a streamed synthesis ended; its audio went to the [`AudioSink`].
+#[repr(C)]
+#[derive(StableAbi, Debug, Clone, Default)]
+pub struct StreamSummary {
+    pub sample_rate: u32,
+    /// Samples delivered, over all pieces.
+    pub samples: u64,
+    /// Pieces delivered.
+    pub pieces: u32,
+    /// The sink asked to stop before the end.
+    pub cancelled: bool,
+    pub timings: RVec<StageTiming>,
+    pub tokens: RVec<TokenTrace>,
+}
+
+impl StreamSummary {
+    /// A whole synthesis delivered as one piece: what a model without
+    /// streaming does (the default [`Model::synthesize_streaming`]).
+    pub fn one_piece(output: SynthesisOutput, sink: &AudioSink) -> StreamSummary {
+        let kept = sink.send(&output.samples, output.sample_rate);
+        StreamSummary {
+            sample_rate: output.sample_rate,
+            samples: output.samples.len() as u64,
+            pieces: 1,
+            cancelled: !kept,
+            timings: output.timings,
+            tokens: output.tokens,
+        }
+    }
+}
+
+/// What a loaded model offers to choose from (ABI 5.2): `tts voices`, the
+/// server's voice list.
+#[repr(C)]
+#[derive(StableAbi, Debug, Clone, Default)]
+pub struct ModelCatalog {
+    /// Built-in voices by the names the `voice` option takes, the default first.
+    pub voices: RVec<RString>,
+    /// Language codes the `language` option takes, the default first (empty:
+    /// the model has no such option).
+    pub languages: RVec<RString>,
+    /// Whether it clones voices (`tts voice save`, voice files as `voice`).
+    pub clones_voices: bool,
+}
+
 /// A loaded model, bound to the backend it was loaded on.
 ///
 /// Methods after `synthesize` were added in minor ABI versions: a plugin
@@ -395,6 +471,22 @@ pub trait Model: Send {
     fn clone_voice(&mut self, request: &VoiceCloneRequest) -> RResult<VoiceCloneOutput, RString> {
         let _ = request;
         RResult::RErr(RString::from("this model family does not clone voices"))
+    }
+
+    /// [`Model::synthesize`], delivering the audio to `sink` piece by piece as
+    /// it is produced, and stopping early when the sink says so (ABI 5.2). By
+    /// default (and from plugins built before 5.2): the whole synthesis as
+    /// one piece.
+    fn synthesize_streaming(&mut self, request: &SynthesisRequest, sink: &AudioSink) -> RResult<StreamSummary, RString> {
+        match self.synthesize(request) {
+            RResult::ROk(output) => RResult::ROk(StreamSummary::one_piece(output, sink)),
+            RResult::RErr(e) => RResult::RErr(e),
+        }
+    }
+
+    /// Its voices and languages (ABI 5.2; before: nothing listed).
+    fn catalog(&self) -> ModelCatalog {
+        ModelCatalog::default()
     }
 }
 

@@ -2,8 +2,6 @@
 //! itself is written by [`crate::output`]. Reading recordings is [`input`],
 //! converting rates [`resample`], measuring loudness [`loudness`].
 
-use std::path::Path;
-
 pub mod input;
 pub mod loudness;
 pub mod resample;
@@ -28,6 +26,60 @@ pub fn check_samples(samples: &[f32], sample_rate: u32) -> Result<(), String> {
     Ok(())
 }
 
+/// One sample as 16-bit PCM: clamped to [-1, 1], scaled by 32767, rounded.
+pub fn pcm16(sample: f32) -> i16 {
+    (sample.clamp(-1.0, 1.0) * i16::MAX as f32).round() as i16
+}
+
+/// Raw sample encodings for streams and files without a container.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum RawFormat {
+    /// 16-bit signed little-endian, as in a WAV's data chunk.
+    Pcm16,
+    /// 32-bit IEEE float little-endian, unclamped.
+    F32,
+}
+
+impl RawFormat {
+    pub fn encode(self, samples: &[f32], out: &mut Vec<u8>) {
+        match self {
+            RawFormat::Pcm16 => out.extend(samples.iter().flat_map(|s| pcm16(*s).to_le_bytes())),
+            RawFormat::F32 => out.extend(samples.iter().flat_map(|s| s.to_le_bytes())),
+        }
+    }
+}
+
+/// The 44-byte header of a mono 16-bit PCM WAV whose data chunk holds
+/// `data_bytes`; `None` for a stream whose length is not known yet: both
+/// sizes are then 0xFFFFFFFF, which readers of piped WAV take as "until the
+/// end of the stream".
+pub fn wav_header(sample_rate: u32, data_bytes: Option<u32>) -> [u8; 44] {
+    let data = data_bytes.unwrap_or(u32::MAX);
+    let riff = data_bytes.map_or(u32::MAX, |d| d.saturating_add(36));
+    let mut h = [0u8; 44];
+    let fields: [&[u8]; 13] = [
+        b"RIFF",
+        &riff.to_le_bytes(),
+        b"WAVEfmt ",
+        &16u32.to_le_bytes(),
+        &1u16.to_le_bytes(), // PCM
+        &1u16.to_le_bytes(), // mono
+        &sample_rate.to_le_bytes(),
+        &(sample_rate * 2).to_le_bytes(), // bytes per second
+        &2u16.to_le_bytes(),              // block align
+        &16u16.to_le_bytes(),             // bits per sample
+        b"data",
+        &data.to_le_bytes(),
+        &[],
+    ];
+    let mut at = 0;
+    for f in fields {
+        h[at..at + f.len()].copy_from_slice(f);
+        at += f.len();
+    }
+    h
+}
+
 /// Mono 16-bit PCM WAV bytes (samples clamped to [-1, 1]).
 pub fn encode_wav(samples: &[f32], sample_rate: u32) -> Result<Vec<u8>, String> {
     check_samples(samples, sample_rate)?;
@@ -35,20 +87,69 @@ pub fn encode_wav(samples: &[f32], sample_rate: u32) -> Result<Vec<u8>, String> 
     let mut bytes = std::io::Cursor::new(Vec::with_capacity(44 + 2 * samples.len()));
     let mut w = hound::WavWriter::new(&mut bytes, spec).map_err(|e| format!("encoding WAV: {e}"))?;
     for s in samples {
-        w.write_sample((s.clamp(-1.0, 1.0) * i16::MAX as f32).round() as i16).map_err(|e| format!("encoding WAV: {e}"))?;
+        w.write_sample(pcm16(*s)).map_err(|e| format!("encoding WAV: {e}"))?;
     }
     w.finalize().map_err(|e| format!("encoding WAV: {e}"))?;
     Ok(bytes.into_inner())
 }
 
 /// Encodes `samples` and writes them to `path` safely ([`crate::output::write_file`]).
-pub fn write_wav(path: &Path, samples: &[f32], sample_rate: u32) -> Result<(), String> {
-    crate::output::write_file(path, &encode_wav(samples, sample_rate)?)
+/// Mono 16-bit FLAC bytes (lossless over the same samples a WAV holds), through `flacenc`.
+pub fn encode_flac(samples: &[f32], sample_rate: u32) -> Result<Vec<u8>, String> {
+    use flacenc::component::BitRepr;
+    use flacenc::error::Verify;
+    check_samples(samples, sample_rate)?;
+    let pcm: Vec<i32> = samples.iter().map(|s| pcm16(*s) as i32).collect();
+    let config = flacenc::config::Encoder::default().into_verified().map_err(|(_, e)| format!("encoding FLAC: {e}"))?;
+    let source = flacenc::source::MemSource::from_samples(&pcm, 1, 16, sample_rate as usize);
+    let mut stream = flacenc::encode_with_fixed_block_size(&config, source, config.block_size).map_err(|e| format!("encoding FLAC: {e}"))?;
+    // A fixed-blocksize stream states its block size as both bounds: the format
+    // leaves the shorter last block out of the minimum (flacenc counts it, and
+    // strict readers such as symphonia then refuse the stream).
+    stream.stream_info_mut().set_block_sizes(config.block_size, config.block_size).map_err(|e| format!("encoding FLAC: {e}"))?;
+    let mut sink = flacenc::bitsink::ByteSink::new();
+    stream.write(&mut sink).map_err(|e| format!("encoding FLAC: {e}"))?;
+    Ok(sink.as_slice().to_vec())
 }
 
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    #[test]
+    fn the_wav_header_is_the_one_hound_writes() {
+        let samples = [0.0, 0.5, -1.0, 2.0, -0.25];
+        let whole = encode_wav(&samples, 24000).unwrap();
+        let mut data = Vec::new();
+        RawFormat::Pcm16.encode(&samples, &mut data);
+        assert_eq!(&whole[..44], &wav_header(24000, Some(data.len() as u32)));
+        assert_eq!(&whole[44..], &data[..]);
+        // A stream of unknown length: both sizes all ones, the rest the same.
+        let stream = wav_header(24000, None);
+        assert_eq!((&stream[4..8], &stream[40..44]), (&[0xff; 4][..], &[0xff; 4][..]));
+        assert_eq!((&stream[8..40], &stream[..4]), (&whole[8..40], &whole[..4]));
+    }
+
+    #[test]
+    fn flac_decodes_to_the_wavs_samples() {
+        let mut x = 1u32;
+        let samples: Vec<f32> = (0..48000)
+            .map(|_| {
+                x = x.wrapping_mul(1664525).wrapping_add(1013904223);
+                (x >> 8) as f32 / 16777216.0 - 0.5
+            })
+            .collect();
+        let flac = encode_flac(&samples, 24000).unwrap();
+        let dir = tempfile::tempdir().unwrap();
+        let path = dir.path().join("t.flac");
+        std::fs::write(&path, &flac).unwrap();
+        let decoded = input::read_mono(&path, 10.0).unwrap();
+        assert_eq!(decoded.sample_rate, 24000);
+        let want: Vec<i16> = samples.iter().map(|s| pcm16(*s)).collect();
+        let got: Vec<i16> = decoded.samples.iter().map(|s| (s * 32768.0).round() as i16).collect();
+        assert_eq!(got, want, "lossless");
+        assert!(flac.len() < 2 * samples.len(), "compressed: {} bytes for {} samples", flac.len(), samples.len());
+    }
 
     #[test]
     fn non_finite_samples_and_bad_rates_are_refused() {

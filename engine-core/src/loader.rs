@@ -4,9 +4,21 @@
 //! layout this host expects (abi_stable), and it was built against the same ggml
 //! source as the host. Plugins are never unloaded.
 
-use crate::abi::{BackendPluginRef, ModelPluginRef, PluginInfo};
+use crate::abi::{v5_1, BackendHandle, BackendPluginRef, ModelBox, ModelFamilyInfo, ModelLoadRequest, ModelPluginRef, OptionSpec, PluginInfo};
 use abi_stable::library::{lib_header_from_path, LibraryError, RootModule};
+use abi_stable::std_types::{RResult, RString, RVec};
 use std::path::{Path, PathBuf};
+use std::sync::{Mutex, MutexGuard};
+
+/// Held while a backend opens or initialises a device. Opening a backend
+/// plugin loads its ggml module into ggml's process-wide module list, which has
+/// no lock (`ggml-backend-reg.cpp`): two threads opening backends at once (tests
+/// on CPU and Vulkan side by side, a server loading models) could corrupt it.
+/// The host is the only caller of `open` and `init_device`, so it serialises them.
+pub(crate) fn ggml_registry_guard() -> MutexGuard<'static, ()> {
+    static LOCK: Mutex<()> = Mutex::new(());
+    LOCK.lock().unwrap_or_else(|poisoned| poisoned.into_inner())
+}
 
 /// File name prefixes: `libtts_backend_<name>.so`, `libtts_model_<family>.so`.
 pub const BACKEND_PREFIX: &str = "libtts_backend_";
@@ -90,10 +102,59 @@ pub struct LoadedBackendPlugin {
     pub module: BackendPluginRef,
 }
 
-/// A loaded model plugin.
+/// A loaded model plugin: built against this ABI, or against an earlier
+/// minor version whose interface the host keeps (`abi::v5_1`). The entry
+/// points both interfaces share are held as they are; only `load` differs.
 #[derive(Clone, Copy)]
 pub struct LoadedModelPlugin {
-    pub module: ModelPluginRef,
+    info: extern "C" fn() -> PluginInfo,
+    family: extern "C" fn() -> ModelFamilyInfo,
+    option_specs: extern "C" fn() -> RVec<OptionSpec>,
+    load: ModelLoader,
+}
+
+#[derive(Clone, Copy)]
+enum ModelLoader {
+    Current(extern "C" fn(&ModelLoadRequest, &BackendHandle) -> RResult<ModelBox, RString>),
+    V5_1(extern "C" fn(&ModelLoadRequest, &BackendHandle) -> RResult<v5_1::ModelBox, RString>),
+}
+
+impl LoadedModelPlugin {
+    fn current(m: ModelPluginRef) -> Self {
+        LoadedModelPlugin { info: m.info(), family: m.family(), option_specs: m.option_specs(), load: ModelLoader::Current(m.load()) }
+    }
+
+    fn v5_1(m: v5_1::ModelPluginRef) -> Self {
+        LoadedModelPlugin { info: m.info(), family: m.family(), option_specs: m.option_specs(), load: ModelLoader::V5_1(m.load()) }
+    }
+
+    pub fn info(&self) -> PluginInfo {
+        (self.info)()
+    }
+
+    pub fn family(&self) -> ModelFamilyInfo {
+        (self.family)()
+    }
+
+    pub fn option_specs(&self) -> RVec<OptionSpec> {
+        (self.option_specs)()
+    }
+
+    /// Loads a model; one from an earlier interface is adapted to this one.
+    pub fn load(&self, request: &ModelLoadRequest, handle: &BackendHandle) -> RResult<ModelBox, RString> {
+        match self.load {
+            ModelLoader::Current(load) => load(request, handle),
+            ModelLoader::V5_1(load) => load(request, handle).map(v5_1::Legacy::adapt),
+        }
+    }
+
+    /// The plugin ABI version the plugin was built against.
+    pub fn abi_version(&self) -> &'static str {
+        match self.load {
+            ModelLoader::Current(_) => crate::abi::PLUGIN_ABI_VERSION,
+            ModelLoader::V5_1(_) => v5_1::PLUGIN_ABI_VERSION,
+        }
+    }
 }
 
 pub fn load_backend(path: &Path) -> Result<(LoadedBackendPlugin, PluginInfo), PluginError> {
@@ -104,12 +165,22 @@ pub fn load_backend(path: &Path) -> Result<(LoadedBackendPlugin, PluginInfo), Pl
     Ok((LoadedBackendPlugin { module }, info))
 }
 
+/// Loads a model plugin through the current interface or, when abi_stable
+/// refuses it for that one (an older minor version), through the interface of
+/// ABI 5.1; the error reported is the current interface's.
 pub fn load_model(path: &Path) -> Result<(LoadedModelPlugin, PluginInfo), PluginError> {
-    let module: ModelPluginRef = load_root(path)?;
-    let info = (module.info())();
+    let module = match load_root::<ModelPluginRef>(path) {
+        Ok(m) => LoadedModelPlugin::current(m),
+        Err(current @ (PluginError::AbiVersion { .. } | PluginError::AbiLayout { .. })) => match load_root::<v5_1::ModelPluginRef>(path) {
+            Ok(m) => LoadedModelPlugin::v5_1(m),
+            Err(_) => return Err(current),
+        },
+        Err(e) => return Err(e),
+    };
+    let info = module.info();
     check_ggml(path, &info)?;
     tracing::debug!(plugin = %path.display(), name = %info.name, version = %info.version, "model plugin loaded");
-    Ok((LoadedModelPlugin { module }, info))
+    Ok((module, info))
 }
 
 fn load_root<M: RootModule>(path: &Path) -> Result<M, PluginError> {
@@ -194,6 +265,7 @@ pub fn open_backend_device(path: &Path, options: Vec<(&str, crate::abi::OptionVa
         plugin_path: path.display().to_string().into(),
         options: options.into_iter().map(|(k, v)| Tuple2(k.into(), v)).collect(),
     };
+    let _registry = ggml_registry_guard();
     let session = match (plugin.module.open())(&request) {
         RResult::ROk(s) => s,
         RResult::RErr(e) => return Err(format!("opening {}: {e}", path.display())),

@@ -113,8 +113,21 @@ fn build_all(release: bool) -> Result<(), String> {
 fn test(extra: &[String]) -> Result<(), String> {
     check_style()?;
     build_all(false)?;
+    build_abi_5_1_fixture()?;
     check_bundle()?;
     run_tests(extra)
+}
+
+/// The tone test plugin as built against plugin ABI 5.1 (its interface of
+/// then, which `engine_core::abi::v5_1` keeps), in its own profile so it does
+/// not replace the current build's; `cli/tests/streaming.rs` loads it into
+/// this host, and fails rather than skips when this ran.
+fn build_abi_5_1_fixture() -> Result<(), String> {
+    let mut c = cargo();
+    c.args(["build", "-p", "tts-test-plugin-tone", "--features", "abi-5-1", "--profile", "abi-5-1"]);
+    run(&mut c)?;
+    std::env::set_var("TTS_REQUIRE_ABI_5_1_FIXTURE", "1");
+    Ok(())
 }
 
 /// `cargo fmt --check` and `cargo clippy -D warnings` over the workspace: a

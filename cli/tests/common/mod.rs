@@ -46,18 +46,52 @@ pub fn run_with(args: &[&str], cwd: Option<&Path>, envs: &[(&str, &str)]) -> Out
     wait_or_kill(child, std::time::Duration::from_secs(120), &format!("tts {}", args.join(" ")))
 }
 
+/// Runs `tts` with `input` on stdin (None: stdin closed, as on CI).
+pub fn run_stdin(args: &[&str], input: Option<&[u8]>) -> Output {
+    let mut cmd = Command::new(tts());
+    cmd.args(args).env_remove("TTS_LOG").env_remove(engine_core::output::TEST_FAULT_ENV);
+    cmd.stdin(if input.is_some() { std::process::Stdio::piped() } else { std::process::Stdio::null() });
+    cmd.stdout(std::process::Stdio::piped()).stderr(std::process::Stdio::piped());
+    let mut child = cmd.spawn().unwrap();
+    if let Some(bytes) = input {
+        let mut stdin = child.stdin.take().unwrap();
+        let bytes = bytes.to_vec();
+        // Written from a thread, so a large input cannot deadlock against stdout.
+        std::thread::spawn(move || {
+            use std::io::Write;
+            let _ = stdin.write_all(&bytes);
+        });
+    }
+    wait_or_kill(child, std::time::Duration::from_secs(120), &format!("tts {}", args.join(" ")))
+}
+
 /// Waits for `child`, killing it (and failing) after `limit`.
 pub fn wait_or_kill(mut child: std::process::Child, limit: std::time::Duration, what: &str) -> Output {
+    // Drained from threads: a child writing more than a pipe holds must not block.
+    let drain = |pipe: Option<Box<dyn std::io::Read + Send>>| {
+        std::thread::spawn(move || {
+            let mut bytes = Vec::new();
+            if let Some(mut p) = pipe {
+                let _ = p.read_to_end(&mut bytes);
+            }
+            bytes
+        })
+    };
+    let stdout = drain(child.stdout.take().map(|p| Box::new(p) as Box<dyn std::io::Read + Send>));
+    let stderr = drain(child.stderr.take().map(|p| Box::new(p) as Box<dyn std::io::Read + Send>));
     let start = std::time::Instant::now();
-    while child.try_wait().unwrap().is_none() {
+    let status = loop {
+        if let Some(status) = child.try_wait().unwrap() {
+            break status;
+        }
         if start.elapsed() > limit {
             let _ = child.kill();
             let _ = child.wait();
             panic!("{what}: still running after {limit:?} (hang)");
         }
         std::thread::sleep(std::time::Duration::from_millis(20));
-    }
-    child.wait_with_output().unwrap()
+    };
+    Output { status, stdout: stdout.join().unwrap(), stderr: stderr.join().unwrap() }
 }
 
 pub fn stderr(o: &Output) -> String {

@@ -2,8 +2,8 @@
 //! resolved policies, picks a device, and runs synthesis through a model plugin.
 
 use crate::abi::{
-    BackendHandle, BackendOpenRequest, BackendSessionBox, DeviceInfo, LoadedModelInfo, ModelBox, ModelLoadRequest, OptionList, ProbeResult, SynthesisOutput,
-    SynthesisRequest, VoiceCloneOutput, VoiceCloneRequest,
+    AudioSink, BackendHandle, BackendOpenRequest, BackendSessionBox, DeviceInfo, LoadedModelInfo, ModelBox, ModelLoadRequest, OptionList, OptionSpec,
+    ProbeResult, StreamSummary, SynthesisOutput, SynthesisRequest, VoiceCloneOutput, VoiceCloneRequest,
 };
 use crate::loader::{self, PluginFile, PluginKind};
 use crate::policy::{self, DeviceRef, Resolution};
@@ -13,7 +13,7 @@ use std::path::{Path, PathBuf};
 
 mod report;
 
-pub use report::{BackendReport, DeviceReport, DevicesReport, PluginReport, ProbeReport, Selection};
+pub use report::{BackendReport, DeviceReport, DevicesReport, OptionGroup, OptionRow, OptionsReport, PluginReport, ProbeReport, Selection};
 
 /// Plugin directories: the profile's, else `<exe dir>/plugins` when it exists,
 /// else the executable's own directory (a development build tree).
@@ -46,6 +46,8 @@ pub struct Engine {
     files: Vec<PluginFile>,
     plugin_reports: Vec<PluginReport>,
     backends: Vec<(String, BackendState)>,
+    /// Each loaded backend plugin's options (`[backends.<name>]`).
+    backend_specs: Vec<(String, Vec<OptionSpec>)>,
 }
 
 #[derive(Debug, thiserror::Error)]
@@ -77,18 +79,18 @@ impl Engine {
         }
         let mut engine = Engine::open_backends(profile, dirs, names)?;
         for f in engine.files.iter().filter(|f| f.kind == PluginKind::Model) {
-            let (loaded, version, error) = match loader::load_model(&f.path) {
-                Ok((_, info)) => (true, Some(info.version.to_string()), None),
-                Err(e) => (false, None, Some(e.to_string())),
+            let (loaded, version, abi, error) = match loader::load_model(&f.path) {
+                Ok((m, info)) => (true, Some(info.version.to_string()), Some(m.abi_version().to_string()), None),
+                Err(e) => (false, None, None, Some(e.to_string())),
             };
-            engine.plugin_reports.push(PluginReport { kind: "model", name: f.name.clone(), path: f.path.display().to_string(), loaded, version, error });
+            engine.plugin_reports.push(PluginReport { kind: "model", name: f.name.clone(), path: f.path.display().to_string(), loaded, version, abi, error });
         }
         Ok(engine)
     }
 
     fn open_backends(profile: Profile, dirs: Vec<PathBuf>, names: Vec<String>) -> Result<Engine, EngineError> {
         let files = loader::discover(&dirs);
-        let mut engine = Engine { profile, dirs, files, plugin_reports: Vec::new(), backends: Vec::new() };
+        let mut engine = Engine { profile, dirs, files, plugin_reports: Vec::new(), backends: Vec::new(), backend_specs: Vec::new() };
         for name in names {
             let state = engine.open_backend(&name)?;
             engine.backends.push((name, state));
@@ -102,11 +104,13 @@ impl Engine {
             return Ok(BackendState::Unavailable(format!("no plugin file {} in {}", loader::backend_file_name(name), dirs.join(", "))));
         };
         let path = file.path.clone();
-        let mut report = PluginReport { kind: "backend", name: name.into(), path: path.display().to_string(), loaded: false, version: None, error: None };
+        let mut report =
+            PluginReport { kind: "backend", name: name.into(), path: path.display().to_string(), loaded: false, version: None, abi: None, error: None };
         let loaded = match loader::load_backend(&path) {
             Ok((loaded, info)) => {
                 report.loaded = true;
                 report.version = Some(info.version.to_string());
+                report.abi = Some(crate::abi::BACKEND_ABI_VERSION.to_string());
                 loaded
             }
             Err(e) => {
@@ -117,9 +121,14 @@ impl Engine {
         };
         self.plugin_reports.push(report);
         let specs: Vec<_> = (loaded.module.option_specs())().into_iter().collect();
+        self.backend_specs.push((name.to_string(), specs.clone()));
         let options = self.profile.backend_options(name, &specs).map_err(|e| EngineError(e.to_string()))?;
         let request = BackendOpenRequest { plugin_path: path.display().to_string().into(), options };
-        match (loaded.module.open())(&request) {
+        let opened = {
+            let _registry = crate::loader::ggml_registry_guard();
+            (loaded.module.open())(&request)
+        };
+        match opened {
             RResult::ROk(session) => {
                 let devices: Vec<DeviceInfo> = session.devices().into_iter().collect();
                 let facts = crate::backend_kit::facts_to_pairs(&session.module_facts());
@@ -246,6 +255,56 @@ impl Engine {
         fail(format!("no backend of [{}] is usable{policy}: {}", candidates.join(", "), reasons.join("; ")))
     }
 
+    /// The model plugin that loads the architecture of `first` (the profile's
+    /// first model file), and its family.
+    fn model_plugin(&self, first: &Path) -> Result<(loader::LoadedModelPlugin, String), EngineError> {
+        let gguf = ggml_sys::gguf::GgufFile::open(first).map_err(|e| EngineError(e.to_string()))?;
+        let arch = gguf.get_str("general.architecture").map_err(|e| EngineError(e.to_string()))?;
+        drop(gguf);
+        let mut tried = Vec::new();
+        let mut chosen = None;
+        for f in self.files.iter().filter(|f| f.kind == PluginKind::Model) {
+            match loader::load_model(&f.path) {
+                Ok((m, _)) => {
+                    let family = m.family();
+                    if family.architectures.iter().any(|a| a.as_str() == arch) {
+                        chosen = Some((m, family.family.to_string()));
+                        break;
+                    }
+                    tried.push(family.family.to_string());
+                }
+                Err(e) => tried.push(format!("{} ({e})", f.name)),
+            }
+        }
+        let Some(found) = chosen else {
+            return fail(format!(
+                "no model plugin loads architecture '{arch}' of {} (model plugins found: {})",
+                first.display(),
+                if tried.is_empty() { "none".into() } else { tried.join(", ") }
+            ));
+        };
+        Ok(found)
+    }
+
+    /// Every option the profile's model family (`[synthesis]`, `--set`) and
+    /// its backends (`[backends.<name>]`) accept, with kind, default and help.
+    pub fn options_report(&self) -> Result<OptionsReport, EngineError> {
+        let rows = |specs: &[OptionSpec]| specs.iter().map(OptionRow::from_spec).collect::<Vec<_>>();
+        let model = match self.profile.model_files.first() {
+            Some(first) => {
+                let (plugin, family) = self.model_plugin(first)?;
+                Some(OptionGroup { section: "synthesis".into(), owner: family, options: rows(&plugin.option_specs().into_iter().collect::<Vec<_>>()) })
+            }
+            None => None,
+        };
+        let backends = self
+            .backend_specs
+            .iter()
+            .map(|(name, specs)| OptionGroup { section: format!("backends.{name}"), owner: name.clone(), options: rows(specs) })
+            .collect();
+        Ok(OptionsReport { model, backends })
+    }
+
     /// Selects the device, loads the model plugin for the profile's GGUF and the
     /// model on that device, and validates `[synthesis]` plus `overrides`. The
     /// session synthesizes any number of texts without reloading.
@@ -260,34 +319,14 @@ impl Engine {
                 return fail(format!("model file {} is given twice", a.display()));
             }
         }
-        let gguf = ggml_sys::gguf::GgufFile::open(first).map_err(|e| EngineError(e.to_string()))?;
-        let arch = gguf.get_str("general.architecture").map_err(|e| EngineError(e.to_string()))?;
-        drop(gguf);
-        let mut tried = Vec::new();
-        let mut chosen = None;
-        for f in self.files.iter().filter(|f| f.kind == PluginKind::Model) {
-            match loader::load_model(&f.path) {
-                Ok((m, _)) => {
-                    let family = (m.module.family())();
-                    if family.architectures.iter().any(|a| a.as_str() == arch) {
-                        chosen = Some((m, family.family.to_string()));
-                        break;
-                    }
-                    tried.push(family.family.to_string());
-                }
-                Err(e) => tried.push(format!("{} ({e})", f.name)),
-            }
-        }
-        let Some((model_plugin, family)) = chosen else {
-            return fail(format!(
-                "no model plugin loads architecture '{arch}' of {} (model plugins found: {})",
-                first.display(),
-                if tried.is_empty() { "none".into() } else { tried.join(", ") }
-            ));
-        };
-        let specs: Vec<_> = (model_plugin.module.option_specs())().into_iter().collect();
+        let (model_plugin, family) = self.model_plugin(first)?;
+        let specs: Vec<_> = model_plugin.option_specs().into_iter().collect();
         let options = self.profile.synthesis_options(&family, &specs, overrides).map_err(|e| EngineError(e.to_string()))?;
-        let handle = match backend.session.init_device(device.index) {
+        let initialised = {
+            let _registry = crate::loader::ggml_registry_guard();
+            backend.session.init_device(device.index)
+        };
+        let handle = match initialised {
             RResult::ROk(h) => h,
             RResult::RErr(e) => return fail(format!("initialising {}: {e}", device.name)),
         };
@@ -295,24 +334,12 @@ impl Engine {
             files: self.profile.model_files.iter().map(|p| p.display().to_string().into()).collect(),
             policies: resolution.policies.clone(),
         };
-        let model = match (model_plugin.module.load())(&request, &handle) {
+        let model = match model_plugin.load(&request, &handle) {
             RResult::ROk(m) => m,
             RResult::RErr(e) => return fail(e.to_string()),
         };
         let info = model.info();
         Ok(ModelSession { model, _handle: handle, options, backend: backend.name.clone(), device: device.name.to_string(), info, resolution })
-    }
-
-    /// Full synthesis path: [`open_model`](Self::open_model), synthesize `text`,
-    /// and write a WAV ([`crate::output`]: no partial file, no link followed).
-    pub fn synthesize_to_wav(&self, text: &str, overrides: &[(String, String)], out: &Path) -> Result<SynthesisOutput, EngineError> {
-        if text.trim().is_empty() {
-            return fail("text is empty");
-        }
-        let mut session = self.open_model(overrides)?;
-        let output = session.synthesize(text)?;
-        crate::audio::write_wav(out, &output.samples, output.sample_rate).map_err(EngineError)?;
-        Ok(output)
     }
 }
 
@@ -353,6 +380,39 @@ impl ModelSession {
         Ok(output)
     }
 
+    /// Synthesizes `text`, handing each piece of audio to `on_piece` (mono
+    /// samples in [-1, 1], the sample rate) as the model produces it; a plugin
+    /// without streaming gives one piece. `on_piece` returns `Ok(false)` to
+    /// stop the synthesis (the summary then says `cancelled`) or an error,
+    /// which stops it and is returned. Every piece is checked as
+    /// [`SynthesisOutput`]s are (finite samples, a sample rate in range, the
+    /// same rate throughout) before `on_piece` sees it.
+    pub fn synthesize_streaming(
+        &mut self,
+        text: &str,
+        mut on_piece: impl FnMut(&[f32], u32) -> Result<bool, EngineError>,
+    ) -> Result<StreamSummary, EngineError> {
+        if text.trim().is_empty() {
+            return fail("text is empty");
+        }
+        let family = self.info.family.to_string();
+        let mut receiver = PieceReceiver { on_piece: &mut on_piece, rate: None, family, failure: None };
+        let sink = AudioSink { context: (&mut receiver as *mut PieceReceiver<'_>).cast(), deliver: deliver_piece };
+        let result = self.model.synthesize_streaming(&SynthesisRequest { text: text.into(), options: self.options.clone() }, &sink);
+        if let Some(e) = receiver.failure.take() {
+            return Err(e);
+        }
+        match result {
+            RResult::ROk(summary) => Ok(summary),
+            RResult::RErr(e) => fail(e.to_string()),
+        }
+    }
+
+    /// The model's built-in voices and languages.
+    pub fn catalog(&self) -> crate::abi::ModelCatalog {
+        self.model.catalog()
+    }
+
     /// Clones the voice of the recording at `reference`: the model's voice
     /// file bytes and the stage timings.
     pub fn clone_voice(&mut self, reference: &Path) -> Result<VoiceCloneOutput, EngineError> {
@@ -374,6 +434,51 @@ impl ModelSession {
         let output = self.clone_voice(reference)?;
         crate::output::write_file(out, &output.voice).map_err(|e| EngineError(format!("{}: {e}", out.display())))?;
         Ok(output.timings.iter().map(|t| (t.stage.to_string(), t.ms)).collect())
+    }
+}
+
+/// The host's side of an [`AudioSink`]: the caller's callback, the rate of
+/// the first piece, and the first error (which stops the synthesis).
+/// The caller's receiver of streamed audio: samples and rate in, whether to go on out.
+type OnPiece<'a> = dyn FnMut(&[f32], u32) -> Result<bool, EngineError> + 'a;
+
+struct PieceReceiver<'a> {
+    on_piece: &'a mut OnPiece<'a>,
+    rate: Option<u32>,
+    family: String,
+    failure: Option<EngineError>,
+}
+
+impl PieceReceiver<'_> {
+    fn receive(&mut self, samples: &[f32], rate: u32) -> Result<bool, EngineError> {
+        crate::audio::check_samples(samples, rate).map_err(|e| EngineError(format!("{}: {e}", self.family)))?;
+        match self.rate.replace(rate) {
+            Some(first) if first != rate => fail(format!("{}: a streamed piece at {rate} Hz follows pieces at {first} Hz", self.family)),
+            _ => (self.on_piece)(samples, rate),
+        }
+    }
+}
+
+/// [`AudioSink::deliver`] for a [`PieceReceiver`]. A panic in the callback
+/// must not unwind into the plugin: it becomes the failure, and stops.
+extern "C" fn deliver_piece(context: *mut std::ffi::c_void, samples: abi_stable::std_types::RSlice<'_, f32>, rate: u32) -> bool {
+    // SAFETY: `context` is the PieceReceiver that `synthesize_streaming` keeps
+    // alive, and only borrowed, for the duration of the plugin call.
+    let receiver = unsafe { &mut *context.cast::<PieceReceiver<'_>>() };
+    if receiver.failure.is_some() {
+        return false;
+    }
+    let outcome = std::panic::catch_unwind(std::panic::AssertUnwindSafe(|| receiver.receive(samples.as_slice(), rate)));
+    match outcome {
+        Ok(Ok(keep_going)) => keep_going,
+        Ok(Err(e)) => {
+            receiver.failure = Some(e);
+            false
+        }
+        Err(_) => {
+            receiver.failure = Some(EngineError("internal error: the audio receiver panicked".into()));
+            false
+        }
     }
 }
 

@@ -11,6 +11,9 @@ pub struct PluginReport {
     pub loaded: bool,
     #[serde(skip_serializing_if = "Option::is_none")]
     pub version: Option<String>,
+    /// The plugin ABI it was built against (an older minor runs adapted).
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub abi: Option<String>,
     #[serde(skip_serializing_if = "Option::is_none")]
     pub error: Option<String>,
 }
@@ -72,4 +75,44 @@ pub struct DevicesReport {
     pub selected: Option<Selection>,
     #[serde(skip_serializing_if = "Option::is_none")]
     pub selection_error: Option<String>,
+}
+
+/// What `tts options` shows: every option of the profile's model family and backends.
+#[derive(Debug, Serialize)]
+pub struct OptionsReport {
+    /// `[synthesis]` of the model family the profile's model file needs.
+    pub model: Option<OptionGroup>,
+    /// `[backends.<name>]` of each backend plugin the profile opened.
+    pub backends: Vec<OptionGroup>,
+}
+
+#[derive(Debug, Serialize)]
+pub struct OptionGroup {
+    /// The profile table the options go in.
+    pub section: String,
+    /// The model family or backend that declares them.
+    pub owner: String,
+    pub options: Vec<OptionRow>,
+}
+
+#[derive(Debug, Serialize)]
+pub struct OptionRow {
+    pub key: String,
+    pub kind: &'static str,
+    /// The default as TOML would write it.
+    pub default: String,
+    pub help: String,
+}
+
+impl OptionRow {
+    pub fn from_spec(spec: &crate::abi::OptionSpec) -> OptionRow {
+        use crate::abi::OptionValue;
+        let default = match &spec.default {
+            OptionValue::Bool(b) => b.to_string(),
+            OptionValue::Int(i) => i.to_string(),
+            OptionValue::Float(f) => format!("{f:?}"),
+            OptionValue::Str(s) => format!("{:?}", s.as_str()),
+        };
+        OptionRow { key: spec.key.to_string(), kind: spec.kind.as_str(), default, help: spec.help.to_string() }
+    }
 }

@@ -6,6 +6,7 @@
 //! resolved policies as graphs obey them ([`policy`]), the graph builder whose
 //! ops follow them ([`builder`]), stage timings ([`timings`]), text helpers
 //! both front ends use ([`text`]), typed synthesis options ([`options`]),
+//! the family side of streaming ([`stream`]),
 //! `.npy` arrays ([`npy`]) and the one error type all of it returns ([`error`]).
 //!
 //! A model file is untrusted input: a family reads its hparams through
@@ -21,6 +22,7 @@ pub mod hparams;
 pub mod npy;
 pub mod options;
 pub mod policy;
+pub mod stream;
 pub mod tensors;
 pub mod text;
 pub mod timings;
@@ -32,6 +34,7 @@ pub use guard::guarded;
 pub use hparams::HparamReader;
 pub use options::OptionReader;
 pub use policy::OpPolicy;
+pub use stream::PieceSender;
 pub use tensors::{Dim, Storage, TensorTable};
 pub use timings::Timings;
 pub use weights::{DerivedTensor, Weights};

@@ -28,12 +28,13 @@ use abi_stable::{
     std_types::{RResult, RString, RVec},
 };
 use engine_core::abi::{
-    BackendHandle, LoadedModelInfo, Model, ModelBox, ModelFamilyInfo, ModelLoadRequest, ModelPlugin, ModelPluginRef, Model_TO, OptionKind, OptionList,
-    OptionSpec, OptionValue, PluginInfo, SynthesisOutput, SynthesisRequest, TokenTrace, VoiceCloneOutput, VoiceCloneRequest,
+    AudioSink, BackendHandle, LoadedModelInfo, Model, ModelBox, ModelCatalog, ModelFamilyInfo, ModelLoadRequest, ModelPlugin, ModelPluginRef, Model_TO,
+    OptionKind, OptionList, OptionSpec, OptionValue, PluginInfo, StreamSummary, SynthesisOutput, SynthesisRequest, TokenTrace, VoiceCloneOutput,
+    VoiceCloneRequest,
 };
 use engine_core::backend_kit::spec;
 use engine_core::model_kit::Result;
-use engine_core::model_kit::{guarded, Error, OpPolicy, OptionReader};
+use engine_core::model_kit::{guarded, Error, OpPolicy, OptionReader, PieceSender};
 use model::{Chatterbox, SynthesisParams, VoiceSource};
 use t3::guided::GuidanceMode;
 
@@ -167,8 +168,8 @@ pub const GRAPH_OPS: &[&str] = &[
     "CLAMP",
     "CONCAT",
     "CONT",
-    "CONV_2D_DW",
     "CONV_2D",
+    "CONV_2D_DW",
     "CONV_TRANSPOSE_1D",
     "COS",
     "CPY",
@@ -256,6 +257,30 @@ impl Model for Plugin {
                 timings: s.timings.into_stage_timings(),
                 tokens: RVec::from(vec![speech_tokens]),
             })
+        })
+    }
+
+    /// One built-in voice (`voice = ""`); Multilingual's 23 languages
+    /// (English first), English alone for Turbo and Nano.
+    fn catalog(&self) -> ModelCatalog {
+        let languages: Vec<RString> = match self.model.is_multilingual() {
+            true => {
+                std::iter::once("en").chain(text::multilingual::LANGUAGES.iter().map(|(code, _)| *code).filter(|c| *c != "en")).map(RString::from).collect()
+            }
+            false => vec![RString::from("en")],
+        };
+        ModelCatalog { voices: RVec::new(), languages: languages.into(), clones_voices: true }
+    }
+
+    /// One piece per text chunk (the crossfade tail held for the next).
+    fn synthesize_streaming(&mut self, request: &SynthesisRequest, sink: &AudioSink) -> RResult<StreamSummary, RString> {
+        guarded("chatterbox", || {
+            let params = params_from_options(&request.options).map_err(|e| format!("chatterbox: {e}"))?;
+            let rate = self.model.sample_rate();
+            let mut out = PieceSender::to_sink(sink, rate);
+            let (timings, tokens) = self.model.synthesize_streaming(request.text.as_str(), &params, &mut out).map_err(|e| format!("chatterbox: {e}"))?;
+            let speech_tokens = TokenTrace { name: "speech_tokens".into(), tokens: tokens.concat().into() };
+            Ok(out.summary(rate, timings.into_stage_timings(), RVec::from(vec![speech_tokens])))
         })
     }
 

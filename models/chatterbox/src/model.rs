@@ -19,7 +19,7 @@ use crate::t3::guided::{GuidanceMode, GuidedT3};
 use crate::t3::{TokenLimits, T3};
 use crate::text::multilingual::{self, MultilingualTokenizer};
 use crate::text::{self, TextTokenizer};
-use engine_core::model_kit::{npy, OpPolicy, Timings};
+use engine_core::model_kit::{npy, OpPolicy, PieceSender, Timings};
 use engine_core::model_kit::{Error, Result};
 use ggml_sys::gguf::GgufFile;
 use ggml_sys::Backend;
@@ -278,6 +278,11 @@ impl Chatterbox {
         self.s3gen.hp.hift.sample_rate
     }
 
+    /// Whether T3 is Multilingual's (a language option, 23 languages).
+    pub fn is_multilingual(&self) -> bool {
+        matches!(self.t3, SpeechGenerator::Llama { .. })
+    }
+
     /// Checks the options that depend on the variant, before any compute.
     fn check_params(&self, params: &SynthesisParams) -> Result<()> {
         match &self.t3 {
@@ -308,6 +313,16 @@ impl Chatterbox {
     }
 
     pub fn synthesize(&mut self, text: &str, params: &SynthesisParams) -> Result<Synthesis> {
+        let mut samples = Vec::new();
+        let (timings, speech_tokens) = self.synthesize_streaming(text, params, &mut PieceSender::collecting(&mut samples))?;
+        Ok(Synthesis { samples, timings, speech_tokens })
+    }
+
+    /// [`Self::synthesize`], handing audio to `out` as each text chunk is
+    /// synthesized: everything but the crossfade tail that the next chunk
+    /// still blends into (the tail comes last), until `out` says stop.
+    /// Returns the stage timings and each chunk's speech tokens.
+    pub fn synthesize_streaming(&mut self, text: &str, params: &SynthesisParams, out: &mut PieceSender) -> Result<(Timings, Vec<Vec<u32>>)> {
         if text.trim().is_empty() {
             return Err("text is empty".into());
         }
@@ -326,20 +341,22 @@ impl Chatterbox {
         let voice = self.voice(&params.voice, &mut timings)?;
         // Tokenize every chunk first, so a text problem fails before any compute.
         let encoded: Vec<Vec<i32>> = chunks.iter().map(|c| self.t3.encode(c, params, &voice.t3)).collect::<Result<_>>()?;
-        let mut samples: Vec<f32> = Vec::new();
         let mut speech_tokens = Vec::new();
-        let crossfade = (params.crossfade_ms.max(0.0) * self.sample_rate() as f32 / 1000.0) as usize;
+        let mut join = CrossfadeJoin::new((params.crossfade_ms.max(0.0) * self.sample_rate() as f32 / 1000.0) as usize);
         for (i, ids) in encoded.iter().enumerate() {
             let seed = params.seed.wrapping_add(i as u64);
             let (wav, tokens) = self.synthesize_chunk(ids, &voice, params, seed, draws.as_ref(), &mut timings)?;
-            join_crossfade(&mut samples, &wav, crossfade);
             speech_tokens.push(tokens);
+            if !out.send(&join.push(&wav)) {
+                break;
+            }
         }
+        out.send(&join.finish());
         // Every token after the first costs one decode step.
         let steps: usize = speech_tokens.iter().map(|t| t.len().saturating_sub(1)).sum();
         let decode_ms = timings.get("t3.decode").unwrap_or(0.0);
         timings.add("t3.ms_per_token", decode_ms / steps.max(1) as f64);
-        Ok(Synthesis { samples, timings, speech_tokens })
+        Ok((timings, speech_tokens))
     }
 
     fn synthesize_chunk(
@@ -426,6 +443,34 @@ pub fn transpose(v: &[f32], rows: usize, cols: usize) -> Vec<f32> {
 
 /// Appends `next`, overlapping its first `fade` samples with the tail of
 /// `out` under a linear crossfade.
+/// Text chunks joined with a crossfade of `fade` samples as they arrive: each
+/// push returns the samples no later chunk can change, and holds back the
+/// tail the next one blends into.
+struct CrossfadeJoin {
+    fade: usize,
+    tail: Vec<f32>,
+}
+
+impl CrossfadeJoin {
+    fn new(fade: usize) -> Self {
+        CrossfadeJoin { fade, tail: Vec::new() }
+    }
+
+    /// Adds a chunk; returns the samples now final. The held tail is the last
+    /// `min(fade, everything so far)` samples, which is all [`join_crossfade`]
+    /// reads of what came before.
+    fn push(&mut self, next: &[f32]) -> Vec<f32> {
+        join_crossfade(&mut self.tail, next, self.fade);
+        let keep = self.fade.min(self.tail.len());
+        self.tail.drain(..self.tail.len() - keep).collect()
+    }
+
+    /// The held tail, after the last chunk.
+    fn finish(&mut self) -> Vec<f32> {
+        std::mem::take(&mut self.tail)
+    }
+}
+
 fn join_crossfade(out: &mut Vec<f32>, next: &[f32], fade: usize) {
     let fade = fade.min(out.len()).min(next.len());
     let start = out.len() - fade;
@@ -451,6 +496,22 @@ mod tests {
         let mut first = Vec::new();
         join_crossfade(&mut first, &[2.0; 3], 4);
         assert_eq!(first, vec![2.0; 3]);
+    }
+
+    #[test]
+    fn a_streamed_join_hands_on_the_one_shot_samples() {
+        let chunks: [Vec<f32>; 4] = [(0..10).map(|i| i as f32).collect(), vec![-1.0; 2], (0..7).map(|i| 0.5 * i as f32).collect(), vec![3.0; 9]];
+        for fade in [0, 1, 4, 20] {
+            let mut whole = Vec::new();
+            let mut join = CrossfadeJoin::new(fade);
+            let mut streamed = Vec::new();
+            for c in &chunks {
+                join_crossfade(&mut whole, c, fade);
+                streamed.extend(join.push(c));
+            }
+            streamed.extend(join.finish());
+            assert_eq!(streamed, whole, "fade {fade}");
+        }
     }
 
     #[test]

@@ -20,12 +20,12 @@ use abi_stable::{
     std_types::{RResult, RString, RVec},
 };
 use engine_core::abi::{
-    BackendHandle, LoadedModelInfo, Model, ModelBox, ModelFamilyInfo, ModelLoadRequest, ModelPlugin, ModelPluginRef, Model_TO, OptionKind, OptionList,
-    OptionSpec, OptionValue, PluginInfo, SynthesisOutput, SynthesisRequest,
+    AudioSink, BackendHandle, LoadedModelInfo, Model, ModelBox, ModelCatalog, ModelFamilyInfo, ModelLoadRequest, ModelPlugin, ModelPluginRef, Model_TO,
+    OptionKind, OptionList, OptionSpec, OptionValue, PluginInfo, StreamSummary, SynthesisOutput, SynthesisRequest,
 };
 use engine_core::backend_kit::spec;
 use engine_core::model_kit::Result;
-use engine_core::model_kit::{guarded, Error, OpPolicy, OptionReader};
+use engine_core::model_kit::{guarded, Error, OpPolicy, OptionReader, PieceSender};
 use model::{NoiseSource, Supertonic, SynthesisParams, VoiceChoice};
 
 #[export_root_module]
@@ -166,6 +166,27 @@ impl Model for Plugin {
                 timings: s.timings.into_stage_timings(),
                 tokens: RVec::new(),
             })
+        })
+    }
+
+    fn catalog(&self) -> ModelCatalog {
+        let default_language = &self.model.hp.text.default_language;
+        let others = self.model.hp.text.languages.iter().filter(|l| *l != default_language);
+        ModelCatalog {
+            voices: self.model.voice_names().into_iter().map(RString::from).collect(),
+            languages: std::iter::once(default_language).chain(others).map(|l| RString::from(l.as_str())).collect(),
+            clones_voices: false,
+        }
+    }
+
+    /// One piece per text chunk, each as soon as its vocoder ran.
+    fn synthesize_streaming(&mut self, request: &SynthesisRequest, sink: &AudioSink) -> RResult<StreamSummary, RString> {
+        guarded("supertonic", || {
+            let params = params_from_options(&request.options).map_err(|e| format!("supertonic: {e}"))?;
+            let rate = self.model.hp.sample_rate;
+            let mut out = PieceSender::to_sink(sink, rate);
+            let timings = self.model.synthesize_streaming(request.text.as_str(), &params, &mut out).map_err(|e| format!("supertonic: {e}"))?;
+            Ok(out.summary(rate, timings.into_stage_timings(), RVec::new()))
         })
     }
 }

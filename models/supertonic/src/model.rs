@@ -10,7 +10,7 @@ use crate::tensors;
 use crate::text::{self, Encoded, Indexer, UnsupportedChars};
 use crate::voice::{Voice, VoiceShape};
 use engine_core::model_kit::builder::compute_graph;
-use engine_core::model_kit::{npy, OpPolicy, Timings, Weights};
+use engine_core::model_kit::{npy, OpPolicy, PieceSender, Timings, Weights};
 use engine_core::model_kit::{Error, Result};
 use ggml_sys::gguf::GgufTensors;
 use ggml_sys::{Backend, ComputeGraph, GraphIo, GraphSlot, Result as GgmlResult};
@@ -357,6 +357,15 @@ impl Supertonic {
 
     /// The full pipeline over every chunk of `text`.
     pub fn synthesize(&mut self, text: &str, params: &SynthesisParams) -> Result<Synthesis> {
+        let mut samples = Vec::new();
+        let timings = self.synthesize_streaming(text, params, &mut PieceSender::collecting(&mut samples))?;
+        Ok(Synthesis { samples, timings })
+    }
+
+    /// [`Self::synthesize`], handing each chunk's audio (after the silence
+    /// that precedes it) to `out` as soon as it is computed, until `out` says
+    /// stop. Returns the stage timings.
+    pub fn synthesize_streaming(&mut self, text: &str, params: &SynthesisParams, out: &mut PieceSender) -> Result<Timings> {
         self.validate(params)?;
         let language = self.language(params).to_string();
         let voice = self.resolve_voice(&params.voice)?;
@@ -379,7 +388,7 @@ impl Supertonic {
         }
         let mut noise = NoiseStream::new(&params.noise)?;
         let mut timings = Timings::default();
-        let mut samples: Vec<f32> = Vec::new();
+        let mut delivered = 0usize;
         let mut total_seconds = 0f32;
         let silence = vec![0f32; (CHUNK_SILENCE_S * self.hp.sample_rate as f32) as usize];
         for (i, ids) in encoded.iter().map(|e| &e.ids).enumerate() {
@@ -408,16 +417,21 @@ impl Supertonic {
                 }
                 timings.time("vocoder", || self.vocoder(&latent))?
             };
-            if i > 0 {
-                samples.extend_from_slice(&silence);
-            }
-            samples.extend_from_slice(&wav);
+            let mut piece = if i > 0 { silence.clone() } else { Vec::new() };
+            piece.extend_from_slice(&wav);
             // In the official order and precision: `dur_cat += dur + silence` in float32.
             total_seconds = if i == 0 { seconds } else { total_seconds + (seconds + CHUNK_SILENCE_S) };
+            if i + 1 == encoded.len() {
+                // As the official code, the whole is cut to the f32 total times the rate in f64.
+                let total = (self.hp.sample_rate as f64 * total_seconds as f64) as usize;
+                piece.truncate(total.saturating_sub(delivered));
+            }
+            delivered += piece.len();
+            if !out.send(&piece) {
+                break;
+            }
         }
-        // As the official code: the f32 total times the rate in f64.
-        samples.truncate((self.hp.sample_rate as f64 * total_seconds as f64) as usize);
-        Ok(Synthesis { samples, timings })
+        Ok(timings)
     }
 
     /// Matrices the backend keeps in its own layout (CPU: AMX / repacked).

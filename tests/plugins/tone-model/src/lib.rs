@@ -12,9 +12,15 @@ use abi_stable::{
     std_types::{RResult, RString, RVec},
 };
 use engine_core::abi::{
-    find_option, BackendHandle, LoadedModelInfo, Model, ModelBox, ModelFamilyInfo, ModelLoadRequest, ModelPlugin, ModelPluginRef, Model_TO, OptionKind,
-    OptionSpec, OptionValue, PluginInfo, StageTiming, SynthesisOutput, SynthesisRequest,
+    find_option, BackendHandle, LoadedModelInfo, ModelFamilyInfo, ModelLoadRequest, OptionKind, OptionSpec, OptionValue, PluginInfo, StageTiming,
+    SynthesisOutput, SynthesisRequest,
 };
+// With `abi-5-1` the plugin is what a build against ABI 5.1 was: its root
+// module and model trait of then, no streaming.
+#[cfg(feature = "abi-5-1")]
+use engine_core::abi::v5_1::{Model, ModelBox, ModelPlugin, ModelPluginRef, Model_TO};
+#[cfg(not(feature = "abi-5-1"))]
+use engine_core::abi::{AudioSink, Model, ModelBox, ModelPlugin, ModelPluginRef, Model_TO, StreamSummary};
 use engine_core::backend_kit::spec;
 use ggml_sys::gguf::GgufFile;
 use ggml_sys::{Backend, Context, TYPE_F32};
@@ -74,6 +80,25 @@ impl Model for Tone {
 
     fn synthesize(&mut self, request: &SynthesisRequest) -> RResult<SynthesisOutput, RString> {
         engine_core::model_kit::guarded("tone model", || self.synthesize_guarded(request))
+    }
+
+    /// One piece per character (0.1 s each), stopping when the sink says so.
+    #[cfg(not(feature = "abi-5-1"))]
+    fn synthesize_streaming(&mut self, request: &SynthesisRequest, sink: &AudioSink) -> RResult<StreamSummary, RString> {
+        engine_core::model_kit::guarded("tone model", || {
+            let output = self.synthesize_guarded(request)?;
+            let rate = output.sample_rate;
+            let mut summary = StreamSummary { sample_rate: rate, timings: output.timings.clone(), ..StreamSummary::default() };
+            for piece in output.samples.chunks(rate as usize / 10) {
+                summary.pieces += 1;
+                summary.samples += piece.len() as u64;
+                if !sink.send(piece, rate) {
+                    summary.cancelled = true;
+                    break;
+                }
+            }
+            Ok(summary)
+        })
     }
 }
 
