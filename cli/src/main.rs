@@ -5,6 +5,7 @@ mod compare;
 mod devices;
 mod logging;
 mod options;
+mod serve;
 mod soak;
 mod synth;
 mod voices;
@@ -215,6 +216,36 @@ enum Command {
         #[arg(long)]
         json: bool,
     },
+    /// Serve the OpenAI speech API (`POST /v1/audio/speech`) with the models
+    /// loaded once; each --profile is one model, named by its file's stem.
+    Serve {
+        #[command(flatten)]
+        common: Common,
+        /// Address to listen on (127.0.0.1: this machine only).
+        #[arg(long, default_value = "127.0.0.1")]
+        host: std::net::IpAddr,
+        /// Port (0: any free one; the address is printed).
+        #[arg(long, default_value_t = 8880)]
+        port: u16,
+        /// Sessions per model, each on its own thread (each loads the model).
+        #[arg(long, default_value_t = 1)]
+        workers: usize,
+        /// Requests that may wait for a worker per model; more get 429.
+        #[arg(long, default_value_t = 16)]
+        queue: usize,
+        /// Require `Authorization: Bearer KEY` on /v1/ (default: $TTS_API_KEY).
+        #[arg(long, value_name = "KEY")]
+        api_key: Option<String>,
+        /// Voice files requests may name (NAME.voice, NAME.json), by NAME.
+        #[arg(long, value_name = "DIR")]
+        voices_dir: Option<PathBuf>,
+        /// Longest input, in characters (longer: 413).
+        #[arg(long, default_value_t = 4096)]
+        max_input_chars: usize,
+        /// Override a [synthesis] option of every model (repeatable).
+        #[arg(long = "set", value_name = "KEY=VALUE", value_parser = parse_key_value)]
+        set: Vec<(String, String)>,
+    },
     /// Print a shell completion script: `tts completions bash > /etc/bash_completion.d/tts`.
     Completions {
         #[arg(value_enum)]
@@ -287,9 +318,12 @@ fn main() -> ExitCode {
     };
     set_verbosity(cli.quiet, cli.verbose);
     logging::init();
-    if let Err(e) = engine_core::output::remove_temporaries_on_signals() {
-        eprintln!("error: {e}");
-        return ExitCode::FAILURE;
+    // The server drains on SIGTERM itself (and writes no files).
+    if !matches!(cli.command, Some(Command::Serve { .. })) {
+        if let Err(e) = engine_core::output::remove_temporaries_on_signals() {
+            eprintln!("error: {e}");
+            return ExitCode::FAILURE;
+        }
     }
     match std::panic::catch_unwind(|| run(cli)) {
         Ok(Ok(())) => ExitCode::SUCCESS,
@@ -432,6 +466,36 @@ fn run(cli: Cli) -> Result<(), String> {
             let report = open_engine(&common, false)?.options_report().map_err(|e| e.to_string())?;
             let text = if json { serde_json::to_string_pretty(&report).map_err(|e| e.to_string())? + "\n" } else { options::render(&report) };
             write_stdout(&text)
+        }
+        Some(Command::Serve { common, host, port, workers, queue, api_key, voices_dir, max_input_chars, set }) => {
+            if common.profiles.len() > 1 && !common.models.is_empty() {
+                return Err("--model applies to one profile; with several, name each model file in its profile".into());
+            }
+            if workers == 0 || queue == 0 {
+                return Err("--workers and --queue must be at least 1".into());
+            }
+            if let Some(dir) = voices_dir.as_deref().filter(|d| !d.is_dir()) {
+                return Err(format!("--voices-dir {}: not a directory", dir.display()));
+            }
+            let profiles: Vec<Option<&std::path::Path>> = match common.profiles.is_empty() {
+                true => vec![None],
+                false => common.profiles.iter().map(|p| Some(p.as_path())).collect(),
+            };
+            let mut ids: Vec<String> = Vec::new();
+            for profile in &profiles {
+                let id = profile.and_then(|p| p.file_stem()).map_or("default".to_string(), |s| s.to_string_lossy().into_owned());
+                if ids.contains(&id) {
+                    return Err(format!("two profiles are named `{id}`; models are named by the profile file's stem"));
+                }
+                ids.push(id);
+            }
+            let mut sources: Vec<serve::ModelSource> = Vec::new();
+            for (profile, id) in profiles.into_iter().zip(ids) {
+                sources.push(serve::ModelSource { engine: open_engine_with(&common, profile, false)?, id });
+            }
+            let api_key = api_key.or_else(|| std::env::var("TTS_API_KEY").ok()).filter(|k| !k.is_empty());
+            let options = serve::ServeOptions { listen: std::net::SocketAddr::new(host, port), workers, queue, api_key, voices_dir, max_input_chars, set };
+            serve::run(sources, options, cli.quiet)
         }
         Some(Command::Completions { shell }) => {
             let mut script = Vec::new();

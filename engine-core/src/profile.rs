@@ -287,25 +287,7 @@ impl Profile {
     pub fn synthesis_options(&self, family: &str, specs: &[OptionSpec], overrides: &[(String, String)]) -> Result<OptionList, ProfileError> {
         let owner = format!("the {family} model (is this profile written for another model family?)");
         let mut list = self.validate_options("[synthesis]", &owner, &self.synthesis, specs)?;
-        for (key, text) in overrides {
-            let spec = specs.iter().find(|s| s.key.as_str() == key).ok_or_else(|| ProfileError {
-                origin: "command line".into(),
-                line: 0,
-                column: 0,
-                message: format!("unknown synthesis option `{key}` for the {family} model (known: {})", spec_keys(specs)),
-            })?;
-            let value = parse_override(spec, text).map_err(|message| ProfileError {
-                origin: "command line".into(),
-                line: 0,
-                column: 0,
-                message: format!("option `{key}`: {message}"),
-            })?;
-            for Tuple2(k, v) in list.iter_mut() {
-                if k.as_str() == key {
-                    *v = value.clone();
-                }
-            }
-        }
+        apply_overrides(&mut list, family, specs, overrides).map_err(|message| ProfileError { origin: "command line".into(), line: 0, column: 0, message })?;
         Ok(list)
     }
 
@@ -364,6 +346,25 @@ fn convert(spec: &OptionSpec, value: &toml::Value, base: &Path) -> Result<Option
         }
         _ => return Err(wrong()),
     })
+}
+
+/// Sets `overrides` (`key`, text) in a validated option list, each parsed as
+/// its spec's kind; the error names the key (`option `speed`: ...`) or the
+/// unknown key with the known ones.
+pub fn apply_overrides(list: &mut OptionList, family: &str, specs: &[OptionSpec], overrides: &[(String, String)]) -> Result<(), String> {
+    for (key, text) in overrides {
+        let spec = specs
+            .iter()
+            .find(|s| s.key.as_str() == key)
+            .ok_or_else(|| format!("unknown synthesis option `{key}` for the {family} model (known: {})", spec_keys(specs)))?;
+        let value = parse_override(spec, text).map_err(|message| format!("option `{key}`: {message}"))?;
+        for Tuple2(k, v) in list.iter_mut() {
+            if k.as_str() == key {
+                *v = value.clone();
+            }
+        }
+    }
+    Ok(())
 }
 
 fn parse_override(spec: &OptionSpec, text: &str) -> Result<OptionValue, String> {

@@ -25,6 +25,19 @@ use rubato::{Fft, FixedSync, Resampler, WindowFunction};
 /// the lower Nyquist frequency, where soxr's HQ recipe has it.
 const LOWER_RATE_BLOCK: usize = 320;
 
+/// The FFT resampler [`resample`] and [`StreamResampler`] share.
+fn fft_resampler(from: u32, to: u32) -> Result<Fft<f64>, String> {
+    // Whole blocks of the reduced ratio, an even number of them: rubato trims
+    // half its output block as the delay, which is off by half a sample when
+    // that block is odd.
+    let g = gcd(from, to);
+    let (units_in, units_out) = ((from / g) as usize, (to / g) as usize);
+    let blocks = LOWER_RATE_BLOCK.div_ceil(units_in.min(units_out));
+    let chunk = (blocks + blocks % 2) * units_in;
+    Fft::<f64>::new_custom(from as usize, to as usize, chunk, 1, 1, WindowFunction::BlackmanHarris2, FixedSync::Input)
+        .map_err(|e| format!("resampling {from} Hz to {to} Hz: {e}"))
+}
+
 /// `samples` at `from` Hz, resampled to `to` Hz (a copy when they are equal).
 pub fn resample(samples: &[f32], from: u32, to: u32) -> Result<Vec<f32>, String> {
     if from == 0 || to == 0 {
@@ -33,19 +46,90 @@ pub fn resample(samples: &[f32], from: u32, to: u32) -> Result<Vec<f32>, String>
     if from == to || samples.is_empty() {
         return Ok(samples.to_vec());
     }
-    // Whole blocks of the reduced ratio, an even number of them: rubato trims
-    // half its output block as the delay, which is off by half a sample when
-    // that block is odd.
-    let g = gcd(from, to);
-    let (units_in, units_out) = ((from / g) as usize, (to / g) as usize);
-    let blocks = LOWER_RATE_BLOCK.div_ceil(units_in.min(units_out));
-    let chunk = (blocks + blocks % 2) * units_in;
-    let mut resampler = Fft::<f64>::new_custom(from as usize, to as usize, chunk, 1, 1, WindowFunction::BlackmanHarris2, FixedSync::Input)
-        .map_err(|e| format!("resampling {from} Hz to {to} Hz: {e}"))?;
+    let mut resampler = fft_resampler(from, to)?;
     let input: Vec<f64> = samples.iter().map(|&s| s as f64).collect();
     let adapter = InterleavedSlice::new(&input, 1, input.len()).map_err(|e| format!("resampling: {e}"))?;
     let out = resampler.process_all(&adapter, input.len(), None).map_err(|e| format!("resampling {from} Hz to {to} Hz: {e}"))?;
     Ok(out.take_data().into_iter().map(|s| s as f32).collect())
+}
+
+/// [`resample`] for audio that arrives in pieces (a stream being encoded as it
+/// is synthesized): the same filter and the same output, sample for sample,
+/// once [`StreamResampler::finish`] has flushed the tail; each piece comes out
+/// as soon as whole FFT blocks of input are there (at most one block, ~13 ms at
+/// 24 kHz, is held back).
+pub struct StreamResampler {
+    resampler: Option<Fft<f64>>,
+    from: u32,
+    to: u32,
+    /// Input not yet resampled (less than one block).
+    pending: Vec<f64>,
+    /// Output samples still to drop: the filter's delay.
+    delay_left: usize,
+    consumed: u64,
+    produced: u64,
+}
+
+impl StreamResampler {
+    pub fn new(from: u32, to: u32) -> Result<StreamResampler, String> {
+        if from == 0 || to == 0 {
+            return Err(format!("cannot resample from {from} Hz to {to} Hz"));
+        }
+        let resampler = if from == to { None } else { Some(fft_resampler(from, to)?) };
+        let delay_left = resampler.as_ref().map_or(0, |r| r.output_delay());
+        Ok(StreamResampler { resampler, from, to, pending: Vec::new(), delay_left, consumed: 0, produced: 0 })
+    }
+
+    /// Resamples what whole blocks of `samples` (after what was held back) allow.
+    pub fn push(&mut self, samples: &[f32]) -> Result<Vec<f32>, String> {
+        self.consumed += samples.len() as u64;
+        if self.resampler.is_none() {
+            self.produced += samples.len() as u64;
+            return Ok(samples.to_vec());
+        }
+        self.pending.extend(samples.iter().map(|&s| s as f64));
+        self.drain(false)
+    }
+
+    /// The rest: the held-back input and the filter's tail, up to
+    /// `ceil(input · to / from)` samples in all.
+    pub fn finish(&mut self) -> Result<Vec<f32>, String> {
+        if self.resampler.is_none() {
+            return Ok(Vec::new());
+        }
+        let mut out = self.drain(true)?;
+        let total = (self.consumed * self.to as u64).div_ceil(self.from as u64);
+        let keep = out.len() as u64 - self.produced.saturating_sub(total).min(out.len() as u64);
+        out.truncate(keep as usize);
+        self.produced = self.produced.min(total);
+        Ok(out)
+    }
+
+    /// Runs whole blocks; with `flush`, pads with silence until the output
+    /// covers the input.
+    fn drain(&mut self, flush: bool) -> Result<Vec<f32>, String> {
+        let (from, to) = (self.from, self.to);
+        let Some(resampler) = self.resampler.as_mut() else { return Ok(Vec::new()) };
+        let total = (self.consumed * to as u64).div_ceil(from as u64);
+        let mut out = Vec::new();
+        loop {
+            let need = resampler.input_frames_next();
+            if self.pending.len() < need {
+                if !flush || self.produced >= total {
+                    break;
+                }
+                self.pending.resize(need, 0.0);
+            }
+            let block: Vec<f64> = self.pending.drain(..need).collect();
+            let adapter = InterleavedSlice::new(&block, 1, need).map_err(|e| format!("resampling: {e}"))?;
+            let data = resampler.process(&adapter, None).map_err(|e| format!("resampling {from} Hz to {to} Hz: {e}"))?.take_data();
+            let skip = self.delay_left.min(data.len());
+            self.delay_left -= skip;
+            self.produced += (data.len() - skip) as u64;
+            out.extend(data[skip..].iter().map(|&s| s as f32));
+        }
+        Ok(out)
+    }
 }
 
 /// `torchaudio.transforms.Resample(from, to)` with its defaults
@@ -186,5 +270,30 @@ mod tests {
         assert_eq!(resample(&[0.1, 0.2], 16_000, 16_000).unwrap(), vec![0.1, 0.2]);
         assert!(resample(&[], 16_000, 24_000).unwrap().is_empty());
         assert!(resample(&[0.1], 0, 24_000).unwrap_err().contains("0 Hz"));
+    }
+
+    #[test]
+    fn streamed_pieces_give_the_whole_clips_samples() {
+        let clip: Vec<f32> = tones(44_100, 0.77, &[440.0, 3000.0, 9000.0]).into_iter().map(|v| v as f32).collect();
+        for (from, to) in [(44_100, 24_000), (24_000, 24_000), (16_000, 24_000)] {
+            let whole = resample(&clip, from, to).unwrap();
+            let mut stream = StreamResampler::new(from, to).unwrap();
+            let mut got = Vec::new();
+            // Pieces of uneven sizes, an empty one among them.
+            let mut at = 0;
+            for (i, len) in [1usize, 0, 700, 13, 4410, 999].iter().cycle().enumerate() {
+                if at >= clip.len() {
+                    break;
+                }
+                let end = (at + len + i % 3).min(clip.len());
+                got.extend(stream.push(&clip[at..end]).unwrap());
+                at = end;
+            }
+            got.extend(stream.finish().unwrap());
+            assert_eq!(got.len(), whole.len(), "{from} -> {to}");
+            let diff = got.iter().zip(&whole).map(|(a, b)| (a - b).abs()).fold(0f32, f32::max);
+            assert!(diff <= 1e-6, "{from} -> {to}: max diff {diff}");
+        }
+        assert!(StreamResampler::new(0, 24_000).is_err());
     }
 }

@@ -339,7 +339,7 @@ impl Engine {
             RResult::RErr(e) => return fail(e.to_string()),
         };
         let info = model.info();
-        Ok(ModelSession { model, _handle: handle, options, backend: backend.name.clone(), device: device.name.to_string(), info, resolution })
+        Ok(ModelSession { model, _handle: handle, options, specs, backend: backend.name.clone(), device: device.name.to_string(), info, resolution })
     }
 }
 
@@ -349,6 +349,8 @@ pub struct ModelSession {
     model: ModelBox,
     _handle: BackendHandle,
     options: OptionList,
+    /// The model plugin's option specs, for per-request overrides.
+    specs: Vec<crate::abi::OptionSpec>,
     pub backend: String,
     pub device: String,
     pub info: LoadedModelInfo,
@@ -387,18 +389,29 @@ impl ModelSession {
     /// which stops it and is returned. Every piece is checked as
     /// [`SynthesisOutput`]s are (finite samples, a sample rate in range, the
     /// same rate throughout) before `on_piece` sees it.
-    pub fn synthesize_streaming(
+    pub fn synthesize_streaming(&mut self, text: &str, on_piece: impl FnMut(&[f32], u32) -> Result<bool, EngineError>) -> Result<StreamSummary, EngineError> {
+        self.synthesize_streaming_with(text, &[], on_piece)
+    }
+
+    /// [`ModelSession::synthesize_streaming`] with `overrides` (`key`, text)
+    /// set over the session's options for this text only (a server's
+    /// per-request voice or speed). An unknown key or a value of the wrong
+    /// kind fails before synthesis, naming the key.
+    pub fn synthesize_streaming_with(
         &mut self,
         text: &str,
+        overrides: &[(String, String)],
         mut on_piece: impl FnMut(&[f32], u32) -> Result<bool, EngineError>,
     ) -> Result<StreamSummary, EngineError> {
         if text.trim().is_empty() {
             return fail("text is empty");
         }
+        let mut options = self.options.clone();
+        crate::profile::apply_overrides(&mut options, self.info.family.as_str(), &self.specs, overrides).map_err(EngineError)?;
         let family = self.info.family.to_string();
         let mut receiver = PieceReceiver { on_piece: &mut on_piece, rate: None, family, failure: None };
         let sink = AudioSink { context: (&mut receiver as *mut PieceReceiver<'_>).cast(), deliver: deliver_piece };
-        let result = self.model.synthesize_streaming(&SynthesisRequest { text: text.into(), options: self.options.clone() }, &sink);
+        let result = self.model.synthesize_streaming(&SynthesisRequest { text: text.into(), options }, &sink);
         if let Some(e) = receiver.failure.take() {
             return Err(e);
         }
@@ -406,6 +419,11 @@ impl ModelSession {
             RResult::ROk(summary) => Ok(summary),
             RResult::RErr(e) => fail(e.to_string()),
         }
+    }
+
+    /// The model plugin's options: key, kind, default and help.
+    pub fn option_specs(&self) -> &[crate::abi::OptionSpec] {
+        &self.specs
     }
 
     /// The model's built-in voices and languages.

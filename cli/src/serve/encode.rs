@@ -1,0 +1,207 @@
+//! The response formats of `/v1/audio/speech`, encoded piece by piece as the
+//! model produces audio (FLAC alone is encoded whole at the end).
+
+use engine_core::audio::resample::StreamResampler;
+use engine_core::audio::{wav_header, RawFormat};
+
+/// OpenAI's `pcm` is 24 kHz 16-bit mono whatever the model's rate: clients
+/// play it without a header telling them otherwise.
+pub const PCM_RATE: u32 = 24_000;
+
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum ResponseFormat {
+    Mp3,
+    Wav,
+    Pcm,
+    Flac,
+}
+
+impl ResponseFormat {
+    pub const SUPPORTED: &'static str = "mp3, wav, pcm, flac";
+
+    /// OpenAI's names; `opus` and `aac` (which OpenAI also lists) and anything
+    /// else are refused with the supported list.
+    pub fn parse(name: &str) -> Result<ResponseFormat, String> {
+        match name {
+            "mp3" => Ok(ResponseFormat::Mp3),
+            "wav" => Ok(ResponseFormat::Wav),
+            "pcm" => Ok(ResponseFormat::Pcm),
+            "flac" => Ok(ResponseFormat::Flac),
+            other => Err(format!("response_format `{other}` is not supported; supported: {}", ResponseFormat::SUPPORTED)),
+        }
+    }
+
+    pub fn content_type(self) -> &'static str {
+        match self {
+            ResponseFormat::Mp3 => "audio/mpeg",
+            ResponseFormat::Wav => "audio/wav",
+            ResponseFormat::Pcm => "audio/pcm",
+            ResponseFormat::Flac => "audio/flac",
+        }
+    }
+}
+
+/// One response's encoder. `piece` returns the bytes ready to send (possibly
+/// none while an MP3 frame fills), `finish` the rest.
+pub struct Encoder {
+    state: State,
+    started: bool,
+}
+
+enum State {
+    Wav,
+    Pcm(Option<Box<StreamResampler>>),
+    Mp3(Option<Box<mp3lame_encoder::Encoder>>),
+    Flac(Vec<f32>),
+}
+
+impl Encoder {
+    pub fn new(format: ResponseFormat) -> Encoder {
+        let state = match format {
+            ResponseFormat::Wav => State::Wav,
+            ResponseFormat::Pcm => State::Pcm(None),
+            ResponseFormat::Mp3 => State::Mp3(None),
+            ResponseFormat::Flac => State::Flac(Vec::new()),
+        };
+        Encoder { state, started: false }
+    }
+
+    pub fn piece(&mut self, samples: &[f32], rate: u32) -> Result<Vec<u8>, String> {
+        let first = !self.started;
+        self.started = true;
+        let mut out = Vec::new();
+        match &mut self.state {
+            State::Wav => {
+                if first {
+                    // Sizes unknown while streaming (0xFFFFFFFF), as OpenAI's own WAV stream.
+                    out.extend_from_slice(&wav_header(rate, None));
+                }
+                RawFormat::Pcm16.encode(samples, &mut out);
+            }
+            State::Pcm(resampler) => {
+                if resampler.is_none() {
+                    *resampler = Some(Box::new(StreamResampler::new(rate, PCM_RATE)?));
+                }
+                let resampled = resampler.as_mut().expect("set above").push(samples)?;
+                RawFormat::Pcm16.encode(&resampled, &mut out);
+            }
+            State::Mp3(encoder) => {
+                if encoder.is_none() {
+                    *encoder = Some(Box::new(mp3_encoder(rate)?));
+                }
+                let encoder = encoder.as_mut().expect("set above");
+                out.reserve(mp3lame_encoder::max_required_buffer_size(samples.len()));
+                encoder.encode_to_vec(mp3lame_encoder::MonoPcm(samples), &mut out).map_err(|e| format!("MP3 encoding: {e:?}"))?;
+            }
+            State::Flac(all) => all.extend_from_slice(samples),
+        }
+        Ok(out)
+    }
+
+    /// The bytes after the last piece: the MP3 encoder's last frames, the
+    /// whole FLAC stream, the resampler's tail; a header alone when no audio
+    /// came at all.
+    pub fn finish(&mut self, rate: u32) -> Result<Vec<u8>, String> {
+        let mut out = Vec::new();
+        match &mut self.state {
+            State::Wav if !self.started => out.extend_from_slice(&wav_header(rate, Some(0))),
+            State::Wav => {}
+            State::Pcm(resampler) => {
+                if let Some(r) = resampler {
+                    RawFormat::Pcm16.encode(&r.finish()?, &mut out);
+                }
+            }
+            State::Mp3(encoder) => {
+                if let Some(e) = encoder {
+                    out.reserve(7200);
+                    e.flush_to_vec::<mp3lame_encoder::FlushGap>(&mut out).map_err(|e| format!("MP3 encoding: {e:?}"))?;
+                }
+            }
+            State::Flac(all) => out = engine_core::audio::encode_flac(all, rate)?,
+        }
+        self.started = true;
+        Ok(out)
+    }
+}
+
+fn mp3_encoder(rate: u32) -> Result<mp3lame_encoder::Encoder, String> {
+    let bad = |what: &str| format!("MP3 encoder: {what} (model rate {rate} Hz)");
+    let mut b = mp3lame_encoder::Builder::new().ok_or_else(|| bad("LAME did not start"))?;
+    b.set_num_channels(1).map_err(|e| bad(&format!("{e:?}")))?;
+    b.set_sample_rate(rate).map_err(|e| bad(&format!("{e:?}")))?;
+    b.set_brate(mp3lame_encoder::Bitrate::Kbps96).map_err(|e| bad(&format!("{e:?}")))?;
+    b.set_quality(mp3lame_encoder::Quality::Good).map_err(|e| bad(&format!("{e:?}")))?;
+    // No Xing/LAME tag: it is written before the audio and only filled in at
+    // the end, which a stream cannot go back to; decoders would trim by its
+    // placeholder values.
+    b.set_to_write_vbr_tag(false).map_err(|e| bad(&format!("{e:?}")))?;
+    b.build().map_err(|e| bad(&format!("{e:?}")))
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn tone(rate: u32, n: usize) -> Vec<f32> {
+        (0..n).map(|i| 0.3 * (i as f32 * 440.0 * std::f32::consts::TAU / rate as f32).sin()).collect()
+    }
+
+    fn encode(format: ResponseFormat, samples: &[f32], rate: u32) -> Vec<u8> {
+        let mut e = Encoder::new(format);
+        let mut out = Vec::new();
+        for piece in samples.chunks(1000) {
+            out.extend(e.piece(piece, rate).unwrap());
+        }
+        out.extend(e.finish(rate).unwrap());
+        out
+    }
+
+    #[test]
+    fn streamed_wav_is_a_header_then_the_samples() {
+        let samples = tone(44_100, 2500);
+        let bytes = encode(ResponseFormat::Wav, &samples, 44_100);
+        assert_eq!(bytes.len(), 44 + 2 * samples.len());
+        assert_eq!(&bytes[..44], &wav_header(44_100, None));
+        let mut raw = Vec::new();
+        RawFormat::Pcm16.encode(&samples, &mut raw);
+        assert_eq!(&bytes[44..], &raw[..]);
+        // Nothing synthesized: an empty but valid WAV.
+        assert_eq!(encode(ResponseFormat::Wav, &[], 44_100), wav_header(44_100, Some(0)).to_vec());
+    }
+
+    #[test]
+    fn pcm_is_24_khz_whatever_the_model_rate() {
+        let samples = tone(44_100, 44_100 / 2);
+        let bytes = encode(ResponseFormat::Pcm, &samples, 44_100);
+        assert_eq!(bytes.len(), 2 * 12_000);
+        let at_24k = encode(ResponseFormat::Pcm, &tone(24_000, 5000), 24_000);
+        let mut raw = Vec::new();
+        RawFormat::Pcm16.encode(&tone(24_000, 5000), &mut raw);
+        assert_eq!(at_24k, raw);
+    }
+
+    #[test]
+    fn mp3_and_flac_decode_back_to_the_audio() {
+        let samples = tone(44_100, 44_100);
+        for format in [ResponseFormat::Mp3, ResponseFormat::Flac] {
+            let bytes = encode(format, &samples, 44_100);
+            let clip = engine_core::audio::input::decode_mono(&bytes, 10.0).unwrap();
+            assert_eq!(clip.sample_rate, 44_100, "{format:?}");
+            // MP3 adds the encoder's delay and pads the last frame.
+            let extra = clip.samples.len() as i64 - samples.len() as i64;
+            assert!((0..=2 * 1152 + 576).contains(&extra), "{format:?}: {} samples for {}", clip.samples.len(), samples.len());
+            if format == ResponseFormat::Flac {
+                let worst = clip.samples.iter().zip(&samples).map(|(a, b)| (a - b).abs()).fold(0f32, f32::max);
+                assert!(worst <= 1.0 / 32768.0 + 1e-6, "FLAC holds 16-bit samples: {worst}");
+            }
+        }
+    }
+
+    #[test]
+    fn unsupported_formats_name_the_supported_ones() {
+        for name in ["opus", "aac", "ogg", ""] {
+            let e = ResponseFormat::parse(name).unwrap_err();
+            assert_eq!(e, format!("response_format `{name}` is not supported; supported: mp3, wav, pcm, flac"));
+        }
+    }
+}

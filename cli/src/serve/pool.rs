@@ -1,0 +1,175 @@
+//! A loaded model's workers: each owns a [`ModelSession`] on its own thread
+//! and takes speech jobs from one bounded queue, streaming encoded audio back
+//! to the request that waits for it.
+
+use super::encode::{Encoder, ResponseFormat};
+use super::metrics::{self, Metrics};
+use engine_core::engine::{EngineError, ModelSession};
+use std::panic::AssertUnwindSafe;
+use std::sync::Arc;
+use std::thread::JoinHandle;
+use std::time::Instant;
+use tokio::sync::mpsc;
+
+pub struct Job {
+    pub text: String,
+    /// Synthesis options of this request (`voice`, `speed`, `language`).
+    pub overrides: Vec<(String, String)>,
+    pub format: ResponseFormat,
+    pub events: mpsc::Sender<Event>,
+    /// When the request arrived (time to first audio counts from here).
+    pub received: Instant,
+}
+
+/// What a worker tells the waiting request, in order: audio (the first one
+/// possibly empty: it says audio has started), then `Done` or `Failed`.
+pub enum Event {
+    Audio(Vec<u8>),
+    Done,
+    Failed(Failure),
+}
+
+/// An error as the API reports it.
+#[derive(Debug, Clone)]
+pub struct Failure {
+    pub status: u16,
+    pub message: String,
+    pub param: Option<String>,
+}
+
+impl Failure {
+    pub fn internal(message: impl Into<String>) -> Failure {
+        Failure { status: 500, message: message.into(), param: None }
+    }
+
+    /// A synthesis error: one that names an option of this request, or empty
+    /// text, is the request's fault (400); anything else the server's (500).
+    fn classify(message: &str, overrides: &[(String, String)]) -> Failure {
+        let option = overrides.iter().map(|(k, _)| k).find(|k| message.contains(&format!("option `{k}`")) || message.contains(&format!("{k} must be")));
+        match option {
+            Some(key) => Failure { status: 400, message: message.to_string(), param: Some(key.clone()) },
+            None if message.contains("text is empty") => Failure { status: 400, message: message.to_string(), param: Some("input".into()) },
+            None => Failure::internal(format!("synthesis failed: {message}")),
+        }
+    }
+}
+
+pub struct Pool {
+    jobs: Option<crossbeam_channel::Sender<Job>>,
+    workers: Vec<JoinHandle<()>>,
+}
+
+impl Pool {
+    /// One worker thread per session, all fed from a queue of `queue` jobs.
+    pub fn start(id: &str, sessions: Vec<ModelSession>, queue: usize, metrics: Arc<Metrics>) -> Result<Pool, String> {
+        let (jobs, receiver) = crossbeam_channel::bounded::<Job>(queue);
+        let mut workers = Vec::new();
+        for (i, session) in sessions.into_iter().enumerate() {
+            let (receiver, metrics, model) = (receiver.clone(), metrics.clone(), id.to_string());
+            let worker = std::thread::Builder::new()
+                .name(format!("tts-{id}-{i}"))
+                .spawn(move || work(&model, session, receiver, &metrics))
+                .map_err(|e| format!("starting a worker for {id}: {e}"))?;
+            workers.push(worker);
+        }
+        Ok(Pool { jobs: Some(jobs), workers })
+    }
+
+    /// Queues `job`; gives it back when the queue is full.
+    pub fn submit(&self, job: Job) -> Result<(), Job> {
+        match self.jobs.as_ref().map(|j| j.try_send(job)) {
+            Some(Ok(())) => Ok(()),
+            Some(Err(e)) => Err(e.into_inner()),
+            None => unreachable!("a pool takes jobs until it stops"),
+        }
+    }
+
+    /// Lets the workers finish what is queued, then joins them.
+    pub fn stop(mut self) {
+        self.jobs = None;
+        for w in self.workers.drain(..) {
+            let _ = w.join();
+        }
+    }
+}
+
+fn work(id: &str, mut session: ModelSession, jobs: crossbeam_channel::Receiver<Job>, metrics: &Metrics) {
+    let label = metrics::model(id);
+    for job in jobs.iter() {
+        metrics.queue_depth.get_or_create(&label).dec();
+        if job.events.is_closed() {
+            // The client went away while the job waited.
+            metrics.cancelled.get_or_create(&label).inc();
+            continue;
+        }
+        metrics.busy_workers.get_or_create(&label).inc();
+        let outcome = std::panic::catch_unwind(AssertUnwindSafe(|| synthesize(&mut session, &job, metrics, &label)));
+        metrics.busy_workers.get_or_create(&label).dec();
+        let last = match outcome {
+            Ok(event) => event,
+            Err(_) => {
+                tracing::error!(model = id, "a worker panicked during synthesis; it goes on with the next request");
+                Some(Event::Failed(Failure::internal("internal error during synthesis")))
+            }
+        };
+        if let Some(event) = last {
+            let _ = job.events.blocking_send(event);
+        }
+    }
+}
+
+/// Runs one job, sending audio as it is encoded; returns the last event to
+/// send (None when the client has gone).
+fn synthesize(session: &mut ModelSession, job: &Job, metrics: &Metrics, label: &metrics::ModelLabel) -> Option<Event> {
+    let mut encoder = Encoder::new(job.format);
+    let (mut started, mut gone, mut samples) = (false, false, 0u64);
+    let result = session.synthesize_streaming_with(&job.text, &job.overrides, |piece, rate| {
+        let bytes = encoder.piece(piece, rate).map_err(EngineError)?;
+        samples += piece.len() as u64;
+        if !started {
+            metrics.first_audio.get_or_create(label).observe(job.received.elapsed().as_secs_f64());
+        }
+        if (!started || !bytes.is_empty()) && job.events.blocking_send(Event::Audio(bytes)).is_err() {
+            gone = true;
+            return Ok(false);
+        }
+        started = true;
+        Ok(true)
+    });
+    match result {
+        Ok(summary) if gone || summary.cancelled => {
+            metrics.cancelled.get_or_create(label).inc();
+            None
+        }
+        Ok(summary) => {
+            metrics.audio_seconds.get_or_create(label).inc_by(samples as f64 / summary.sample_rate.max(1) as f64);
+            match encoder.finish(summary.sample_rate) {
+                Ok(tail) if !tail.is_empty() || !started => match job.events.blocking_send(Event::Audio(tail)) {
+                    Ok(()) => Some(Event::Done),
+                    Err(_) => None,
+                },
+                Ok(_) => Some(Event::Done),
+                Err(e) => Some(Event::Failed(Failure::internal(e))),
+            }
+        }
+        Err(e) => Some(Event::Failed(Failure::classify(&e.0, &job.overrides))),
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn option_errors_are_the_requests_fault_and_others_the_servers() {
+        let set = vec![("speed".to_string(), "3".to_string())];
+        let f = Failure::classify("supertonic: speed must be in 0.5..=2.0, got 3", &set);
+        assert_eq!((f.status, f.param.as_deref()), (400, Some("speed")));
+        let f = Failure::classify("option `speed`: `x` is not a float", &set);
+        assert_eq!((f.status, f.param.as_deref()), (400, Some("speed")));
+        let f = Failure::classify("text is empty", &[]);
+        assert_eq!((f.status, f.param.as_deref()), (400, Some("input")));
+        let f = Failure::classify("ggml: out of memory", &set);
+        assert_eq!((f.status, f.message.as_str()), (500, "synthesis failed: ggml: out of memory"));
+    }
+}

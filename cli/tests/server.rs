@@ -1,0 +1,401 @@
+//! `tts serve` over loopback on the tiny fixtures: each response format
+//! against the CLI's audio, OpenAI's error JSON for each bad request, the
+//! model and voice lists, metrics, a full queue, a client that goes away, a
+//! model that panics, and draining on SIGTERM.
+
+mod common;
+
+use common::{plugins_with, repo, supertonic_fixture, tts};
+use serde_json::{json, Value};
+use std::io::{BufRead, BufReader, Read, Write};
+use std::path::{Path, PathBuf};
+use std::process::{Child, Command, Stdio};
+use std::time::{Duration, Instant};
+
+const KEY: &str = "test-key";
+
+struct Server {
+    child: Option<Child>,
+    base: String,
+    _dir: tempfile::TempDir,
+    _plugins: tempfile::TempDir,
+    profile: PathBuf,
+    plugin_dir: PathBuf,
+}
+
+/// A profile file named `name.toml` (the model id is the stem).
+fn profile(dir: &Path, name: &str, body: &str) -> PathBuf {
+    let p = dir.join(format!("{name}.toml"));
+    std::fs::write(&p, body).unwrap();
+    p
+}
+
+impl Server {
+    /// Supertonic as `supertonic` and the tone model set to panic as `broken`,
+    /// one CPU thread each, with `extra` flags.
+    fn start(extra: &[&str]) -> Server {
+        let plugins = plugins_with(&["cpu"], &["supertonic"]);
+        std::fs::copy(common::artifacts().join("libtts_test_tone.so"), plugins.path().join("libtts_model_tone.so")).unwrap();
+        let dir = tempfile::tempdir().unwrap();
+        let cpu = "[backend]\nprefer = [\"cpu\"]\nfallback = false\n[backends.cpu]\nthreads = 1\n";
+        let supertonic = profile(dir.path(), "supertonic", &format!("{cpu}[model]\nfiles = [\"{}\"]\n", supertonic_fixture().display()));
+        let gguf = dir.path().join("tone.gguf");
+        let mut w = ggml_sys::gguf::GgufWriter::new();
+        w.set_str("general.architecture", "tts-test-tone").set_u32("tts-test-tone.sample_rate", 16000).set_f32("tts-test-tone.frequency", 440.0);
+        w.write_metadata(&gguf).unwrap();
+        let broken = profile(dir.path(), "broken", &format!("{cpu}[model]\nfiles = [\"{}\"]\n[synthesis]\npanic = true\n", gguf.display()));
+        let voices = dir.path().join("voices");
+        std::fs::create_dir(&voices).unwrap();
+        std::fs::write(voices.join("mine.voice"), b"not read by the listing").unwrap();
+        let mut args: Vec<String> = ["serve", "--port", "0", "--api-key", KEY, "--max-input-chars", "2000"].map(String::from).to_vec();
+        for (flag, value) in [("--profile", &supertonic), ("--profile", &broken), ("--plugin-dir", &plugins.path().to_path_buf()), ("--voices-dir", &voices)] {
+            args.push(flag.into());
+            args.push(value.display().to_string());
+        }
+        args.extend(extra.iter().map(|s| s.to_string()));
+        let mut child =
+            Command::new(tts()).args(&args).env_remove("TTS_LOG").env_remove("TTS_API_KEY").stdout(Stdio::null()).stderr(Stdio::piped()).spawn().unwrap();
+        let mut lines = BufReader::new(child.stderr.take().unwrap()).lines();
+        let first = lines.next().expect("tts serve printed nothing").unwrap();
+        let base = first.strip_prefix("listening on ").and_then(|r| r.split_whitespace().next()).unwrap_or_else(|| panic!("first line: {first}")).to_string();
+        // The rest of stderr is drained so the server never blocks on it.
+        std::thread::spawn(move || lines.for_each(drop));
+        let plugin_dir = plugins.path().to_path_buf();
+        let server = Server { child: Some(child), base, _dir: dir, _plugins: plugins, profile: supertonic, plugin_dir };
+        let started = Instant::now();
+        loop {
+            let (status, _) = server.get("/health", false);
+            if status == 200 {
+                break;
+            }
+            assert_eq!(status, 503, "health while loading");
+            assert!(started.elapsed() < Duration::from_secs(120), "the models did not load (hang guard)");
+            std::thread::sleep(Duration::from_millis(50));
+        }
+        server
+    }
+
+    fn agent() -> ureq::Agent {
+        ureq::Agent::config_builder().http_status_as_error(false).timeout_global(Some(Duration::from_secs(120))).build().into()
+    }
+
+    fn get(&self, path: &str, auth: bool) -> (u16, Vec<u8>) {
+        let mut request = Server::agent().get(format!("{}{path}", self.base));
+        if auth {
+            request = request.header("Authorization", format!("Bearer {KEY}"));
+        }
+        let mut r = request.call().unwrap();
+        (r.status().as_u16(), r.body_mut().read_to_vec().unwrap())
+    }
+
+    /// POST /v1/audio/speech over a bare connection, the body written from
+    /// a thread: a server that answers before reading a too-large body closes
+    /// the connection under the writer (as curl sees it too). Status and body
+    /// of a response with a Content-Length.
+    fn speech_unread(&self, body: Vec<u8>) -> (u16, Vec<u8>) {
+        let address = self.base.strip_prefix("http://").unwrap().to_string();
+        let mut stream = std::net::TcpStream::connect(&address).unwrap();
+        write!(
+            stream,
+            "POST /v1/audio/speech HTTP/1.1\r\nHost: {address}\r\nAuthorization: Bearer {KEY}\r\nContent-Type: application/json\r\nContent-Length: {}\r\nConnection: close\r\n\r\n",
+            body.len()
+        )
+        .unwrap();
+        let mut writer = stream.try_clone().unwrap();
+        std::thread::spawn(move || {
+            let _ = writer.write_all(&body);
+        });
+        let mut response = Vec::new();
+        let _ = stream.read_to_end(&mut response);
+        let text = String::from_utf8_lossy(&response).into_owned();
+        let (head, body) = text.split_once("\r\n\r\n").unwrap_or_else(|| panic!("no response: {text}"));
+        let status = head.split_whitespace().nth(1).unwrap().parse().unwrap();
+        (status, body.as_bytes().to_vec())
+    }
+
+    /// POST /v1/audio/speech with `body` (bytes as given) and `key`.
+    fn speech_raw(&self, body: &[u8], key: Option<&str>) -> (u16, ureq::http::HeaderMap, Vec<u8>) {
+        let mut request = Server::agent().post(format!("{}/v1/audio/speech", self.base)).header("Content-Type", "application/json");
+        if let Some(k) = key {
+            request = request.header("Authorization", format!("Bearer {k}"));
+        }
+        let mut r = request.send(body).unwrap();
+        let headers = r.headers().clone();
+        let bytes = r.body_mut().with_config().limit(64 << 20).read_to_vec().unwrap();
+        (r.status().as_u16(), headers, bytes)
+    }
+
+    fn speech(&self, body: Value) -> (u16, ureq::http::HeaderMap, Vec<u8>) {
+        self.speech_raw(body.to_string().as_bytes(), Some(KEY))
+    }
+
+    fn metrics(&self) -> String {
+        String::from_utf8(self.get("/metrics", false).1).unwrap()
+    }
+
+    /// SIGTERM, then the exit status.
+    fn stop(&mut self) -> std::process::ExitStatus {
+        let mut child = self.child.take().unwrap();
+        unsafe { libc::kill(child.id() as i32, libc::SIGTERM) };
+        let started = Instant::now();
+        loop {
+            if let Some(status) = child.try_wait().unwrap() {
+                return status;
+            }
+            if started.elapsed() > Duration::from_secs(60) {
+                let _ = child.kill();
+                panic!("tts serve did not stop on SIGTERM (hang guard)");
+            }
+            std::thread::sleep(Duration::from_millis(20));
+        }
+    }
+}
+
+impl Drop for Server {
+    fn drop(&mut self) {
+        if let Some(mut c) = self.child.take() {
+            let _ = c.kill();
+            let _ = c.wait();
+        }
+    }
+}
+
+/// The OpenAI error object of a response.
+fn error_of(status: u16, body: &[u8]) -> (u16, Value) {
+    let v: Value = serde_json::from_slice(body).unwrap_or_else(|e| panic!("{status}: not JSON ({e}): {}", String::from_utf8_lossy(body)));
+    let e = v["error"].clone();
+    assert!(e["message"].as_str().is_some_and(|m| !m.is_empty()), "{v}");
+    assert!(e["type"].is_string(), "{v}");
+    (status, e)
+}
+
+const TEXT: &str = "Hello from the server. It streams as it speaks.";
+
+/// The CLI's WAV for TEXT under the same profile and plugins.
+fn cli_wav(server: &Server) -> Vec<u8> {
+    let out = common::run(&[
+        "--profile",
+        &server.profile.display().to_string(),
+        "--plugin-dir",
+        &server.plugin_dir.display().to_string(),
+        "--text",
+        TEXT,
+        "--out",
+        "-",
+    ]);
+    assert!(out.status.success(), "{}", common::stderr(&out));
+    out.stdout
+}
+
+#[test]
+fn each_format_carries_the_clis_audio() {
+    let server = Server::start(&[]);
+    let cli = cli_wav(&server);
+    let cli_samples = &cli[44..];
+
+    let (status, headers, wav) = server.speech(json!({"model": "supertonic", "input": TEXT, "voice": "default", "response_format": "wav"}));
+    assert_eq!(status, 200, "{}", String::from_utf8_lossy(&wav));
+    assert_eq!(headers["content-type"], "audio/wav");
+    // Sizes unknown while streaming; the samples are the CLI's, bit for bit.
+    assert_eq!(&wav[4..8], &[0xFF; 4]);
+    assert_eq!(&wav[44..], cli_samples, "server and CLI synthesize the same samples");
+    println!("wav: {} bytes, identical to the CLI's samples", wav.len());
+
+    let (status, headers, pcm) = server.speech(json!({"model": "supertonic", "input": TEXT, "response_format": "pcm"}));
+    assert_eq!((status, headers["content-type"].to_str().unwrap(), headers["x-sample-rate"].to_str().unwrap()), (200, "audio/pcm", "24000"));
+    let n = (cli_samples.len() / 2) as u64;
+    assert_eq!(pcm.len() as u64, 2 * (n * 24_000).div_ceil(44_100), "24 kHz: ceil(n * 24000 / 44100) samples");
+
+    let (status, _, flac) = server.speech(json!({"model": "supertonic", "input": TEXT, "response_format": "flac"}));
+    assert_eq!(status, 200);
+    let clip = engine_core::audio::input::decode_mono(&flac, 60.0).unwrap();
+    let want: Vec<f32> = cli_samples.chunks(2).map(|b| i16::from_le_bytes([b[0], b[1]]) as f32 / 32768.0).collect();
+    assert_eq!(clip.samples.len(), want.len());
+    let worst = clip.samples.iter().zip(&want).map(|(a, b)| (a - b).abs()).fold(0f32, f32::max);
+    assert!(worst <= 1e-4, "FLAC against the CLI's 16-bit samples: {worst}");
+
+    // MP3 is the default format.
+    let (status, headers, mp3) = server.speech(json!({"model": "tts-1", "input": TEXT, "voice": "default"}));
+    assert_eq!((status, headers["content-type"].to_str().unwrap()), (200, "audio/mpeg"));
+    let clip = engine_core::audio::input::decode_mono(&mp3, 60.0).unwrap();
+    let extra = clip.samples.len() as i64 - want.len() as i64;
+    assert!((0..=3 * 1152).contains(&extra), "MP3 of {} samples for {}", clip.samples.len(), want.len());
+    println!("pcm {} B, flac {} B (max diff {worst:.1e}), mp3 {} B decoding to {} samples", pcm.len(), flac.len(), mp3.len(), clip.samples.len());
+
+    let metrics = server.metrics();
+    assert!(metrics.contains("tts_http_requests_total{endpoint=\"speech\",status=\"200\"} 4"), "{metrics}");
+    assert!(metrics.contains("tts_speech_time_to_first_audio_seconds_count{model=\"supertonic\"} 4"), "{metrics}");
+    assert!(metrics.contains("tts_audio_seconds_total{model=\"supertonic\"}"), "{metrics}");
+}
+
+#[test]
+fn bad_requests_get_their_status_and_openai_error_json() {
+    let server = Server::start(&[]);
+    let ok = json!({"model": "supertonic", "input": "Hi.", "response_format": "wav"});
+    let with = |key: &str, value: Value| {
+        let mut body = ok.clone();
+        body[key] = value;
+        body.to_string().into_bytes()
+    };
+    // What, body, key, then the status and `param` wanted.
+    type Case<'a> = (&'a str, Vec<u8>, Option<&'a str>, u16, Option<&'a str>);
+    let cases: Vec<Case> = vec![
+        ("no key", ok.to_string().into_bytes(), None, 401, None),
+        ("wrong key", ok.to_string().into_bytes(), Some("nope"), 401, None),
+        ("unknown model", with("model", json!("tts-9")), Some(KEY), 404, Some("model")),
+        ("unknown voice", with("voice", json!("alloy")), Some(KEY), 400, Some("voice")),
+        ("a path as voice", with("voice", json!("../voices/mine.voice")), Some(KEY), 400, Some("voice")),
+        ("empty input", with("input", json!("  ")), Some(KEY), 400, Some("input")),
+        ("input over the limit", with("input", json!("a".repeat(2001))), Some(KEY), 413, Some("input")),
+        ("malformed JSON", b"{\"model\": \"supertonic\", \"input\": ".to_vec(), Some(KEY), 400, None),
+        ("speed 10", with("speed", json!(10)), Some(KEY), 400, Some("speed")),
+        ("speed outside the model's range", with("speed", json!(3.0)), Some(KEY), 400, Some("speed")),
+        ("opus", with("response_format", json!("opus")), Some(KEY), 400, Some("response_format")),
+        ("sse", with("stream_format", json!("sse")), Some(KEY), 400, Some("stream_format")),
+        ("unknown language", with("language", json!("xx")), Some(KEY), 400, Some("language")),
+    ];
+    for (what, body, key, want_status, want_param) in cases {
+        let (status, _, bytes) = server.speech_raw(&body, key);
+        let (status, e) = error_of(status, &bytes);
+        println!("{what}: {status} {}", e["message"]);
+        assert_eq!(status, want_status, "{what}: {e}");
+        assert_eq!(e["param"].as_str(), want_param, "{what}: {e}");
+    }
+    let (status, bytes) = server.speech_unread(with("input", json!("a".repeat(1 << 20))));
+    let (status, e) = error_of(status, &bytes);
+    println!("1 MB input: {status} {}", e["message"]);
+    assert_eq!((status, e["param"].as_str()), (413, Some("input")), "{e}");
+    let (status, _, bytes) = server.speech_raw(&with("response_format", json!("opus")), Some(KEY));
+    assert_eq!(error_of(status, &bytes).1["message"], "response_format `opus` is not supported; supported: mp3, wav, pcm, flac");
+    let (status, body) = server.get("/v1/nothing", true);
+    assert_eq!(error_of(status, &body).0, 404);
+    // Still serving.
+    assert_eq!(server.speech(ok).0, 200);
+}
+
+#[test]
+fn models_voices_health_and_a_model_that_panics() {
+    let server = Server::start(&[]);
+    let (status, body) = server.get("/v1/models", true);
+    let v: Value = serde_json::from_slice(&body).unwrap();
+    assert_eq!(status, 200);
+    let ids: Vec<&str> = v["data"].as_array().unwrap().iter().map(|m| m["id"].as_str().unwrap()).collect();
+    assert_eq!(ids, ["supertonic", "broken"]);
+    assert_eq!(server.get("/v1/models", false).0, 401);
+
+    let (status, body) = server.get("/v1/audio/voices?model=supertonic", true);
+    let v: Value = serde_json::from_slice(&body).unwrap();
+    assert_eq!(status, 200, "{v}");
+    let voices: Vec<&str> = v["voices"].as_array().unwrap().iter().map(|x| x.as_str().unwrap()).collect();
+    assert_eq!((voices.first(), voices.last()), (Some(&"default"), Some(&"mine")), "{v}");
+    assert!(voices.len() > 2, "built-in voices listed: {v}");
+    let (status, body) = server.get("/v1/audio/voices?model=nope", true);
+    assert_eq!(error_of(status, &body).0, 404);
+
+    let v: Value = serde_json::from_slice(&server.get("/health", false).1).unwrap();
+    assert_eq!(v, json!({"status": "ok", "models": ["supertonic", "broken"]}));
+
+    // The tone model panics inside synthesis: a 500 for that request, and the
+    // same worker serves the next one.
+    for _ in 0..2 {
+        let (status, _, body) = server.speech(json!({"model": "broken", "input": "Hi.", "response_format": "wav"}));
+        let (status, e) = error_of(status, &body);
+        assert_eq!(status, 500, "{e}");
+        assert_eq!(server.speech(json!({"model": "supertonic", "input": "Hi.", "response_format": "wav"})).0, 200);
+    }
+}
+
+#[test]
+fn a_full_queue_answers_429_with_retry_after() {
+    let server = Server::start(&["--queue", "1", "--workers", "1"]);
+    let long = "This sentence is long enough to keep the one worker busy for a while. ".repeat(25);
+    let mut statuses = Vec::new();
+    // Twelve requests at once: one synthesizes, one waits, the rest find the
+    // queue full (repeated in the unlikely case that the worker kept up).
+    for _round in 0..3 {
+        let results: Vec<(u16, Option<String>)> = std::thread::scope(|s| {
+            let handles: Vec<_> = (0..12)
+                .map(|_| {
+                    s.spawn(|| {
+                        let (status, headers, _) = server.speech(json!({"model": "supertonic", "input": long, "response_format": "pcm"}));
+                        (status, headers.get("retry-after").map(|v| v.to_str().unwrap().to_string()))
+                    })
+                })
+                .collect();
+            handles.into_iter().map(|h| h.join().unwrap()).collect()
+        });
+        for (status, retry) in &results {
+            assert!(*status == 200 || *status == 429, "{status}");
+            if *status == 429 {
+                assert_eq!(retry.as_deref(), Some("1"));
+            }
+        }
+        statuses.extend(results.into_iter().map(|(s, _)| s));
+        if statuses.contains(&429) {
+            break;
+        }
+    }
+    println!("statuses: {statuses:?}");
+    assert!(statuses.contains(&429) && statuses.contains(&200), "{statuses:?}");
+}
+
+#[test]
+fn a_client_that_goes_away_cancels_and_sigterm_drains() {
+    let mut server = Server::start(&[]);
+    let long = "A client that hangs up should stop the synthesis it asked for. ".repeat(30);
+    let address = server.base.strip_prefix("http://").unwrap().to_string();
+    let body = json!({"model": "supertonic", "input": long, "response_format": "pcm"}).to_string();
+    let mut stream = std::net::TcpStream::connect(&address).unwrap();
+    write!(
+        stream,
+        "POST /v1/audio/speech HTTP/1.1\r\nHost: {address}\r\nAuthorization: Bearer {KEY}\r\nContent-Type: application/json\r\nContent-Length: {}\r\n\r\n{body}",
+        body.len()
+    )
+    .unwrap();
+    let mut first = [0u8; 256];
+    let n = stream.read(&mut first).unwrap();
+    assert!(String::from_utf8_lossy(&first[..n]).starts_with("HTTP/1.1 200"), "{}", String::from_utf8_lossy(&first[..n]));
+    drop(stream);
+    let started = Instant::now();
+    while !server.metrics().contains("tts_cancelled_syntheses_total{model=\"supertonic\"} 1") {
+        assert!(started.elapsed() < Duration::from_secs(60), "no cancellation counted: {}", server.metrics());
+        std::thread::sleep(Duration::from_millis(50));
+    }
+    assert_eq!(server.speech(json!({"model": "supertonic", "input": "Still here.", "response_format": "wav"})).0, 200);
+    let status = server.stop();
+    assert!(status.success(), "{status:?}");
+}
+
+#[test]
+fn serve_refuses_bad_flags_in_one_line() {
+    let profile = repo().join("profiles/supertonic.toml");
+    let p = profile.display().to_string();
+    for (args, want) in [
+        (vec!["serve", "--profile", &p, "--workers", "0", "--port", "0"], "--workers and --queue must be at least 1"),
+        (vec!["serve", "--profile", &p, "--profile", &p, "--port", "0"], "two profiles are named `supertonic`"),
+        (vec!["serve", "--profile", &p, "--voices-dir", "/nonexistent/voices", "--port", "0"], "--voices-dir /nonexistent/voices: not a directory"),
+    ] {
+        let out = common::run(&args);
+        common::assert_one_line_error(&out, want);
+    }
+}
+
+/// The official `openai` Python package (`cargo xtask test` installs it and
+/// names its interpreter in `TTS_OPENAI_PYTHON`): every format whole and
+/// streamed, and the errors it raises (tests/server/openai_client.py).
+#[test]
+fn the_official_openai_client_works_against_the_server() {
+    let Some(python) = std::env::var_os("TTS_OPENAI_PYTHON") else {
+        assert!(std::env::var_os("TTS_REQUIRE_OPENAI").is_none(), "TTS_REQUIRE_OPENAI is set but no TTS_OPENAI_PYTHON: run `cargo xtask test`");
+        println!("skipped: TTS_OPENAI_PYTHON names no Python with the openai package (`cargo xtask test` installs one)");
+        return;
+    };
+    let server = Server::start(&[]);
+    let script = repo().join("tests/server/openai_client.py");
+    let child =
+        Command::new(python).arg(&script).args([server.base.as_str(), KEY, "supertonic", "F1"]).stdout(Stdio::piped()).stderr(Stdio::piped()).spawn().unwrap();
+    let out = common::wait_or_kill(child, Duration::from_secs(120), "openai_client.py");
+    println!("{}", String::from_utf8_lossy(&out.stdout));
+    assert!(out.status.success(), "{}{}", String::from_utf8_lossy(&out.stdout), String::from_utf8_lossy(&out.stderr));
+    assert!(String::from_utf8_lossy(&out.stdout).contains("all checks passed"));
+}

@@ -1,0 +1,71 @@
+"""The official `openai` Python package against a running `tts serve`.
+
+    python openai_client.py BASE_URL API_KEY MODEL VOICE
+
+Each response format whole (`audio.speech.create`) and streamed
+(`with_streaming_response`), then the errors the package raises for a wrong
+key, a wrong model and an unknown voice. Prints one line per check; exits
+non-zero at the first failure.
+"""
+
+import struct
+import sys
+
+import openai
+
+base, key, model, voice = sys.argv[1:5]
+client = openai.OpenAI(base_url=f"{base}/v1", api_key=key, max_retries=0)
+text = "The official client speaks to this server."
+
+
+def check_audio(fmt, data):
+    assert len(data) > 0, f"{fmt}: no bytes"
+    if fmt == "wav":
+        assert data[:4] == b"RIFF" and data[8:12] == b"WAVE", data[:16]
+        (rate,) = struct.unpack("<I", data[24:28])
+        assert rate > 0, rate
+    elif fmt == "flac":
+        assert data[:4] == b"fLaC", data[:8]
+    elif fmt == "mp3":
+        assert data[:3] == b"ID3" or (data[0] == 0xFF and data[1] & 0xE0 == 0xE0), data[:4]
+    elif fmt == "pcm":
+        assert len(data) % 2 == 0, len(data)
+
+
+for fmt in ["mp3", "wav", "pcm", "flac"]:
+    whole = client.audio.speech.create(model=model, voice=voice, input=text, response_format=fmt)
+    check_audio(fmt, whole.content)
+    chunks = []
+    with client.audio.speech.with_streaming_response.create(model=model, voice=voice, input=text, response_format=fmt) as response:
+        assert response.http_response.status_code == 200
+        for chunk in response.iter_bytes():
+            chunks.append(chunk)
+    streamed = b"".join(chunks)
+    check_audio(fmt, streamed)
+    assert streamed == whole.content, f"{fmt}: streamed and whole responses differ"
+    print(f"{fmt}: {len(whole.content)} bytes whole, the same streamed in {len(chunks)} chunk(s)")
+
+# The default format (mp3) through one of OpenAI's own model names.
+check_audio("mp3", client.audio.speech.create(model="tts-1", voice=voice, input=text).content)
+print("tts-1 (default format mp3): ok")
+
+
+def expect(error_type, **kwargs):
+    try:
+        kwargs.setdefault("model", model)
+        kwargs.setdefault("voice", voice)
+        kwargs.setdefault("input", text)
+        c = kwargs.pop("client", client)
+        c.audio.speech.create(**kwargs)
+    except error_type as e:
+        print(f"{error_type.__name__}: {e.status_code} {e.body['message'] if isinstance(e.body, dict) else e.body}")
+        return
+    raise AssertionError(f"no {error_type.__name__} for {kwargs}")
+
+
+expect(openai.AuthenticationError, client=openai.OpenAI(base_url=f"{base}/v1", api_key="wrong", max_retries=0))
+expect(openai.NotFoundError, model="no-such-model")
+expect(openai.BadRequestError, voice="no-such-voice")
+expect(openai.BadRequestError, speed=10)
+expect(openai.BadRequestError, response_format="opus")
+print("all checks passed")
