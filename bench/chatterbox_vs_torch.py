@@ -26,6 +26,10 @@ each (GPU rows use the policies' defaults: fused attention and an F16 K/V
 cache where the device runs them; weights as the file stores them, so
 `--weights f16` is the F16 row).
 
+`--stream` times `tts bench --stream` (audio handed on every `stream_tokens` speech
+tokens while T3 generates) and adds its time to the first audio; the reference has
+no streaming, so its column stays its one-shot time.
+
 `--variant mtl` benchmarks Multilingual (`ChatterboxMultilingualTTS.generate`,
 language `en`): T3 runs both guidance rows (cfg_weight 0.5) and S3Gen the 10-step
 decoder with guidance; the fixed count is kept on both sides by suppressing the stop
@@ -250,6 +254,8 @@ def main():
     ap.add_argument("--warmup", type=int, default=1)
     ap.add_argument("--text", default=DEFAULT_TEXT)
     ap.add_argument("--markdown", help="also write the table here")
+    ap.add_argument("--stream", action="store_true",
+                    help="time tts's streaming synthesis (`tts bench --stream`: audio every stream_tokens tokens) and report its time to first audio; the reference has no streaming and runs one-shot")
     ap.add_argument("--torch-worker", action="store_true", help=argparse.SUPPRESS)
     ap.add_argument("--ckpt", help=argparse.SUPPRESS)
     a = ap.parse_args()
@@ -269,7 +275,7 @@ def main():
             # Alternate the sides so that drift in the machine's speed hits both alike.
             ref_rounds.append(torch_bench(a.variant, a.device, threads, a.text, a.tokens, a.runs, a.warmup))
             for b, w, d, m in sides:
-                extra = ["--set", f"max_new_tokens={cap}"] + (["--set", f"guidance={m}"] if m else [])
+                extra = ["--set", f"max_new_tokens={cap}"] + (["--set", f"guidance={m}"] if m else []) + (["--stream"] if a.stream else [])
                 tts_rounds[(b, w, d, m)].append(tts_bench(*files[(w, d)], b, threads, a.text, a.tokens, a.runs, a.warmup, extra))
         med = lambda rounds, f: statistics.median(f(r) for r in rounds)
         ref_ms = med(ref_rounds, lambda r: r["total_ms"])
@@ -289,6 +295,7 @@ def main():
                    "tts_s3gen_ms": med(rs, lambda r: r["stages_ms"]["s3gen.encoder"] + r["stages_ms"]["s3gen.cfm"]),
                    "tts_hift_ms": med(rs, lambda r: r["stages_ms"]["hift"]),
                    "tts_rtf": med(rs, lambda r: r["rtf"]),
+                   "tts_first_audio_ms": med(rs, lambda r: r.get("first_audio_ms") or float("nan")),
                    "ref_rss_mib": max(r["peak_rss_mib"] for r in ref_rounds), "tts_rss_mib": max(r["peak_rss_mib"] for r in rs)}
             rows.append(row)
             print(json.dumps(row), file=sys.stderr)
@@ -298,13 +305,14 @@ def main():
     lines = [f"Chatterbox {a.variant}. Machine: {where}, copy bandwidth {bandwidth:.1f} GB/s; text: \"{a.text}\"; "
              f"{a.tokens} speech tokens on both sides; median over {a.rounds} alternating rounds of the median of {a.runs} runs "
              f"(after {a.warmup} warm-up) per side. The reference is F32 on {a.device} in every row.", "",
-             "| threads | tts backend | tts weights | decoder | guidance | audio s ref / tts | reference ms | tts ms | ratio | T3 ms/token ref / tts (bound) | S3Gen+HiFT ms ref / tts | tts RTF | peak RSS MiB ref / tts |",
-             "|---|---|---|---|---|---|---|---|---|---|---|---|---|"]
+             "| threads | tts backend | tts weights | decoder | guidance | audio s ref / tts | reference ms | tts ms | ratio | T3 ms/token ref / tts (bound) | S3Gen+HiFT ms ref / tts | tts RTF | peak RSS MiB ref / tts |"
+             + (" tts first audio ms (streaming) |" if a.stream else ""),
+             "|---|---|---|---|---|---|---|---|---|---|---|---|---|" + ("---|" if a.stream else "")]
     for r in rows:
         lines.append(f"| {r['threads']} | {r['backend']} | {r['weights']} | {r['decoder']} | {r['guidance'] or '-'} | {r['ref_audio_s']:.2f} / {r['audio_s']:.2f} | {r['ref_ms']:.0f} | {r['tts_ms']:.0f} | **{r['ratio']:.2f}×** | "
                      f"{r['ref_ms_per_token']:.2f} / {r['tts_ms_per_token']:.2f} ({r['bound_ms_per_token']:.2f}) | "
                      f"{r['ref_s3gen_hift_ms']:.0f} / {r['tts_s3gen_ms'] + r['tts_hift_ms']:.1f} | {r['tts_rtf']:.3f} | "
-                     f"{r['ref_rss_mib']:.0f} / {r['tts_rss_mib']:.0f} |")
+                     f"{r['ref_rss_mib']:.0f} / {r['tts_rss_mib']:.0f} |" + (f" **{r['tts_first_audio_ms']:.0f}** |" if a.stream else ""))
     table = "\n".join(lines) + "\n"
     print(table)
     if a.markdown:

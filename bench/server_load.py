@@ -3,7 +3,7 @@
 concurrent requests on one CPU device, and a load test, in one run.
 
 1. Overhead: the median latency of `--runs` sequential WAV requests against
-   `tts bench`'s median total synthesis time for the same text and profile
+   `tts bench --stream`'s median total synthesis time for the same text and profile
    (the server adds HTTP, queueing and encoding; both sides warm).
 2. Contention: for workers = concurrency = 1, 2, 4, `--contention-seconds`
    of requests from that many clients: requests per second, seconds of audio
@@ -107,7 +107,7 @@ def overhead(args, profile):
         server.speech()
     latencies = [server.speech()[2] for _ in range(args.runs)]
     server.stop()
-    bench = subprocess.run([args.tts, "bench", "--profile", profile, "--text", TEXT, "--runs", str(args.runs), "--warmup", "3", "--json"],
+    bench = subprocess.run([args.tts, "bench", "--profile", profile, "--text", TEXT, "--stream", "--runs", str(args.runs), "--warmup", "3", "--json"],
                            capture_output=True, text=True, check=True)
     report = json.loads(bench.stdout)
     cli_ms = report["total_ms"]["median"] if isinstance(report.get("total_ms"), dict) else report["total_ms"]

@@ -11,7 +11,10 @@ use std::time::Instant;
 
 /// What each run does.
 pub enum Work<'a> {
+    /// One-shot synthesis of a text (what the model's `synthesize` does).
     Synthesize(&'a str),
+    /// Streaming synthesis: also the time to the first piece of audio.
+    Stream(&'a str),
     /// Clone the voice of a recording (the voice is not written).
     CloneVoice(&'a Path),
 }
@@ -98,6 +101,11 @@ pub fn run(session: &mut ModelSession, work: Work, runs: usize, warmup: usize, l
         let start = Instant::now();
         let timings = match work {
             Work::Synthesize(text) => {
+                let output = session.synthesize(text).map_err(|e| e.to_string())?;
+                audio_seconds = output.samples.len() as f64 / output.sample_rate.max(1) as f64;
+                output.timings
+            }
+            Work::Stream(text) => {
                 let mut first = None;
                 let summary = session
                     .synthesize_streaming(text, |_, _| {
@@ -134,6 +142,7 @@ pub fn run(session: &mut ModelSession, work: Work, runs: usize, warmup: usize, l
         warmup,
         work: match work {
             Work::Synthesize(_) => "synthesize",
+            Work::Stream(_) => "stream",
             Work::CloneVoice(_) => "clone_voice",
         },
         audio_seconds,

@@ -132,6 +132,10 @@ enum Command {
         /// Untimed runs first (graph building, pipeline caches).
         #[arg(long, default_value_t = 1)]
         warmup: usize,
+        /// Time streaming synthesis (as `--out -` and `tts serve`), with the
+        /// time to the first audio, instead of one-shot synthesis.
+        #[arg(long, conflicts_with = "reference")]
+        stream: bool,
         #[command(flatten)]
         flags: SynthesisFlags,
         /// Override a [synthesis] option (repeatable).
@@ -378,7 +382,7 @@ fn run(cli: Cli) -> Result<(), String> {
             let text = if json { serde_json::to_string_pretty(&report).map_err(|e| e.to_string())? + "\n" } else { devices::render(&report) };
             write_stdout(&text)
         }
-        Some(Command::Bench { common, text, reference, runs, warmup, flags, set, json }) => {
+        Some(Command::Bench { common, text, reference, runs, warmup, stream, flags, set, json }) => {
             let set = flags.merged(&set)?;
             let engine = open_engine(&common, false)?;
             let start = std::time::Instant::now();
@@ -386,6 +390,7 @@ fn run(cli: Cli) -> Result<(), String> {
             let load_ms = start.elapsed().as_secs_f64() * 1e3;
             let work = match (&text, &reference) {
                 (_, Some(r)) => bench::Work::CloneVoice(r),
+                (Some(t), None) if stream => bench::Work::Stream(t),
                 (Some(t), None) => bench::Work::Synthesize(t),
                 (None, None) => return Err("give --text or --reference".into()),
             };

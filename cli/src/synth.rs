@@ -102,20 +102,17 @@ pub fn synthesize(session: &mut ModelSession, text: &str, out: &Path, format: Fo
     if to_stdout && format != Format::Flac {
         return stream_to_stdout(session, text, format, progress);
     }
-    let mut samples = Vec::new();
-    let summary = session
-        .synthesize_streaming(text, |piece, rate| {
-            samples.extend_from_slice(piece);
-            progress.audio(samples.len() as f64 / rate as f64);
-            Ok(true)
-        })
-        .map_err(|e| e.0)?;
+    // Written whole: one-shot synthesis (a model may stream at some cost in
+    // quality, e.g. Chatterbox's speech-token hops).
+    let output = session.synthesize(text).map_err(|e| e.0)?;
+    let (samples, rate) = (output.samples.as_slice(), output.sample_rate);
+    progress.audio(samples.len() as f64 / rate.max(1) as f64);
     let bytes = match format {
-        Format::Wav => engine_core::audio::encode_wav(&samples, summary.sample_rate)?,
-        Format::Flac => engine_core::audio::encode_flac(&samples, summary.sample_rate)?,
+        Format::Wav => engine_core::audio::encode_wav(samples, rate)?,
+        Format::Flac => engine_core::audio::encode_flac(samples, rate)?,
         Format::Pcm16 | Format::F32 => {
             let mut b = Vec::with_capacity(samples.len() * 4);
-            raw(format).encode(&samples, &mut b);
+            raw(format).encode(samples, &mut b);
             b
         }
     };
@@ -128,7 +125,7 @@ pub fn synthesize(session: &mut ModelSession, text: &str, out: &Path, format: Fo
     } else {
         engine_core::output::write_file(out, &bytes).map_err(|e| format!("{}: {e}", out.display()))?;
     }
-    Ok(Written { seconds: samples.len() as f64 / summary.sample_rate.max(1) as f64, sample_rate: summary.sample_rate, reader_gone })
+    Ok(Written { seconds: samples.len() as f64 / rate.max(1) as f64, sample_rate: rate, reader_gone })
 }
 
 impl Format {

@@ -139,9 +139,95 @@ fn supertonic_streams_one_piece_per_text_chunk() {
 #[test]
 fn chatterbox_streams_one_piece_per_text_chunk_with_the_crossfade_held_back() {
     let dir = tempfile::tempdir().unwrap();
-    let overrides = [("max_chars".to_string(), "30".to_string()), ("max_new_tokens".to_string(), "12".to_string())];
+    let overrides =
+        [("max_chars".to_string(), "30".to_string()), ("max_new_tokens".to_string(), "12".to_string()), ("stream_tokens".to_string(), "0".to_string())];
     let mut session = fixture_session(&common::chatterbox_fixture(), &["chatterbox"], dir.path(), &overrides);
     let n = streamed_against_one_shot(&mut session, "First sentence here. Then a second one. And a third.");
     assert!(n >= 3, "{n} pieces");
     eprintln!("chatterbox: 3 text chunks streamed in {n} pieces (the last the crossfade tail), identical to one-shot");
+}
+
+/// Log-mel spectrogram of `x` at `rate` (1024-point Hann frames, hop 256,
+/// 80 triangular bands from 0 to Nyquist on the mel scale, log10 of power + 1e-5).
+fn log_mel(x: &[f32], rate: u32) -> Vec<f64> {
+    let (n, hop, bands) = (1024usize, 256usize, 80usize);
+    let mut planner = realfft::RealFftPlanner::<f64>::new();
+    let fft = planner.plan_fft_forward(n);
+    let mel = |hz: f64| 2595.0 * (1.0 + hz / 700.0).log10();
+    let top = mel(rate as f64 / 2.0);
+    let edges: Vec<f64> = (0..bands + 2).map(|i| 700.0 * (10f64.powf(top * i as f64 / (bands + 1) as f64 / 2595.0) - 1.0)).collect();
+    let bin_hz = rate as f64 / n as f64;
+    let mut out = Vec::new();
+    let mut frame = fft.make_input_vec();
+    let mut spectrum = fft.make_output_vec();
+    for start in (0..x.len().saturating_sub(n)).step_by(hop) {
+        for (i, f) in frame.iter_mut().enumerate() {
+            let w = 0.5 - 0.5 * (std::f64::consts::TAU * i as f64 / n as f64).cos();
+            *f = x[start + i] as f64 * w;
+        }
+        fft.process(&mut frame, &mut spectrum).unwrap();
+        for b in 0..bands {
+            let (lo, mid, hi) = (edges[b], edges[b + 1], edges[b + 2]);
+            let power: f64 = spectrum
+                .iter()
+                .enumerate()
+                .map(|(k, c)| {
+                    let hz = k as f64 * bin_hz;
+                    let w = if hz <= lo || hz >= hi {
+                        0.0
+                    } else if hz <= mid {
+                        (hz - lo) / (mid - lo)
+                    } else {
+                        (hi - hz) / (hi - mid)
+                    };
+                    w * c.norm_sqr()
+                })
+                .sum();
+            out.push((power + 1e-5).log10());
+        }
+    }
+    out
+}
+
+#[test]
+fn chatterbox_streams_speech_tokens_in_hops_close_to_one_shot() {
+    let dir = tempfile::tempdir().unwrap();
+    let overrides = [("max_new_tokens".to_string(), "60".to_string()), ("min_new_tokens".to_string(), "60".to_string())];
+    let mut session = fixture_session(&common::chatterbox_fixture(), &["chatterbox"], dir.path(), &overrides);
+    let text = "Streaming starts before the speech tokens end.";
+    let whole = session.synthesize(text).unwrap();
+    for hop in [0usize, 100, 8, 20] {
+        let set =
+            [("stream_tokens".to_string(), hop.to_string()), ("stream_first_tokens".to_string(), if hop >= 100 { hop } else { hop.clamp(1, 10) }.to_string())];
+        let mut pieces: Vec<Vec<f32>> = Vec::new();
+        let summary = session
+            .synthesize_streaming_with(text, &set, |p, _| {
+                pieces.push(p.to_vec());
+                Ok(true)
+            })
+            .unwrap();
+        let streamed = pieces.concat();
+        assert_eq!(streamed.len(), whole.samples.len(), "hop {hop}: every mel frame vocoded once");
+        assert!(!summary.cancelled && streamed.iter().all(|v| v.is_finite()));
+        if hop == 0 {
+            assert_eq!(streamed, whole.samples.to_vec(), "per text chunk: the one-shot samples");
+            continue;
+        }
+        if hop == 100 {
+            // No hop falls due before T3 stops: the stream's one window (its
+            // noise streams, frame-indexed draws, continued source) must give
+            // the one-shot samples exactly.
+            assert_eq!(pieces.len(), 2, "the window, then the crossfade tail held for a next chunk");
+            assert_eq!(streamed, whole.samples.to_vec(), "one window: the one-shot samples");
+            continue;
+        }
+        // 60 tokens: a first hop (10, or `hop` if shorter), then one per `hop` codes, then the rest.
+        assert!(pieces.len() >= 60 / hop, "hop {hop}: {} pieces", pieces.len());
+        let (a, b) = (log_mel(&streamed, whole.sample_rate), log_mel(&whole.samples, whole.sample_rate));
+        let dot: f64 = a.iter().zip(&b).map(|(x, y)| x * y).sum();
+        let cosine = dot / (a.iter().map(|x| x * x).sum::<f64>().sqrt() * b.iter().map(|x| x * x).sum::<f64>().sqrt());
+        let snr = engine_core::compare::snr_db(&streamed, &whole.samples).unwrap();
+        eprintln!("chatterbox tiny, 60 tokens, hop {hop}: {} pieces; against one-shot: log-mel cosine {cosine:.4}, SNR {snr:.1} dB", pieces.len());
+        assert!(cosine > 0.9, "hop {hop}: log-mel cosine {cosine}");
+    }
 }

@@ -93,6 +93,18 @@ extern "C" fn option_specs() -> RVec<OptionSpec> {
         spec("min_new_tokens", OptionKind::Int, OptionValue::Int(0), "no stop before this many speech tokens (fixed-length benchmarks; 0 = off)"),
         spec("max_chars", OptionKind::Int, OptionValue::Int(300), "split text longer than this at sentence ends (0 = never split)"),
         spec("crossfade_ms", OptionKind::Float, OptionValue::Float(20.0), "crossfade between chunks, 0..=500 ms"),
+        spec(
+            "stream_tokens",
+            OptionKind::Int,
+            OptionValue::Int(25),
+            "streaming only: audio every this many speech tokens (1 s per 25; CosyVoice2's hop), 0 = per text chunk; 0..=1000",
+        ),
+        spec(
+            "stream_first_tokens",
+            OptionKind::Int,
+            OptionValue::Int(10),
+            "streaming only: speech tokens before the first audio (at most stream_tokens), 1..=1000",
+        ),
         spec("cfm_steps", OptionKind::Int, OptionValue::Int(-1), "Euler steps of the mel decoder, 1..=10 (-1 = the model's default: Turbo/Nano 2, Multilingual 10)"),
         spec(
             "draws",
@@ -128,6 +140,8 @@ pub fn params_from_options(options: &OptionList) -> Result<SynthesisParams> {
     let min_new_tokens = o.count("min_new_tokens")?;
     let max_chars = o.count("max_chars")?;
     let crossfade_ms = o.float_in("crossfade_ms", 0.0..=500.0)? as f32;
+    let stream_tokens = o.int_in("stream_tokens", 0..=1000)? as usize;
+    let stream_first_tokens = o.int_in("stream_first_tokens", 1..=1000)? as usize;
     let cfm_steps = match o.int("cfm_steps")? {
         -1 => None,
         n if (1..=10).contains(&n) => Some(n as usize),
@@ -155,6 +169,8 @@ pub fn params_from_options(options: &OptionList) -> Result<SynthesisParams> {
         seed,
         max_chars,
         crossfade_ms,
+        stream_tokens,
+        stream_first_tokens,
         cfm_steps,
         draws: o.path("draws")?,
     })

@@ -12,6 +12,7 @@ use crate::cloning::reference::{self, ReferenceRules};
 use crate::cloning::{self, voice_file, Voice};
 use crate::hparams::{S3GenHparams, T3Hparams, S3GEN_ARCH, T3_ARCH};
 use crate::s3gen::source::{apply_trim_fade, SourceNoise};
+use crate::s3gen::stream::VocoderStream;
 use crate::s3gen::S3Gen;
 use crate::sampler::{GuidedSamplingParams, SamplingParams, UniformSource, Xoshiro256};
 pub use crate::speech_tokens::SpeechGenerator;
@@ -97,6 +98,10 @@ pub struct SynthesisParams {
     /// Longest chunk of text synthesised at once (0 = no splitting).
     pub max_chars: usize,
     pub crossfade_ms: f32,
+    /// Streaming: hand audio on every this many speech tokens (0: per text chunk).
+    pub stream_tokens: usize,
+    /// Streaming: the first hop, shorter so the first audio comes sooner.
+    pub stream_first_tokens: usize,
     /// Euler steps of the CFM decoder; None = the model's default.
     pub cfm_steps: Option<usize>,
     pub draws: Option<PathBuf>,
@@ -120,6 +125,8 @@ impl Default for SynthesisParams {
             seed: 0,
             max_chars: 300,
             crossfade_ms: 20.0,
+            stream_tokens: 25,
+            stream_first_tokens: 10,
             cfm_steps: None,
             draws: None,
         }
@@ -314,15 +321,20 @@ impl Chatterbox {
 
     pub fn synthesize(&mut self, text: &str, params: &SynthesisParams) -> Result<Synthesis> {
         let mut samples = Vec::new();
-        let (timings, speech_tokens) = self.synthesize_streaming(text, params, &mut PieceSender::collecting(&mut samples))?;
+        let (timings, speech_tokens) = self.run(text, params, &mut PieceSender::collecting(&mut samples), 0)?;
         Ok(Synthesis { samples, timings, speech_tokens })
     }
 
-    /// [`Self::synthesize`], handing audio to `out` as each text chunk is
-    /// synthesized: everything but the crossfade tail that the next chunk
-    /// still blends into (the tail comes last), until `out` says stop.
-    /// Returns the stage timings and each chunk's speech tokens.
+    /// [`Self::synthesize`], handing audio to `out` as it is made, until
+    /// `out` says stop: every `params.stream_tokens` speech tokens (the vocoder
+    /// going on across them, `s3gen::stream`), or per text chunk when that is
+    /// 0, holding back what the next piece still blends into. Returns the
+    /// stage timings and each chunk's speech tokens.
     pub fn synthesize_streaming(&mut self, text: &str, params: &SynthesisParams, out: &mut PieceSender) -> Result<(Timings, Vec<Vec<u32>>)> {
+        self.run(text, params, out, params.stream_tokens)
+    }
+
+    fn run(&mut self, text: &str, params: &SynthesisParams, out: &mut PieceSender, token_hop: usize) -> Result<(Timings, Vec<Vec<u32>>)> {
         if text.trim().is_empty() {
             return Err("text is empty".into());
         }
@@ -345,6 +357,20 @@ impl Chatterbox {
         let mut join = CrossfadeJoin::new((params.crossfade_ms.max(0.0) * self.sample_rate() as f32 / 1000.0) as usize);
         for (i, ids) in encoded.iter().enumerate() {
             let seed = params.seed.wrapping_add(i as u64);
+            if token_hop > 0 && draws.is_none() {
+                let mut starts_chunk = true;
+                let mut deliver = |piece: &[f32]| {
+                    let sent = out.send(&join.push_piece(piece, starts_chunk));
+                    starts_chunk = false;
+                    sent
+                };
+                let (tokens, going_on) = self.synthesize_chunk_streamed(ids, &voice, params, seed, token_hop, &mut timings, &mut deliver)?;
+                speech_tokens.push(tokens);
+                if !going_on {
+                    break;
+                }
+                continue;
+            }
             let (wav, tokens) = self.synthesize_chunk(ids, &voice, params, seed, draws.as_ref(), &mut timings)?;
             speech_tokens.push(tokens);
             if !out.send(&join.push(&wav)) {
@@ -357,6 +383,54 @@ impl Chatterbox {
         let decode_ms = timings.get("t3.decode").unwrap_or(0.0);
         timings.add("t3.ms_per_token", decode_ms / steps.max(1) as f64);
         Ok((timings, speech_tokens))
+    }
+
+    /// One text chunk streamed as T3 generates: after `stream_first_tokens`
+    /// speech tokens, then every `hop` (the last `pre_lookahead` tokens held
+    /// back: the encoder has not seen what follows them), S3Gen's encoder and CFM run over the prompt and
+    /// every code so far, with one noise draw per utterance indexed by frame,
+    /// and the new mel frames go to the vocoder stream (CosyVoice2's
+    /// `token2wav`). Returns the tokens and whether `deliver` wants more.
+    #[allow(clippy::too_many_arguments)]
+    fn synthesize_chunk_streamed(
+        &mut self,
+        ids: &[i32],
+        voice: &Voice,
+        params: &SynthesisParams,
+        seed: u64,
+        hop: usize,
+        timings: &mut Timings,
+        deliver: &mut dyn FnMut(&[f32]) -> bool,
+    ) -> Result<(Vec<u32>, bool)> {
+        let codes_of = self.t3.code_reader(self.s3gen.hp.speech_vocab as u32);
+        let (t3, s3) = (&mut self.t3, &mut self.s3gen);
+        let mut chunker = TokenChunker::new(s3, voice, params, seed, hop)?;
+        let mut going_on = true;
+        let mut stage_ms = Timings::default();
+        let tokens = {
+            let mut on_token = |tokens: &[u32]| -> Result<bool> {
+                let codes = codes_of.read(tokens, false);
+                if !chunker.due(codes.len()) {
+                    return Ok(true);
+                }
+                let audio = chunker.emit(s3, voice, &codes, false, &mut stage_ms)?;
+                going_on = deliver(&audio);
+                Ok(going_on)
+            };
+            t3.generate(ids, &voice.t3, params, UniformSource::seeded(seed), timings, &mut on_token)?
+        };
+        if going_on {
+            let codes = codes_of.read(&tokens, true);
+            if codes.is_empty() {
+                return Err(format!("T3 produced no speech tokens ({} tokens, none a speech code)", tokens.len()).into());
+            }
+            let audio = chunker.emit(s3, voice, &codes, true, &mut stage_ms)?;
+            going_on = deliver(&audio);
+        }
+        for (stage, ms) in &stage_ms.entries {
+            timings.add(stage, *ms);
+        }
+        Ok((tokens, going_on))
     }
 
     fn synthesize_chunk(
@@ -372,7 +446,7 @@ impl Chatterbox {
             Some(u) => UniformSource::recorded(u),
             None => UniformSource::seeded(seed),
         };
-        let tokens = self.t3.generate(ids, &voice.t3, params, uniforms, timings)?;
+        let tokens = self.t3.generate(ids, &voice.t3, params, uniforms, timings, &mut |_| Ok(true))?;
         let s3 = &mut self.s3gen;
         let codes = self.t3.speech_codes(&tokens, s3.hp.speech_vocab as u32);
         if codes.is_empty() {
@@ -436,6 +510,75 @@ impl Chatterbox {
     }
 }
 
+/// The S3Gen side of token streaming: when a chunk of codes is due, and the
+/// mel and audio it adds.
+struct TokenChunker {
+    hop: usize,
+    /// Codes the next emission needs (a hop beyond the last, plus the lookahead).
+    next_due: usize,
+    lookahead: usize,
+    /// Speech mel frames already vocoded.
+    frames_done: usize,
+    spks: Vec<f32>,
+    steps: usize,
+    z_draws: Xoshiro256,
+    z: Vec<f32>,
+    vocoder: VocoderStream,
+}
+
+impl TokenChunker {
+    fn new(s3: &mut S3Gen, voice: &Voice, params: &SynthesisParams, seed: u64, hop: usize) -> Result<TokenChunker> {
+        let lookahead = s3.hp.encoder.pre_lookahead;
+        // CosyVoice2 pads its first hop to the hop grid of prompt + speech,
+        // which its chunk-causal flow needs; S3Gen here attends over every
+        // frame, so a short first hop only brings the first audio forward.
+        let first = params.stream_first_tokens.clamp(1, hop);
+        Ok(TokenChunker {
+            hop,
+            next_due: first + lookahead,
+            lookahead,
+            frames_done: 0,
+            spks: s3.speaker_projection(&voice.s3gen.embedding)?,
+            steps: params.cfm_steps.unwrap_or(s3.hp.n_timesteps),
+            z_draws: Xoshiro256::new(seed ^ 0x5EED_CF31),
+            z: Vec::new(),
+            vocoder: VocoderStream::new(s3, seed ^ 0x50_0C3E),
+        })
+    }
+
+    fn due(&self, codes: usize) -> bool {
+        codes >= self.next_due
+    }
+
+    /// Encoder and CFM over the prompt and `codes`; the new mel frames (all
+    /// of them when `last`, else up to the lookahead's) through the vocoder.
+    fn emit(&mut self, s3: &mut S3Gen, voice: &Voice, codes: &[i32], last: bool, timings: &mut Timings) -> Result<Vec<f32>> {
+        let mel_ch = s3.hp.mel_channels;
+        let mut speech: Vec<i32> = voice.s3gen.prompt_token.clone();
+        speech.extend_from_slice(codes);
+        let encoded = timings.time("s3gen.encoder", || s3.encode(&speech))?;
+        let frames = encoded.frames;
+        let prompt_frames = voice.s3gen.prompt_feat.len() / mel_ch;
+        if prompt_frames >= frames {
+            return Err(format!("the voice's prompt has {prompt_frames} mel frames, the encoder produced only {frames}").into());
+        }
+        let mut cond = vec![0f32; frames * mel_ch];
+        cond[..prompt_frames * mel_ch].copy_from_slice(&voice.s3gen.prompt_feat);
+        // One draw per utterance: frame f always gets the same noise.
+        if self.z.len() < frames * mel_ch {
+            let more = self.z_draws.gaussians(frames * mel_ch - self.z.len());
+            self.z.extend(more);
+        }
+        let x = timings.time("s3gen.cfm", || s3.integrate(&self.z[..frames * mel_ch], &encoded.mu, &self.spks, &cond, self.steps))?;
+        let end = if last { frames } else { frames - self.lookahead * s3.hp.encoder.up_stride };
+        let start = prompt_frames + self.frames_done;
+        let mel = if end > start { &x[start * mel_ch..end * mel_ch] } else { &[][..] };
+        self.frames_done += end.saturating_sub(start);
+        self.next_due = codes.len() + self.hop;
+        timings.time("hift", || self.vocoder.push(s3, mel, last))
+    }
+}
+
 /// `[rows][cols]` → `[cols][rows]`.
 pub fn transpose(v: &[f32], rows: usize, cols: usize) -> Vec<f32> {
     (0..cols).flat_map(|c| (0..rows).map(move |r| v[r * cols + c])).collect()
@@ -461,6 +604,18 @@ impl CrossfadeJoin {
     /// reads of what came before.
     fn push(&mut self, next: &[f32]) -> Vec<f32> {
         join_crossfade(&mut self.tail, next, self.fade);
+        let keep = self.fade.min(self.tail.len());
+        self.tail.drain(..self.tail.len() - keep).collect()
+    }
+
+    /// Adds a piece of a chunk's audio (`starts_chunk`: its first, which
+    /// blends into the held tail; later ones follow on); returns the samples
+    /// now final. Whole chunks pushed as single pieces join as [`Self::push`].
+    fn push_piece(&mut self, piece: &[f32], starts_chunk: bool) -> Vec<f32> {
+        if starts_chunk {
+            return self.push(piece);
+        }
+        self.tail.extend_from_slice(piece);
         let keep = self.fade.min(self.tail.len());
         self.tail.drain(..self.tail.len() - keep).collect()
     }

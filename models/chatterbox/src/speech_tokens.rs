@@ -86,19 +86,20 @@ impl SpeechGenerator {
         params: &SynthesisParams,
         uniforms: UniformSource,
         timings: &mut Timings,
+        on_token: &mut t3::OnToken<'_>,
     ) -> Result<Vec<u32>> {
         let greedy = params.temperature == 0.0;
         let (tokens, prefill_ms, steps_ms) = match self {
             SpeechGenerator::Gpt2 { t3, .. } => {
                 let mut choice = if greedy { TokenChoice::Greedy } else { TokenChoice::Sample(params.turbo_sampling(), uniforms) };
-                let (tokens, stats) = t3::generate(t3, voice, ids, &mut choice, params.token_limits())?;
+                let (tokens, stats) = t3::generate_streaming(t3, voice, ids, &mut choice, params.token_limits(), on_token)?;
                 (tokens, stats.prefill_ms, stats.steps_ms)
             }
             SpeechGenerator::Llama { t3, .. } => {
                 let mut choice = if greedy { GuidedChoice::Greedy } else { GuidedChoice::Sample(uniforms) };
                 let sampling = params.guided_sampling()?;
                 t3.mode = params.guidance;
-                let (tokens, stats) = guided::generate(t3, voice, params.exaggeration, ids, &sampling, &mut choice, params.token_limits())?;
+                let (tokens, stats) = guided::generate_streaming(t3, voice, params.exaggeration, ids, &sampling, &mut choice, params.token_limits(), on_token)?;
                 (tokens, stats.prefill_ms, stats.steps_ms)
             }
         };
@@ -114,14 +115,43 @@ impl SpeechGenerator {
     /// vocabulary dropped, which the reference omits and which its flow
     /// embedding cannot take.
     pub(crate) fn speech_codes(&self, tokens: &[u32], vocab: u32) -> Vec<i32> {
+        self.code_reader(vocab).read(tokens, true)
+    }
+
+    /// [`Self::speech_codes`] as a value that needs no borrow of the
+    /// generator (streaming reads codes while T3 is still generating).
+    pub(crate) fn code_reader(&self, vocab: u32) -> CodeReader {
         let hp = self.hp();
-        match self {
-            SpeechGenerator::Gpt2 { .. } => {
-                let mut speech = codes_below(tokens, vocab);
-                speech.extend([hp.silence_token as i32; 3]);
+        let silence = match self {
+            SpeechGenerator::Gpt2 { .. } => Some(hp.silence_token as i32),
+            SpeechGenerator::Llama { .. } => None,
+        };
+        CodeReader { silence, start: hp.start_speech_token, stop: hp.stop_speech_token, vocab }
+    }
+}
+
+/// What S3Gen reads of T3's tokens (see [`SpeechGenerator::speech_codes`]).
+#[derive(Debug, Clone, Copy)]
+pub(crate) struct CodeReader {
+    /// Turbo/Nano: the silence token appended three times at the end.
+    silence: Option<i32>,
+    start: u32,
+    stop: u32,
+    vocab: u32,
+}
+
+impl CodeReader {
+    /// The codes of `tokens`; the end's silence only once they are `complete`.
+    pub(crate) fn read(&self, tokens: &[u32], complete: bool) -> Vec<i32> {
+        match self.silence {
+            Some(silence) => {
+                let mut speech = codes_below(tokens, self.vocab);
+                if complete {
+                    speech.extend([silence; 3]);
+                }
                 speech
             }
-            SpeechGenerator::Llama { .. } => codes_between(tokens, hp.start_speech_token, hp.stop_speech_token, vocab),
+            None => codes_between(tokens, self.start, self.stop, self.vocab),
         }
     }
 }

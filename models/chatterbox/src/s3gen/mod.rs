@@ -6,6 +6,7 @@ pub mod cfm;
 pub mod encoder;
 pub mod hift;
 pub mod source;
+pub mod stream;
 
 use crate::hparams::{S3GenHparams, S3GEN_ARCH};
 use engine_core::model_kit::builder::compute_graph;
@@ -348,6 +349,12 @@ impl S3Gen {
     pub fn excitation(&self, f0: &[f32], draws: &source::SourceNoise) -> Result<Vec<f32>> {
         let (weight, bias) = &self.source_merge;
         source::excitation(&self.hp.hift, f0, weight, *bias, draws)
+    }
+
+    /// [`Self::excitation`] of the frames after those `phase` covered.
+    pub fn excitation_from(&self, f0: &[f32], draws: &source::SourceNoise, phase: &mut source::SourcePhase) -> Result<Vec<f32>> {
+        let (weight, bias) = &self.source_merge;
+        source::excitation_from(&self.hp.hift, f0, weight, *bias, draws, phase)
     }
 
     /// HiFT's decoder on a mel and its excitation, computed; the graph holds

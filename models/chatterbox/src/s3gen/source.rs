@@ -41,8 +41,7 @@ impl SourceNoise {
         if let Some(first) = self.phase.first_mut() {
             *first = 0.0;
         }
-        let band_seed = |h: usize| seed ^ (h as u64 + 1).wrapping_mul(0x9E37_79B9_7F4A_7C15);
-        in_parallel(self.noise.chunks_mut(samples.max(1)).enumerate(), |(h, band)| Xoshiro256::new(band_seed(h)).fill_gaussians(band));
+        in_parallel(self.noise.chunks_mut(samples.max(1)).enumerate(), |(h, band)| Xoshiro256::new(band_seed(seed, h)).fill_gaussians(band));
     }
 }
 
@@ -77,6 +76,50 @@ const FRAMES_PER_ITEM: usize = 2048;
 /// samples, `harmonics + 1` sines (noise where unvoiced), merged by
 /// `tanh(w · sines + b)`. Returns one value per output sample.
 pub fn excitation(hp: &HiftHparams, f0: &[f32], merge_weight: &[f32], merge_bias: f32, draws: &SourceNoise) -> Result<Vec<f32>> {
+    excitation_from(hp, f0, merge_weight, merge_bias, draws, &mut SourcePhase::default())
+}
+
+/// The draws of [`SourceNoise::draw_seeded`] for one utterance, handed out
+/// window by window: the windows' noise, laid end to end, is the noise one
+/// draw over every sample gives (each band is its own stream, and windows are
+/// whole frames, an even number of samples).
+pub struct NoiseStreams {
+    phase: Vec<f32>,
+    bands: Vec<Xoshiro256>,
+}
+
+impl NoiseStreams {
+    pub fn seeded(harmonics: usize, seed: u64) -> NoiseStreams {
+        let mut first = SourceNoise::zeroed(harmonics, 0);
+        first.draw_seeded(seed);
+        let bands = (0..harmonics + 1).map(|h| Xoshiro256::new(band_seed(seed, h))).collect();
+        NoiseStreams { phase: first.phase, bands }
+    }
+
+    /// The next `samples` samples' draws.
+    pub fn next(&mut self, samples: usize) -> SourceNoise {
+        let mut noise = vec![0f32; self.bands.len() * samples];
+        for (rng, band) in self.bands.iter_mut().zip(noise.chunks_mut(samples.max(1))) {
+            rng.fill_gaussians(band);
+        }
+        SourceNoise { phase: self.phase.clone(), noise }
+    }
+}
+
+/// How far each band's sine has run over the samples excited so far.
+/// Streaming vocodes an utterance window by window, and each window's source
+/// goes on from where the last one stopped.
+#[derive(Debug, Clone, Default)]
+pub struct SourcePhase {
+    /// Cycles per band (empty: at the utterance's start).
+    cycles: Vec<f64>,
+}
+
+/// [`excitation`] of the frames after those `phase` has covered, leaving
+/// `phase` at the end of them: `draws.noise` holds these samples' noise and
+/// `draws.phase` the utterance's initial phases. Windows excited in turn
+/// give the samples one call over all their frames gives.
+pub fn excitation_from(hp: &HiftHparams, f0: &[f32], merge_weight: &[f32], merge_bias: f32, draws: &SourceNoise, phase: &mut SourcePhase) -> Result<Vec<f32>> {
     let per_frame = hp.samples_per_frame();
     let samples = f0.len() * per_frame;
     let bands = hp.harmonics + 1;
@@ -98,9 +141,10 @@ pub fn excitation(hp: &HiftHparams, f0: &[f32], merge_weight: &[f32], merge_bias
     // Each band's weighted contribution on its own thread (its phase is a
     // running sum), then the bands summed in order as one loop would.
     let mut bands_out = vec![0f32; bands * samples];
-    in_parallel(bands_out.chunks_mut(samples.max(1)).enumerate(), |(h, out)| {
+    phase.cycles.resize(bands, 0.0);
+    in_parallel(bands_out.chunks_mut(samples.max(1)).zip(phase.cycles.iter_mut()).enumerate(), |(h, (out, cycles))| {
         let (mult, weight) = ((h + 1) as f32, merge_weight[h]);
-        let mut cum = 0f64;
+        let mut cum = *cycles;
         for (n, out) in out.iter_mut().enumerate() {
             let f = f0[n / per_frame];
             cum += ((f * mult) / sr) as f64;
@@ -114,6 +158,7 @@ pub fn excitation(hp: &HiftHparams, f0: &[f32], merge_weight: &[f32], merge_bias
             let value = if voiced { sine } else { 0.0 } + amp * draws.noise[h * samples + n];
             *out = weight * value;
         }
+        *cycles = cum;
     });
     let mut merged = vec![merge_bias; samples];
     for band in bands_out.chunks(samples.max(1)) {
@@ -121,6 +166,11 @@ pub fn excitation(hp: &HiftHparams, f0: &[f32], merge_weight: &[f32], merge_bias
     }
     merged.iter_mut().for_each(|v| *v = v.tanh());
     Ok(merged)
+}
+
+/// The stream of band `h`'s noise under `seed`.
+fn band_seed(seed: u64, h: usize) -> u64 {
+    seed ^ (h as u64 + 1).wrapping_mul(0x9E37_79B9_7F4A_7C15)
 }
 
 /// Periodic Hann window of length `n`, in f32.
@@ -245,6 +295,64 @@ pub fn apply_trim_fade(wav: &mut [f32], n: usize) {
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    #[test]
+    fn noise_streams_hand_out_one_draw_in_windows() {
+        let mut whole = SourceNoise::zeroed(3, 40);
+        whole.draw_seeded(11);
+        let mut streams = NoiseStreams::seeded(3, 11);
+        let (a, b) = (streams.next(16), streams.next(24));
+        assert_eq!(a.phase, whole.phase);
+        for h in 0..4 {
+            assert_eq!(&a.noise[h * 16..(h + 1) * 16], &whole.noise[h * 40..h * 40 + 16]);
+            assert_eq!(&b.noise[h * 24..(h + 1) * 24], &whole.noise[h * 40 + 16..(h + 1) * 40]);
+        }
+    }
+
+    #[test]
+    fn windows_excited_in_turn_give_the_whole_source() {
+        // What the source reads; the decoder's fields do not matter here.
+        let hp = crate::hparams::HiftHparams {
+            sample_rate: 24_000,
+            base_channels: 8,
+            conv_pre_kernel: 7,
+            conv_post_kernel: 7,
+            upsample_rates: vec![2, 3],
+            upsample_kernels: vec![4, 6],
+            resblock_kernels: vec![3],
+            source_resblock_kernels: vec![7, 11],
+            resblock_dilations: vec![1, 3, 5],
+            n_fft: 16,
+            hop: 4,
+            harmonics: 8,
+            nsf_alpha: 0.1,
+            nsf_sigma: 0.003,
+            voiced_threshold: 10.0,
+            lrelu_slope: 0.1,
+            audio_limit: 0.99,
+            f0_layers: 5,
+            f0_kernel: 3,
+            trim_fade_samples: 0,
+        };
+        let per_frame = hp.samples_per_frame();
+        let bands = hp.harmonics + 1;
+        let frames = 9;
+        // Voiced and unvoiced frames, so both branches run.
+        let f0: Vec<f32> = (0..frames).map(|i| if i % 4 == 3 { 0.0 } else { 110.0 + 37.0 * i as f32 }).collect();
+        let weight: Vec<f32> = (0..bands).map(|h| 0.3 - 0.05 * h as f32).collect();
+        let mut whole = SourceNoise::zeroed(hp.harmonics, frames * per_frame);
+        whole.draw_seeded(7);
+        let want = excitation(&hp, &f0, &weight, 0.01, &whole).unwrap();
+        let mut phase = SourcePhase::default();
+        let mut got = Vec::new();
+        for (a, b) in [(0, 2), (2, 7), (7, 9)] {
+            let samples = (b - a) * per_frame;
+            let noise: Vec<f32> = (0..bands).flat_map(|h| whole.noise[h * frames * per_frame + a * per_frame..][..samples].to_vec()).collect();
+            let window = SourceNoise { phase: whole.phase.clone(), noise };
+            got.extend(excitation_from(&hp, &f0[a..b], &weight, 0.01, &window, &mut phase).unwrap());
+        }
+        assert_eq!(got, want);
+    }
 
     #[test]
     fn istft_inverts_stft() {

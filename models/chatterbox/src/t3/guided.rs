@@ -387,6 +387,21 @@ pub fn generate(
     choice: &mut GuidedChoice,
     limits: TokenLimits,
 ) -> Result<(Vec<u32>, GuidedStats)> {
+    generate_streaming(t3, voice, exaggeration, text, params, choice, limits, &mut |_| Ok(true))
+}
+
+/// [`generate`], handing each new token to `on_token` (see [`super::OnToken`]).
+#[allow(clippy::too_many_arguments)]
+pub fn generate_streaming(
+    t3: &mut GuidedT3,
+    voice: &T3Conditioning,
+    exaggeration: f32,
+    text: &[i32],
+    params: &GuidedSamplingParams,
+    choice: &mut GuidedChoice,
+    limits: TokenLimits,
+    on_token: &mut super::OnToken<'_>,
+) -> Result<(Vec<u32>, GuidedStats)> {
     let TokenLimits { max_new: max_new_tokens, min_new: min_new_tokens } = limits;
     let guided = params.cfg_weight != 0.0;
     let max_new_tokens = t3.new_token_budget(text.len(), max_new_tokens)?;
@@ -398,6 +413,8 @@ pub fn generate(
     let mut analyzer = (!t3.llama().aligned_heads.is_empty()).then(|| AlignmentAnalyzer::new(text.len(), stop));
     let mut history = vec![start];
     let steps_started = std::time::Instant::now();
+    // What `on_token` spends (streaming runs S3Gen there) is not T3's.
+    let mut listener_ms = 0.0;
     for i in 0..max_new_tokens {
         let mut logits = match forward.logits.as_slice() {
             [cond, uncond] => sampler::combine_guidance(cond, uncond, params.cfg_weight),
@@ -426,10 +443,16 @@ pub fn generate(
         if token == stop || i + 1 == max_new_tokens {
             break;
         }
+        let listening = std::time::Instant::now();
+        let going_on = on_token(&history[1..])?;
+        listener_ms += listening.elapsed().as_secs_f64() * 1e3;
+        if !going_on {
+            break;
+        }
         forward = t3.step(token)?;
         stats.steps += 1;
     }
-    stats.steps_ms = steps_started.elapsed().as_secs_f64() * 1e3;
+    stats.steps_ms = steps_started.elapsed().as_secs_f64() * 1e3 - listener_ms;
     let mut tokens = history.split_off(1);
     if tokens.last() == Some(&stop) {
         tokens.pop();

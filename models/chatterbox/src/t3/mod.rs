@@ -402,6 +402,23 @@ pub struct GenerationStats {
 /// filtered out. The repetition history starts as the
 /// start token and then holds the generated tokens only.
 pub fn generate(t3: &mut T3, cond: &T3Conditioning, text: &[i32], choice: &mut TokenChoice, limits: TokenLimits) -> Result<(Vec<u32>, GenerationStats)> {
+    generate_streaming(t3, cond, text, choice, limits, &mut |_| Ok(true))
+}
+
+/// Called with the tokens so far after each new one (the stop token never):
+/// `Ok(false)` ends generation there (streaming hands tokens on in chunks
+/// and stops when its listener goes away).
+pub type OnToken<'a> = dyn FnMut(&[u32]) -> Result<bool> + 'a;
+
+/// [`generate`], handing each new token to `on_token`.
+pub fn generate_streaming(
+    t3: &mut T3,
+    cond: &T3Conditioning,
+    text: &[i32],
+    choice: &mut TokenChoice,
+    limits: TokenLimits,
+    on_token: &mut OnToken<'_>,
+) -> Result<(Vec<u32>, GenerationStats)> {
     let TokenLimits { max_new: max_new_tokens, min_new: min_new_tokens } = limits;
     let max_new_tokens = t3.new_token_budget(2 + cond.prompt_speech_tokens.len() + text.len(), max_new_tokens)?;
     let mut stats = GenerationStats::default();
@@ -411,6 +428,8 @@ pub fn generate(t3: &mut T3, cond: &T3Conditioning, text: &[i32], choice: &mut T
     let stop = t3.hp.stop_speech_token;
     let mut tokens: Vec<u32> = Vec::new();
     let steps_started = std::time::Instant::now();
+    // What `on_token` spends (streaming runs S3Gen there) is not T3's.
+    let mut listener_ms = 0.0;
     loop {
         let history: &[u32] = if tokens.is_empty() { &[t3.hp.start_speech_token] } else { &tokens };
         // As transformers' MinNewTokensLength: no stop before the minimum.
@@ -433,10 +452,16 @@ pub fn generate(t3: &mut T3, cond: &T3Conditioning, text: &[i32], choice: &mut T
         if (tokens.len() > 1 && token == stop) || tokens.len() > max_new_tokens {
             break;
         }
+        let listening = std::time::Instant::now();
+        let going_on = on_token(&tokens)?;
+        listener_ms += listening.elapsed().as_secs_f64() * 1e3;
+        if !going_on {
+            break;
+        }
         logits = t3.step(token)?;
         stats.steps += 1;
     }
-    stats.steps_ms = steps_started.elapsed().as_secs_f64() * 1e3;
+    stats.steps_ms = steps_started.elapsed().as_secs_f64() * 1e3 - listener_ms;
     if tokens.last() == Some(&stop) {
         tokens.pop();
     }
