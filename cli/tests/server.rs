@@ -399,3 +399,55 @@ fn the_official_openai_client_works_against_the_server() {
     assert!(out.status.success(), "{}{}", String::from_utf8_lossy(&out.stdout), String::from_utf8_lossy(&out.stderr));
     assert!(String::from_utf8_lossy(&out.stdout).contains("all checks passed"));
 }
+
+/// The acceptance's error cases through `curl` itself: the documented status
+/// and OpenAI's error JSON for each.
+#[test]
+fn curl_gets_the_documented_errors() {
+    if Command::new("curl").arg("--version").output().is_err() {
+        println!("skipped: no curl here");
+        return;
+    }
+    let server = Server::start(&[]);
+    let dir = tempfile::tempdir().unwrap();
+    let body = |name: &str, bytes: Vec<u8>| {
+        let p = dir.path().join(name);
+        std::fs::write(&p, bytes).unwrap();
+        p
+    };
+    let ok = |key: &str, value: Value| {
+        let mut b = json!({"model": "supertonic", "input": "Hello.", "voice": "default", "response_format": "wav"});
+        b[key] = value;
+        b.to_string().into_bytes()
+    };
+    let cases = [
+        ("missing key", body("ok.json", ok("voice", json!("default"))), false, 401),
+        ("wrong model", body("model.json", ok("model", json!("nope"))), true, 404),
+        ("unknown voice", body("voice.json", ok("voice", json!("nobody"))), true, 400),
+        ("empty input", body("empty.json", ok("input", json!(""))), true, 400),
+        ("1 MB input", body("big.json", ok("input", json!("a".repeat(1 << 20)))), true, 413),
+        ("malformed JSON", body("bad.json", b"{\"model\": ".to_vec()), true, 400),
+        ("speed 10", body("speed.json", ok("speed", json!(10))), true, 400),
+        ("unsupported format", body("opus.json", ok("response_format", json!("opus"))), true, 400),
+        ("a good request", body("good.json", ok("voice", json!("default"))), true, 200),
+    ];
+    for (what, file, with_key, want) in cases {
+        let out_file = dir.path().join("response");
+        let mut cmd = Command::new("curl");
+        cmd.args(["-sS", "-o"]).arg(&out_file).args(["-w", "%{http_code}", "-H", "Content-Type: application/json", "--data-binary"]);
+        cmd.arg(format!("@{}", file.display())).arg(format!("{}/v1/audio/speech", server.base));
+        if with_key {
+            cmd.args(["-H", &format!("Authorization: Bearer {KEY}")]);
+        }
+        let out = cmd.output().unwrap();
+        let status: u16 = String::from_utf8_lossy(&out.stdout).trim().parse().unwrap_or_else(|_| panic!("{what}: curl said {:?}", out));
+        let response = std::fs::read(&out_file).unwrap();
+        println!("curl, {what}: {status}");
+        assert_eq!(status, want, "{what}: {}", String::from_utf8_lossy(&response));
+        if want == 200 {
+            assert_eq!(&response[..4], b"RIFF");
+        } else {
+            error_of(status, &response);
+        }
+    }
+}

@@ -21,7 +21,7 @@ use std::path::{Path, PathBuf};
 use std::process::{exit, Command};
 
 const APT_PACKAGES: &[&str] =
-    &["cmake", "ninja-build", "patch", "libclang-dev", "glslc", "libvulkan-dev", "spirv-headers", "glslang-tools", "mesa-vulkan-drivers"];
+    &["cmake", "ninja-build", "patch", "libclang-dev", "glslc", "libvulkan-dev", "spirv-headers", "glslang-tools", "mesa-vulkan-drivers", "curl"];
 
 fn main() {
     let args: Vec<String> = std::env::args().skip(1).collect();
