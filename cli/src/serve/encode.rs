@@ -131,9 +131,9 @@ fn mp3_encoder(rate: u32) -> Result<mp3lame_encoder::Encoder, String> {
     b.set_sample_rate(rate).map_err(|e| bad(&format!("{e:?}")))?;
     b.set_brate(mp3lame_encoder::Bitrate::Kbps96).map_err(|e| bad(&format!("{e:?}")))?;
     b.set_quality(mp3lame_encoder::Quality::Good).map_err(|e| bad(&format!("{e:?}")))?;
-    // No Xing/LAME tag: it is written before the audio and only filled in at
-    // the end, which a stream cannot go back to; decoders would trim by its
-    // placeholder values.
+    // No Xing/LAME tag: LAME writes it before the audio and fills it in only
+    // at the end, which a stream cannot go back to; decoders would trim the
+    // audio by the tag's unfilled fields.
     b.set_to_write_vbr_tag(false).map_err(|e| bad(&format!("{e:?}")))?;
     b.build().map_err(|e| bad(&format!("{e:?}")))
 }

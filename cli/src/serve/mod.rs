@@ -80,9 +80,7 @@ pub fn run(sources: Vec<ModelSource>, options: ServeOptions, quiet: bool) -> Res
         };
         served.insert(source.id.clone(), model);
     }
-    if state.models.set(served).is_err() {
-        unreachable!("the models are set once");
-    }
+    state.models.set(served).map_err(|_| "the models were set twice".to_string())?;
     if !quiet {
         let ids: Vec<&str> = sources.iter().map(|s| s.id.as_str()).collect();
         eprintln!("ready: {} ({} worker(s) each, queue {})", ids.join(", "), options.workers, options.queue);

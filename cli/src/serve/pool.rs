@@ -55,7 +55,7 @@ impl Failure {
 }
 
 pub struct Pool {
-    jobs: Option<crossbeam_channel::Sender<Job>>,
+    jobs: crossbeam_channel::Sender<Job>,
     workers: Vec<JoinHandle<()>>,
 }
 
@@ -72,22 +72,19 @@ impl Pool {
                 .map_err(|e| format!("starting a worker for {id}: {e}"))?;
             workers.push(worker);
         }
-        Ok(Pool { jobs: Some(jobs), workers })
+        Ok(Pool { jobs, workers })
     }
 
     /// Queues `job`; gives it back when the queue is full.
     pub fn submit(&self, job: Job) -> Result<(), Job> {
-        match self.jobs.as_ref().map(|j| j.try_send(job)) {
-            Some(Ok(())) => Ok(()),
-            Some(Err(e)) => Err(e.into_inner()),
-            None => unreachable!("a pool takes jobs until it stops"),
-        }
+        self.jobs.try_send(job).map_err(|e| e.into_inner())
     }
 
     /// Lets the workers finish what is queued, then joins them.
-    pub fn stop(mut self) {
-        self.jobs = None;
-        for w in self.workers.drain(..) {
+    pub fn stop(self) {
+        let Pool { jobs, workers } = self;
+        drop(jobs);
+        for w in workers {
             let _ = w.join();
         }
     }

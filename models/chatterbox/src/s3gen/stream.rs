@@ -63,7 +63,8 @@ impl VocoderStream {
             out.push(self.tail[i] * window_fn[overlap + i] + wav[i] * window_fn[i]);
         }
         let rest = &wav[cached * per_frame..];
-        let keep = if last { 0 } else { (CACHE_FRAMES.min(new_frames + cached) * per_frame).min(rest.len()) };
+        // `rest` is the new frames' samples; the last of them wait for the next window.
+        let keep = if last { 0 } else { CACHE_FRAMES.min(new_frames) * per_frame };
         out.extend_from_slice(&rest[..rest.len() - keep]);
         self.tail = rest[rest.len() - keep..].to_vec();
         let kept_frames = keep / per_frame;
