@@ -468,7 +468,7 @@ fn profile_for_another_family_says_so() {
     a.extend(["--text", "Hello.", "--out", out.to_str().unwrap()]);
     assert_one_line_error(
         &run(&a),
-        "unknown key `temperature` in [synthesis]: the supertonic model takes voice, language, steps, speed, seed, noise_npy, unsupported_chars (is this profile written for another model family?)",
+        "unknown key `temperature` in [synthesis]: the supertonic model takes voice, language, steps, speed, seed, noise_npy, unsupported_chars, stream_first_chars (is this profile written for another model family?)",
     );
     assert!(!out.exists());
 }

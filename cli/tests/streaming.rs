@@ -106,12 +106,13 @@ fn fixture_session(files: &[std::path::PathBuf], families: &[&str], dir: &Path, 
     session
 }
 
-/// Pieces of `text` streamed through `session`, against its one-shot synthesis.
-fn streamed_against_one_shot(session: &mut ModelSession, text: &str) -> usize {
+/// Pieces of `text` streamed through `session` with the options `set`,
+/// against its one-shot synthesis.
+fn streamed_against_one_shot(session: &mut ModelSession, text: &str, set: &[(String, String)]) -> usize {
     let whole = session.synthesize(text).unwrap();
     let mut pieces: Vec<Vec<f32>> = Vec::new();
     let summary = session
-        .synthesize_streaming(text, |p, rate| {
+        .synthesize_streaming_with(text, set, |p, rate| {
             assert_eq!(rate, whole.sample_rate);
             pieces.push(p.to_vec());
             Ok(true)
@@ -127,13 +128,50 @@ fn supertonic_streams_one_piece_per_text_chunk() {
     let dir = tempfile::tempdir().unwrap();
     let mut session = fixture_session(&[common::supertonic_fixture()], &["supertonic"], dir.path(), &[]);
     let long = "The quick brown fox jumps over the lazy dog near the river bank today. ".repeat(6);
-    let n = streamed_against_one_shot(&mut session, &long);
+    let official = [("stream_first_chars".to_string(), "0".to_string())];
+    let n = streamed_against_one_shot(&mut session, &long, &official);
     assert!(n >= 2, "{} characters in {n} piece(s)", long.len());
-    assert_eq!(streamed_against_one_shot(&mut session, "Hello."), 1);
+    assert_eq!(streamed_against_one_shot(&mut session, "Hello.", &[]), 1, "a first chunk within stream_first_chars is not cut");
     eprintln!("supertonic: {} characters streamed in {n} pieces, identical to one-shot", long.len());
     // Stopping after the first chunk skips the rest.
     let (got, summary) = pieces(&mut session, &long, Some(1));
     assert!(summary.cancelled && got.len() == 1, "{summary:?}");
+}
+
+/// The streamed first chunk is cut at `stream_first_chars`: its piece is the
+/// one-shot synthesis of the head alone, the rest follows after a clause's pause.
+#[test]
+fn supertonic_cuts_a_long_first_chunk_when_streaming() {
+    let dir = tempfile::tempdir().unwrap();
+    let mut session = fixture_session(&[common::supertonic_fixture()], &["supertonic"], dir.path(), &[]);
+    let text = "When the lights went out in the old hall, everyone stayed calm and waited.";
+    let at = |n: usize| [("stream_first_chars".to_string(), n.to_string())];
+    let mut cut: Vec<Vec<f32>> = Vec::new();
+    session
+        .synthesize_streaming_with(text, &at(45), |p, _| {
+            cut.push(p.to_vec());
+            Ok(true)
+        })
+        .unwrap();
+    assert_eq!(cut.len(), 2, "the head, then the rest");
+    // One-shot, the head is the last chunk and cut to its duration; streamed,
+    // the vocoder's whole output goes out with it.
+    let head = session.synthesize("When the lights went out in the old hall,").unwrap();
+    assert!(cut[0].starts_with(&head.samples), "the first piece speaks the head alone ({} samples, {} one-shot)", cut[0].len(), head.samples.len());
+    let pause = head.sample_rate as usize / 10;
+    assert!(cut[1].len() > pause && cut[1][..pause].iter().all(|&v| v == 0.0), "a 0.1 s pause opens the second piece");
+    assert!(cut[1][pause..].iter().any(|&v| v != 0.0));
+    let whole = session.synthesize(text).unwrap();
+    eprintln!("supertonic tiny: first piece {} samples cut at 45 characters, against {} for the whole sentence", cut[0].len(), whole.samples.len());
+    // Without spaces or marks within the limit there is nothing to cut at.
+    let mut one: Vec<Vec<f32>> = Vec::new();
+    session
+        .synthesize_streaming_with("Supercalifragilisticexpialidocious was the word.", &at(10), |p, _| {
+            one.push(p.to_vec());
+            Ok(true)
+        })
+        .unwrap();
+    assert_eq!(one.len(), 1);
 }
 
 #[test]
@@ -142,7 +180,7 @@ fn chatterbox_streams_one_piece_per_text_chunk_with_the_crossfade_held_back() {
     let overrides =
         [("max_chars".to_string(), "30".to_string()), ("max_new_tokens".to_string(), "12".to_string()), ("stream_tokens".to_string(), "0".to_string())];
     let mut session = fixture_session(&common::chatterbox_fixture(), &["chatterbox"], dir.path(), &overrides);
-    let n = streamed_against_one_shot(&mut session, "First sentence here. Then a second one. And a third.");
+    let n = streamed_against_one_shot(&mut session, "First sentence here. Then a second one. And a third.", &[]);
     assert!(n >= 3, "{n} pieces");
     eprintln!("chatterbox: 3 text chunks streamed in {n} pieces (the last the crossfade tail), identical to one-shot");
 }
@@ -189,6 +227,28 @@ fn log_mel(x: &[f32], rate: u32) -> Vec<f64> {
     out
 }
 
+/// Streams `text` with the options `set`; every piece.
+fn streamed_pieces(session: &mut ModelSession, text: &str, set: &[(&str, String)]) -> Vec<Vec<f32>> {
+    let set: Vec<(String, String)> = set.iter().map(|(k, v)| (k.to_string(), v.clone())).collect();
+    let mut pieces: Vec<Vec<f32>> = Vec::new();
+    let summary = session
+        .synthesize_streaming_with(text, &set, |p, _| {
+            pieces.push(p.to_vec());
+            Ok(true)
+        })
+        .unwrap();
+    assert!(!summary.cancelled && pieces.iter().flatten().all(|v| v.is_finite()));
+    pieces
+}
+
+/// Log-mel cosine and SNR of `streamed` against `whole`.
+fn likeness(streamed: &[f32], whole: &[f32], rate: u32) -> (f64, f64) {
+    let (a, b) = (log_mel(streamed, rate), log_mel(whole, rate));
+    let dot: f64 = a.iter().zip(&b).map(|(x, y)| x * y).sum();
+    let cosine = dot / (a.iter().map(|x| x * x).sum::<f64>().sqrt() * b.iter().map(|x| x * x).sum::<f64>().sqrt());
+    (cosine, engine_core::compare::snr_db(streamed, whole).unwrap())
+}
+
 #[test]
 fn chatterbox_streams_speech_tokens_in_hops_close_to_one_shot() {
     let dir = tempfile::tempdir().unwrap();
@@ -196,38 +256,64 @@ fn chatterbox_streams_speech_tokens_in_hops_close_to_one_shot() {
     let mut session = fixture_session(&common::chatterbox_fixture(), &["chatterbox"], dir.path(), &overrides);
     let text = "Streaming starts before the speech tokens end.";
     let whole = session.synthesize(text).unwrap();
-    for hop in [0usize, 100, 8, 20] {
-        let set =
-            [("stream_tokens".to_string(), hop.to_string()), ("stream_first_tokens".to_string(), if hop >= 100 { hop } else { hop.clamp(1, 10) }.to_string())];
-        let mut pieces: Vec<Vec<f32>> = Vec::new();
-        let summary = session
-            .synthesize_streaming_with(text, &set, |p, _| {
-                pieces.push(p.to_vec());
-                Ok(true)
-            })
-            .unwrap();
+    let rate = whole.sample_rate;
+    // The one-shot decoder's step count (Turbo's 2): streaming defaults to 1.
+    let exact = |hop: usize| vec![("stream_tokens", hop.to_string()), ("stream_first_tokens", hop.max(1).to_string()), ("stream_cfm_steps", "2".to_string())];
+    let per_chunk = streamed_pieces(&mut session, text, &exact(0));
+    assert_eq!(per_chunk.concat(), whole.samples.to_vec(), "per text chunk: the one-shot samples");
+    // No hop falls due before T3 stops: the stream's one window (its noise
+    // streams, frame-indexed draws, continued source) gives the one-shot samples.
+    let one_window = streamed_pieces(&mut session, text, &exact(100));
+    assert_eq!(one_window.len(), 2, "the window, then the crossfade tail held for a next chunk");
+    assert_eq!(one_window.concat(), whole.samples.to_vec(), "one window: the one-shot samples");
+
+    for hop in [8usize, 20] {
+        let set = [("stream_tokens", hop.to_string()), ("stream_first_tokens", hop.min(10).to_string())];
+        let pieces = streamed_pieces(&mut session, text, &set);
         let streamed = pieces.concat();
         assert_eq!(streamed.len(), whole.samples.len(), "hop {hop}: every mel frame vocoded once");
-        assert!(!summary.cancelled && streamed.iter().all(|v| v.is_finite()));
-        if hop == 0 {
-            assert_eq!(streamed, whole.samples.to_vec(), "per text chunk: the one-shot samples");
-            continue;
-        }
-        if hop == 100 {
-            // No hop falls due before T3 stops: the stream's one window (its
-            // noise streams, frame-indexed draws, continued source) must give
-            // the one-shot samples exactly.
-            assert_eq!(pieces.len(), 2, "the window, then the crossfade tail held for a next chunk");
-            assert_eq!(streamed, whole.samples.to_vec(), "one window: the one-shot samples");
-            continue;
-        }
         // 60 tokens: a first hop (10, or `hop` if shorter), then one per `hop` codes, then the rest.
         assert!(pieces.len() >= 60 / hop, "hop {hop}: {} pieces", pieces.len());
-        let (a, b) = (log_mel(&streamed, whole.sample_rate), log_mel(&whole.samples, whole.sample_rate));
-        let dot: f64 = a.iter().zip(&b).map(|(x, y)| x * y).sum();
-        let cosine = dot / (a.iter().map(|x| x * x).sum::<f64>().sqrt() * b.iter().map(|x| x * x).sum::<f64>().sqrt());
-        let snr = engine_core::compare::snr_db(&streamed, &whole.samples).unwrap();
-        eprintln!("chatterbox tiny, 60 tokens, hop {hop}: {} pieces; against one-shot: log-mel cosine {cosine:.4}, SNR {snr:.1} dB", pieces.len());
+        let (cosine, snr) = likeness(&streamed, &whole.samples, rate);
+        eprintln!("chatterbox tiny, 60 tokens, hop {hop}, defaults: {} pieces; against one-shot: log-mel cosine {cosine:.4}, SNR {snr:.1} dB", pieces.len());
         assert!(cosine > 0.9, "hop {hop}: log-mel cosine {cosine}");
     }
+}
+
+/// The context window: hops whose window still holds every earlier code give
+/// the samples of a stream without a window; later hops differ, yet stay close.
+/// A prompt window shorter than the voice's prompt changes the audio too.
+#[test]
+fn chatterbox_streaming_windows_bound_what_each_hop_sees() {
+    let dir = tempfile::tempdir().unwrap();
+    let overrides = [("max_new_tokens".to_string(), "60".to_string()), ("min_new_tokens".to_string(), "60".to_string())];
+    let mut session = fixture_session(&common::chatterbox_fixture(), &["chatterbox"], dir.path(), &overrides);
+    let text = "Streaming starts before the speech tokens end.";
+    let rate = session.synthesize(text).unwrap().sample_rate;
+    let with = |context: usize, prompt: usize| {
+        vec![
+            ("stream_tokens", "8".to_string()),
+            ("stream_first_tokens", "8".to_string()),
+            ("stream_context_tokens", context.to_string()),
+            ("stream_prompt_tokens", prompt.to_string()),
+        ]
+    };
+    let unbounded = streamed_pieces(&mut session, text, &with(0, 0));
+    let bounded = streamed_pieces(&mut session, text, &with(12, 0));
+    assert_eq!(bounded.len(), unbounded.len());
+    // Hops at 8 + 3 lookahead codes, then every 8: the window first drops a
+    // code at the hop after 12 codes were vocoded (the third).
+    assert_eq!(bounded[..2], unbounded[..2], "hops that see every code");
+    assert_ne!(bounded[2], unbounded[2], "the third hop sees 12 earlier codes, not 16");
+    let (cosine, snr) = likeness(&bounded.concat(), &unbounded.concat(), rate);
+    eprintln!("chatterbox tiny, hop 8: a 12-code context against every code: log-mel cosine {cosine:.4}, SNR {snr:.1} dB");
+    assert!(cosine > 0.9, "context window: log-mel cosine {cosine}");
+
+    // The fixture's prompt has 6 codes: 6 or more is the whole prompt.
+    assert_eq!(streamed_pieces(&mut session, text, &with(12, 6)), bounded);
+    let short_prompt = streamed_pieces(&mut session, text, &with(12, 3)).concat();
+    assert_ne!(short_prompt, bounded.concat(), "half the prompt conditions the decoder differently");
+    let (cosine, snr) = likeness(&short_prompt, &bounded.concat(), rate);
+    eprintln!("chatterbox tiny, hop 8: half the voice prompt against all of it: log-mel cosine {cosine:.4}, SNR {snr:.1} dB");
+    assert!(cosine > 0.8, "prompt window: log-mel cosine {cosine}");
 }

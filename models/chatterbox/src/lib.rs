@@ -105,6 +105,24 @@ extern "C" fn option_specs() -> RVec<OptionSpec> {
             OptionValue::Int(10),
             "streaming only: speech tokens before the first audio (at most stream_tokens), 1..=1000",
         ),
+        spec(
+            "stream_context_tokens",
+            OptionKind::Int,
+            OptionValue::Int(50),
+            "streaming only: speech tokens already played that each hop's mel decoder still sees (bounds a hop's cost), 0 = all of them; 0..=8000",
+        ),
+        spec(
+            "stream_prompt_tokens",
+            OptionKind::Int,
+            OptionValue::Int(100),
+            "streaming only: the voice prompt's last this many speech tokens (25 per second) condition the mel decoder: fewer bring the first audio sooner and sound less like one-shot; 0 = the whole prompt; 0..=8000",
+        ),
+        spec(
+            "stream_cfm_steps",
+            OptionKind::Int,
+            OptionValue::Int(-1),
+            "streaming only: Euler steps of the mel decoder, 1..=10 (-1 = 1 for Turbo/Nano, whose decoder was distilled for one step; Multilingual: cfm_steps)",
+        ),
         spec("cfm_steps", OptionKind::Int, OptionValue::Int(-1), "Euler steps of the mel decoder, 1..=10 (-1 = the model's default: Turbo/Nano 2, Multilingual 10)"),
         spec(
             "draws",
@@ -142,11 +160,14 @@ pub fn params_from_options(options: &OptionList) -> Result<SynthesisParams> {
     let crossfade_ms = o.float_in("crossfade_ms", 0.0..=500.0)? as f32;
     let stream_tokens = o.int_in("stream_tokens", 0..=1000)? as usize;
     let stream_first_tokens = o.int_in("stream_first_tokens", 1..=1000)? as usize;
-    let cfm_steps = match o.int("cfm_steps")? {
-        -1 => None,
-        n if (1..=10).contains(&n) => Some(n as usize),
-        n => return Err(Error::msg(format!("cfm_steps must be in 1..=10 (or -1), got {n}"))),
+    let steps = |key: &str| -> Result<Option<usize>> {
+        match o.int(key)? {
+            -1 => Ok(None),
+            n if (1..=10).contains(&n) => Ok(Some(n as usize)),
+            n => Err(Error::msg(format!("{key} must be in 1..=10 (or -1), got {n}"))),
+        }
     };
+    let (cfm_steps, stream_cfm_steps) = (steps("cfm_steps")?, steps("stream_cfm_steps")?);
     let voice = match (o.path("reference_audio")?, o.path("voice")?) {
         (Some(r), Some(v)) => return Err(Error::msg(format!("reference_audio ({}) and voice ({}) both name a voice; give one", r.display(), v.display()))),
         (Some(r), None) => VoiceSource::Reference(r),
@@ -171,6 +192,9 @@ pub fn params_from_options(options: &OptionList) -> Result<SynthesisParams> {
         crossfade_ms,
         stream_tokens,
         stream_first_tokens,
+        stream_context_tokens: o.int_in("stream_context_tokens", 0..=8000)? as usize,
+        stream_prompt_tokens: o.int_in("stream_prompt_tokens", 0..=8000)? as usize,
+        stream_cfm_steps,
         cfm_steps,
         draws: o.path("draws")?,
     })

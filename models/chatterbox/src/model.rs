@@ -102,6 +102,15 @@ pub struct SynthesisParams {
     pub stream_tokens: usize,
     /// Streaming: the first hop, shorter so the first audio comes sooner.
     pub stream_first_tokens: usize,
+    /// Streaming: already vocoded speech codes S3Gen still sees before a
+    /// hop's new ones (0 = every code so far).
+    pub stream_context_tokens: usize,
+    /// Streaming: the voice prompt's last this many codes (and their mel)
+    /// condition S3Gen (0 = the whole prompt).
+    pub stream_prompt_tokens: usize,
+    /// Streaming: Euler steps of the CFM decoder; None = 1 for the meanflow
+    /// decoder, else `cfm_steps`.
+    pub stream_cfm_steps: Option<usize>,
     /// Euler steps of the CFM decoder; None = the model's default.
     pub cfm_steps: Option<usize>,
     pub draws: Option<PathBuf>,
@@ -127,6 +136,9 @@ impl Default for SynthesisParams {
             crossfade_ms: 20.0,
             stream_tokens: 25,
             stream_first_tokens: 10,
+            stream_context_tokens: 50,
+            stream_prompt_tokens: 100,
+            stream_cfm_steps: None,
             cfm_steps: None,
             draws: None,
         }
@@ -413,7 +425,7 @@ impl Chatterbox {
                 if !chunker.due(codes.len()) {
                     return Ok(true);
                 }
-                let audio = chunker.emit(s3, voice, &codes, false, &mut stage_ms)?;
+                let audio = chunker.emit(s3, &codes, false, &mut stage_ms)?;
                 going_on = deliver(&audio);
                 Ok(going_on)
             };
@@ -424,7 +436,7 @@ impl Chatterbox {
             if codes.is_empty() {
                 return Err(format!("T3 produced no speech tokens ({} tokens, none a speech code)", tokens.len()).into());
             }
-            let audio = chunker.emit(s3, voice, &codes, true, &mut stage_ms)?;
+            let audio = chunker.emit(s3, &codes, true, &mut stage_ms)?;
             going_on = deliver(&audio);
         }
         for (stage, ms) in &stage_ms.entries {
@@ -512,34 +524,66 @@ impl Chatterbox {
 
 /// The S3Gen side of token streaming: when a chunk of codes is due, and the
 /// mel and audio it adds.
+///
+/// Each hop runs the encoder and CFM over a window: the voice prompt's last
+/// `stream_prompt_tokens` codes, then up to `stream_context_tokens` codes
+/// already vocoded, then the new ones. The context bounds a hop's cost (with
+/// every code so far it grows with the utterance); the prompt window and
+/// `stream_cfm_steps` trade likeness to one-shot output for a sooner first
+/// audio on slow devices.
 struct TokenChunker {
     hop: usize,
     /// Codes the next emission needs (a hop beyond the last, plus the lookahead).
     next_due: usize,
     lookahead: usize,
+    up_stride: usize,
     /// Speech mel frames already vocoded.
     frames_done: usize,
+    context: usize,
+    prompt_token: Vec<i32>,
+    prompt_feat: Vec<f32>,
+    /// Frames of the whole prompt: the noise draw's frame index of speech frame 0.
+    prompt_frames_full: usize,
     spks: Vec<f32>,
     steps: usize,
     z_draws: Xoshiro256,
+    /// The utterance's CFM noise, `[frame][mel]`, frame 0 the whole prompt's first.
     z: Vec<f32>,
     vocoder: VocoderStream,
 }
 
 impl TokenChunker {
     fn new(s3: &mut S3Gen, voice: &Voice, params: &SynthesisParams, seed: u64, hop: usize) -> Result<TokenChunker> {
-        let lookahead = s3.hp.encoder.pre_lookahead;
+        let (lookahead, up_stride, mel_ch) = (s3.hp.encoder.pre_lookahead, s3.hp.encoder.up_stride, s3.hp.mel_channels);
         // CosyVoice2 pads its first hop to the hop grid of prompt + speech,
         // which its chunk-causal flow needs; S3Gen here attends over every
         // frame, so a short first hop only brings the first audio forward.
         let first = params.stream_first_tokens.clamp(1, hop);
+        let (tokens, feat) = (&voice.s3gen.prompt_token, &voice.s3gen.prompt_feat);
+        let prompt_frames_full = feat.len() / mel_ch;
+        let keep = params.stream_prompt_tokens;
+        let (prompt_token, prompt_feat) = if keep == 0 || keep >= tokens.len() {
+            (tokens.clone(), feat.clone())
+        } else {
+            // Dropping prompt codes drops their frames too (a voice may carry
+            // more frames than its codes make; those stay, as one-shot keeps them).
+            let dropped = tokens.len() - keep;
+            let dropped_frames = (dropped * up_stride).min(prompt_frames_full);
+            (tokens[dropped..].to_vec(), feat[dropped_frames * mel_ch..].to_vec())
+        };
         Ok(TokenChunker {
             hop,
             next_due: first + lookahead,
             lookahead,
+            up_stride,
             frames_done: 0,
+            context: params.stream_context_tokens,
+            prompt_token,
+            prompt_feat,
+            prompt_frames_full,
             spks: s3.speaker_projection(&voice.s3gen.embedding)?,
-            steps: params.cfm_steps.unwrap_or(s3.hp.n_timesteps),
+            // Turbo's meanflow decoder was distilled for one step.
+            steps: params.stream_cfm_steps.or(if s3.hp.meanflow { Some(1) } else { params.cfm_steps }).unwrap_or(s3.hp.n_timesteps),
             z_draws: Xoshiro256::new(seed ^ 0x5EED_CF31),
             z: Vec::new(),
             vocoder: VocoderStream::new(s3, seed ^ 0x50_0C3E),
@@ -550,28 +594,37 @@ impl TokenChunker {
         codes >= self.next_due
     }
 
-    /// Encoder and CFM over the prompt and `codes`; the new mel frames (all
-    /// of them when `last`, else up to the lookahead's) through the vocoder.
-    fn emit(&mut self, s3: &mut S3Gen, voice: &Voice, codes: &[i32], last: bool, timings: &mut Timings) -> Result<Vec<f32>> {
-        let mel_ch = s3.hp.mel_channels;
-        let mut speech: Vec<i32> = voice.s3gen.prompt_token.clone();
-        speech.extend_from_slice(codes);
+    /// Encoder and CFM over the window ending at `codes`' end; the new mel
+    /// frames (all of them when `last`, else up to the lookahead's) through
+    /// the vocoder.
+    fn emit(&mut self, s3: &mut S3Gen, codes: &[i32], last: bool, timings: &mut Timings) -> Result<Vec<f32>> {
+        let (mel_ch, up) = (s3.hp.mel_channels, self.up_stride);
+        let vocoded_codes = self.frames_done / up;
+        let context_start = if self.context == 0 { 0 } else { vocoded_codes.saturating_sub(self.context) };
+        let mut speech = self.prompt_token.clone();
+        speech.extend_from_slice(&codes[context_start..]);
         let encoded = timings.time("s3gen.encoder", || s3.encode(&speech))?;
         let frames = encoded.frames;
-        let prompt_frames = voice.s3gen.prompt_feat.len() / mel_ch;
+        let prompt_frames = self.prompt_feat.len() / mel_ch;
         if prompt_frames >= frames {
             return Err(format!("the voice's prompt has {prompt_frames} mel frames, the encoder produced only {frames}").into());
         }
         let mut cond = vec![0f32; frames * mel_ch];
-        cond[..prompt_frames * mel_ch].copy_from_slice(&voice.s3gen.prompt_feat);
-        // One draw per utterance: frame f always gets the same noise.
-        if self.z.len() < frames * mel_ch {
-            let more = self.z_draws.gaussians(frames * mel_ch - self.z.len());
+        cond[..prompt_frames * mel_ch].copy_from_slice(&self.prompt_feat);
+        // One draw per utterance: a frame gets the noise one-shot synthesis
+        // gives it, wherever the window puts it.
+        let speech_frames = frames - prompt_frames;
+        let needed = (self.prompt_frames_full + context_start * up + speech_frames) * mel_ch;
+        if self.z.len() < needed {
+            let more = self.z_draws.gaussians(needed - self.z.len());
             self.z.extend(more);
         }
-        let x = timings.time("s3gen.cfm", || s3.integrate(&self.z[..frames * mel_ch], &encoded.mu, &self.spks, &cond, self.steps))?;
-        let end = if last { frames } else { frames - self.lookahead * s3.hp.encoder.up_stride };
-        let start = prompt_frames + self.frames_done;
+        let prompt_z = &self.z[(self.prompt_frames_full - prompt_frames) * mel_ch..self.prompt_frames_full * mel_ch];
+        let speech_z = &self.z[(self.prompt_frames_full + context_start * up) * mel_ch..needed];
+        let z = [prompt_z, speech_z].concat();
+        let x = timings.time("s3gen.cfm", || s3.integrate(&z, &encoded.mu, &self.spks, &cond, self.steps))?;
+        let end = if last { frames } else { frames - self.lookahead * up };
+        let start = prompt_frames + self.frames_done - context_start * up;
         let mel = if end > start { &x[start * mel_ch..end * mel_ch] } else { &[][..] };
         self.frames_done += end.saturating_sub(start);
         self.next_due = codes.len() + self.hop;

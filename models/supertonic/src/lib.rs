@@ -64,8 +64,17 @@ extern "C" fn option_specs() -> RVec<OptionSpec> {
             OptionValue::Str("skip".into()),
             "characters the model has no row for: skip (leave out, with a warning), error (refuse the text), official (the official code's last embedding row)",
         ),
+        spec(
+            "stream_first_chars",
+            OptionKind::Int,
+            OptionValue::Int(STREAM_FIRST_CHARS),
+            "streaming only: a first text chunk longer than this is cut after its last sentence end, clause mark or word within it, so the first audio comes sooner (0 = the official chunks); 0..=1000",
+        ),
     ])
 }
+
+/// Streaming's first piece at most (about 2 s of speech at the default speed).
+const STREAM_FIRST_CHARS: i64 = 30;
 
 /// Synthesis options from the host's validated list.
 pub fn params_from_options(options: &OptionList) -> Result<SynthesisParams> {
@@ -85,7 +94,8 @@ pub fn params_from_options(options: &OptionList) -> Result<SynthesisParams> {
         None => NoiseSource::Seed(seed),
     };
     let unsupported_chars = text::UnsupportedChars::parse(&o.string("unsupported_chars")?)?;
-    Ok(SynthesisParams { voice, language: o.string("language")?, steps, speed: speed as f32, noise, unsupported_chars })
+    let stream_first_chars = o.int_in("stream_first_chars", 0..=1000)? as usize;
+    Ok(SynthesisParams { voice, language: o.string("language")?, steps, speed: speed as f32, noise, unsupported_chars, stream_first_chars })
 }
 
 /// The load-time checks of [`model::check_file`] on a file image in memory (no

@@ -23,6 +23,10 @@ use std::time::Instant;
 pub const SPEED_RANGE: std::ops::RangeInclusive<f64> = 0.5..=2.0;
 /// Silence between chunks, seconds.
 pub const CHUNK_SILENCE_S: f32 = 0.3;
+
+/// The pause where streaming cut its first chunk: within a sentence, a clause's
+/// pause rather than the official one between chunks.
+pub const CUT_SILENCE_S: f32 = 0.1;
 /// The longest a chunk may speak (a chunk is at most 300 characters: about 40 s
 /// at half speed). A duration predictor that says more comes from a corrupt
 /// model, and every buffer of the chunk would grow with it.
@@ -56,6 +60,9 @@ pub struct SynthesisParams {
     pub speed: f32,
     pub noise: NoiseSource,
     pub unsupported_chars: UnsupportedChars,
+    /// Streaming: a first chunk longer than this many characters is cut at a
+    /// clause or word within it (0 = the official chunks).
+    pub stream_first_chars: usize,
 }
 
 pub struct Synthesis {
@@ -358,21 +365,33 @@ impl Supertonic {
     /// The full pipeline over every chunk of `text`.
     pub fn synthesize(&mut self, text: &str, params: &SynthesisParams) -> Result<Synthesis> {
         let mut samples = Vec::new();
-        let timings = self.synthesize_streaming(text, params, &mut PieceSender::collecting(&mut samples))?;
+        let timings = self.run(text, params, &mut PieceSender::collecting(&mut samples), 0)?;
         Ok(Synthesis { samples, timings })
     }
 
     /// [`Self::synthesize`], handing each chunk's audio (after the silence
     /// that precedes it) to `out` as soon as it is computed, until `out` says
-    /// stop. Returns the stage timings.
+    /// stop; a long first chunk is cut at `stream_first_chars`. Returns the
+    /// stage timings.
     pub fn synthesize_streaming(&mut self, text: &str, params: &SynthesisParams, out: &mut PieceSender) -> Result<Timings> {
+        self.run(text, params, out, params.stream_first_chars)
+    }
+
+    fn run(&mut self, text: &str, params: &SynthesisParams, out: &mut PieceSender, first_chars: usize) -> Result<Timings> {
         self.validate(params)?;
         let language = self.language(params).to_string();
         let voice = self.resolve_voice(&params.voice)?;
         let steps = params.steps.unwrap_or(self.hp.default_steps as usize);
-        let chunks = self.chunks(text, &language);
+        let mut chunks = self.chunks(text, &language);
         if chunks.is_empty() {
             return err("text is empty");
+        }
+        // The silence before each chunk.
+        let mut pauses: Vec<f32> = (0..chunks.len()).map(|i| if i == 0 { 0.0 } else { CHUNK_SILENCE_S }).collect();
+        if let Some((head, tail)) = text::cut_first_piece(&chunks[0], first_chars) {
+            let ends_sentence = head.ends_with(['.', '!', '?', '。', '！', '？']);
+            chunks.splice(0..1, [head, tail]);
+            pauses.insert(1, if ends_sentence { CHUNK_SILENCE_S } else { CUT_SILENCE_S });
         }
         // Encode everything first: an unsupported character fails before any compute.
         let encoded: Vec<Encoded> = chunks.iter().map(|c| self.encode_text(c, &language, params.unsupported_chars)).collect::<Result<_, _>>()?;
@@ -390,7 +409,6 @@ impl Supertonic {
         let mut timings = Timings::default();
         let mut delivered = 0usize;
         let mut total_seconds = 0f32;
-        let silence = vec![0f32; (CHUNK_SILENCE_S * self.hp.sample_rate as f32) as usize];
         for (i, ids) in encoded.iter().map(|e| &e.ids).enumerate() {
             if ids.is_empty() {
                 return err("nothing to speak: the text is empty after normalisation");
@@ -417,10 +435,10 @@ impl Supertonic {
                 }
                 timings.time("vocoder", || self.vocoder(&latent))?
             };
-            let mut piece = if i > 0 { silence.clone() } else { Vec::new() };
+            let mut piece = vec![0f32; (pauses[i] * self.hp.sample_rate as f32) as usize];
             piece.extend_from_slice(&wav);
             // In the official order and precision: `dur_cat += dur + silence` in float32.
-            total_seconds = if i == 0 { seconds } else { total_seconds + (seconds + CHUNK_SILENCE_S) };
+            total_seconds = if i == 0 { seconds } else { total_seconds + (seconds + pauses[i]) };
             if i + 1 == encoded.len() {
                 // As the official code, the whole is cut to the f32 total times the rate in f64.
                 let total = (self.hp.sample_rate as f64 * total_seconds as f64) as usize;

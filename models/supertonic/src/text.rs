@@ -254,6 +254,44 @@ pub fn chunk_text(text: &str, max_len: usize) -> Vec<String> {
     chunks
 }
 
+/// Marks a streamed first piece may end at: sentence ends and clause marks (the
+/// full-width ones need no space after them).
+const CUT_MARKS: &[char] = &['.', '!', '?', ',', ';', ':', '。', '！', '？', '，', '、', '；', '：'];
+
+/// Where streaming cuts a first chunk longer than `max_chars` characters, so
+/// the first audio comes sooner: after the last sentence end or clause mark
+/// within the limit that leaves at least a third of it before the cut, else after the last whole
+/// word within it. A word cut ends the head with a comma, so it is read as a
+/// clause, not as a sentence end (the normaliser would add a full stop). None
+/// when the chunk fits, or has no cut point within the limit.
+pub fn cut_first_piece(chunk: &str, max_chars: usize) -> Option<(String, String)> {
+    let chars: Vec<(usize, char)> = chunk.char_indices().collect();
+    if max_chars == 0 || chars.len() <= max_chars {
+        return None;
+    }
+    let next_is_space = |i: usize| chars.get(i + 1).is_some_and(|&(_, c)| is_python_space(c));
+    let within = &chars[..max_chars];
+    let clause = within
+        .iter()
+        .enumerate()
+        .rev()
+        .find(|&(i, &(_, c))| CUT_MARKS.contains(&c) && (!c.is_ascii() || next_is_space(i)) && (i + 1) * 3 >= max_chars)
+        .map(|(i, _)| (i + 1, false));
+    // A space at index `max_chars` still ends a word within the limit.
+    let word = || chars[1..=max_chars].iter().rposition(|&(_, c)| is_python_space(c)).map(|i| (i + 1, true));
+    let (cut, add_comma) = clause.or_else(word)?;
+    let at = chars.get(cut).map_or(chunk.len(), |&(b, _)| b);
+    let (head, tail) = (chunk[..at].trim_matches(is_python_space), chunk[at..].trim_matches(is_python_space));
+    if head.is_empty() || tail.is_empty() {
+        return None;
+    }
+    let mut head = head.to_string();
+    if add_comma && !head.ends_with(TERMINALS) {
+        head.push(',');
+    }
+    Some((head, tail.to_string()))
+}
+
 /// Splits on blank lines (`\n`, optional whitespace, one or more `\n`: the
 /// official `\n\s*\n+` with Python's whitespace).
 fn split_paragraphs(text: &str) -> Vec<&str> {
@@ -293,6 +331,27 @@ mod tests {
     #[test]
     fn sentence_split_respects_abbreviations() {
         assert_eq!(sentences("Dr. Smith came. He left! Did J. Doe? Yes."), vec!["Dr. Smith came.", "He left!", "Did J. Doe?", "Yes."]);
+    }
+
+    #[test]
+    fn a_streamed_first_piece_ends_at_a_clause_or_a_word() {
+        let text = "When the lights went out, everyone in the hall stayed calm.";
+        assert_eq!(cut_first_piece(text, 100), None, "fits");
+        assert_eq!(cut_first_piece(text, 0), None, "off");
+        assert_eq!(cut_first_piece(text, 30), Some(("When the lights went out,".into(), "everyone in the hall stayed calm.".into())));
+        // The comma lies past the limit: the last whole word, marked as a clause.
+        assert_eq!(cut_first_piece(text, 20), Some(("When the lights went,".into(), "out, everyone in the hall stayed calm.".into())));
+        assert_eq!(cut_first_piece(text, 19), Some(("When the lights,".into(), "went out, everyone in the hall stayed calm.".into())));
+        // A clause mark too early for the limit (under a third of it) loses to a word.
+        assert_eq!(cut_first_piece("No, the quick brown fox jumps.", 24), Some(("No, the quick brown fox,".into(), "jumps.".into())));
+        // Full-width marks need no space; text without spaces or marks stays whole.
+        assert_eq!(cut_first_piece("今天天气很好，我们去公园散步吧。", 8), Some(("今天天气很好，".into(), "我们去公园散步吧。".into())));
+        assert_eq!(cut_first_piece("今天天气很好我们去公园散步吧。", 8), None);
+        assert_eq!(cut_first_piece("Supercalifragilistic expialidocious", 10), None, "no word ends within the limit");
+        assert_eq!(
+            cut_first_piece("Hello from the server. It streams as it speaks.", 30),
+            Some(("Hello from the server.".into(), "It streams as it speaks.".into()))
+        );
     }
 
     #[test]

@@ -24,6 +24,7 @@ fn params() -> SynthesisParams {
         speed: 1.05,
         noise: NoiseSource::Seed(1),
         unsupported_chars: UnsupportedChars::Skip,
+        stream_first_chars: 0,
     }
 }
 

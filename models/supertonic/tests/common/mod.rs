@@ -173,6 +173,7 @@ fn params(case: &Case) -> SynthesisParams {
         speed: case.speed as f32,
         noise: NoiseSource::Seed(case.seed),
         unsupported_chars: UnsupportedChars::parse(case.unsupported_chars.as_deref().unwrap_or("skip")).unwrap(),
+        stream_first_chars: 0,
     }
 }
 
