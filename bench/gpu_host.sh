@@ -17,6 +17,10 @@
 #   soak        50 syntheses of each family in one process on CUDA
 #   hift        Turbo with the transposed convolution native or decomposed, CUDA graphs on or off
 #   perf        every graph of a Turbo and a Supertonic synthesis, timed per op (patch 0003)
+#   stream      time to first audio, streaming on Vulkan (and CUDA if its module was brought or
+#               built first): full-size Turbo against PyTorch one-shot on the GPU, Supertonic v2
+#               against ORT (needs no CUDA module)
+#   module      only the CUDA module (every other stage but stream builds it first too)
 # Work that takes long (the module, checkpoints) stays in /tmp/tts-gpu while
 # the machine does. Results go to $OUT (or /tmp/tts-gpu/out).
 set -uo pipefail
@@ -43,27 +47,31 @@ if [ ! -d /tmp/site/chatterbox ]; then
 fi
 export PYTHONPATH=/tmp/site PYTHONUNBUFFERED=1
 
-# The Rust side, then the CUDA module (built once per machine).
+# The Rust side.
 if [ ! -x "$rel/tts" ] || [ "$root/target/gpu/release.tar.xz" -nt "$rel/tts" ]; then
   mkdir -p "$root/target" && tar -xJf "$root/target/gpu/release.tar.xz" -C "$root/target" || exit 1
 fi
-# A module brought back from an earlier run ($OUT/cuda-module.part-*, joined
-# into target/gpu/cuda-module.tar.xz) skips the build; the plugin still checks
-# its stamp at load and refuses one built from other sources or patches.
-if [ -f "$root/target/gpu/cuda-module.tar.xz" ] && [ ! -f "$work/kit/out/libggml-cuda.so" ]; then
-  mkdir -p "$work/kit/out" && tar -xJf "$root/target/gpu/cuda-module.tar.xz" -C "$work/kit/out"
-  touch "$work/kit/out/libggml-cuda.so"
-fi
-if [ ! -f "$work/kit/out/libggml-cuda.so" ]; then
-  rm -rf "$work/kit" && mkdir -p "$work/kit" && tar -xJf "$root/target/gpu/cuda-kit.tar.xz" -C "$work/kit" || exit 1
-  start=$(date +%s)
-  (cd "$work/kit" && bash build.sh test > "$out/cuda-build.log" 2>&1) || { tail -30 "$out/cuda-build.log"; exit 1; }
-  echo "cuda module built in $(( $(date +%s) - start )) s"
-  # Files come back from the host in pieces of at most 16 MiB.
-  tar -cJf "$work/cuda-module.tar.xz" -C "$work/kit/out" libggml-cuda.so libggml-cuda.so.stamp.json
-  split -b 15M "$work/cuda-module.tar.xz" "$out/cuda-module.part-"
-fi
-cp "$work/kit/out/libggml-cuda.so" "$work/kit/out/libggml-cuda.so.stamp.json" "$rel/"
+
+# The CUDA module, built once per machine, for the stages that use it.
+cuda_module() {
+  # A module brought back from an earlier run ($OUT/cuda-module.part-*, joined
+  # into target/gpu/cuda-module.tar.xz) skips the build; the plugin still checks
+  # its stamp at load and refuses one built from other sources or patches.
+  if [ -f "$root/target/gpu/cuda-module.tar.xz" ] && [ ! -f "$work/kit/out/libggml-cuda.so" ]; then
+    mkdir -p "$work/kit/out" && tar -xJf "$root/target/gpu/cuda-module.tar.xz" -C "$work/kit/out"
+    touch "$work/kit/out/libggml-cuda.so"
+  fi
+  if [ ! -f "$work/kit/out/libggml-cuda.so" ]; then
+    rm -rf "$work/kit" && mkdir -p "$work/kit" && tar -xJf "$root/target/gpu/cuda-kit.tar.xz" -C "$work/kit" || return 1
+    local t0=$(date +%s)
+    (cd "$work/kit" && bash build.sh test > "$out/cuda-build.log" 2>&1) || { tail -30 "$out/cuda-build.log"; return 1; }
+    echo "cuda module built in $(( $(date +%s) - t0 )) s"
+    # Files come back from the host in pieces of at most 16 MiB.
+    tar -cJf "$work/cuda-module.tar.xz" -C "$work/kit/out" libggml-cuda.so libggml-cuda.so.stamp.json
+    split -b 15M "$work/cuda-module.tar.xz" "$out/cuda-module.part-"
+  fi
+  cp "$work/kit/out/libggml-cuda.so" "$work/kit/out/libggml-cuda.so.stamp.json" "$rel/"
+}
 nvidia-smi --query-gpu=name,driver_version,memory.total --format=csv,noheader
 
 profile() { # name backend [extra toml]
@@ -215,9 +223,27 @@ stage_soak() {
     --text "$(cat bench/long_text.txt)" --runs 50 --warmup 5 | tee "$out/soak-supertonic.txt"
 }
 
+stage_module() { :; }
+
+stage_stream() {
+  chatterbox_ckpt "$root/target/chatterbox-full" turbo || return 1
+  local backends=vulkan
+  if [ -f "$root/target/gpu/cuda-module.tar.xz" ] || [ -f "$work/kit/out/libggml-cuda.so" ]; then
+    cuda_module && backends="cuda vulkan"
+  fi
+  local text="The quick brown fox jumps over the lazy dog near the quiet river bank while the sun sets behind hills."
+  python3 bench/chatterbox_vs_torch.py --device cuda --backends $backends --threads 16 --weights q4_0 --tokens 150 --stream \
+    --runs 3 --rounds 2 --text "$text" --markdown "$out/stream-chatterbox.md" 2> "$out/stream-chatterbox.log"
+  cat "$out/stream-chatterbox.md" || tail -20 "$out/stream-chatterbox.log"
+  python3 bench/supertonic_stream.py --backends $backends --threads 16 --runs 5 --rounds 3 \
+    --markdown "$out/stream-supertonic.md" 2> "$out/stream-supertonic.log"
+  cat "$out/stream-supertonic.md" || tail -20 "$out/stream-supertonic.log"
+}
+
 for s in "$@"; do
   echo "=== $s"
   start=$(date +%s)
+  case $s in stream) ;; *) cuda_module || exit 1 ;; esac
   "stage_$s"
   echo "=== $s: $(( $(date +%s) - start )) s"
 done
