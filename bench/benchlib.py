@@ -12,6 +12,15 @@ def run(cmd, **kw):
     return r.stdout
 
 
+def print_table(lines, markdown=None):
+    """Prints a Markdown table (a list of lines) and, given a path, writes it there too."""
+    table = "\n".join(lines) + "\n"
+    print(table)
+    if markdown:
+        with open(markdown, "w") as f:
+            f.write(table)
+
+
 def tts_profile(backend, threads):
     """A profile for one backend without fallback (CPU: with a thread count)."""
     text = f'[backend]\nprefer = ["{backend}"]\nfallback = false\n'

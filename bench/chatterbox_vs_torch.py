@@ -53,7 +53,7 @@ import sys
 import tempfile
 import time
 
-from benchlib import cpu_name, gpu_name, run, tts_profile
+from benchlib import cpu_name, gpu_name, print_table, run, tts_profile
 
 ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 TOOLS = os.path.join(ROOT, "tools", "chatterbox")
@@ -313,11 +313,7 @@ def main():
                      f"{r['ref_ms_per_token']:.2f} / {r['tts_ms_per_token']:.2f} ({r['bound_ms_per_token']:.2f}) | "
                      f"{r['ref_s3gen_hift_ms']:.0f} / {r['tts_s3gen_ms'] + r['tts_hift_ms']:.1f} | {r['tts_rtf']:.3f} | "
                      f"{r['ref_rss_mib']:.0f} / {r['tts_rss_mib']:.0f} |" + (f" **{r['tts_first_audio_ms']:.0f}** |" if a.stream else ""))
-    table = "\n".join(lines) + "\n"
-    print(table)
-    if a.markdown:
-        with open(a.markdown, "w") as f:
-            f.write(table)
+    print_table(lines, a.markdown)
 
 
 if __name__ == "__main__":

@@ -22,7 +22,7 @@ import sys
 import tempfile
 import time
 
-from benchlib import cpu_name, run
+from benchlib import cpu_name, print_table, run
 
 ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 TTS = os.path.join(ROOT, "dist", "tts", "tts")
@@ -93,11 +93,7 @@ def main():
     ]
     for fixture, adapt, idle, busy, ratio in rows:
         lines.append(f"| {fixture} | {adapt} | {idle:.1f} | {busy:.1f} | {ratio:.2f}x |")
-    table = "\n".join(lines)
-    print(table)
-    if a.markdown:
-        with open(a.markdown, "w") as f:
-            f.write(table + "\n")
+    print_table(lines, a.markdown)
 
 
 if __name__ == "__main__":

@@ -9,7 +9,9 @@ time; then the text is synthesised once each way with the same seed (`tts
 samples read from the pipe) and compared: log-mel cosine (80 mel bands,
 1024-point Hann frames every 256 samples, log10 of the band power; the
 definition `cli/tests/streaming.rs` uses) and SNR of the streamed samples
-against the one-shot ones. Needs numpy (any of the tool venvs) and a release build.
+against the one-shot ones, over the shorter of the two (a cut Supertonic first
+piece changes the length). Needs numpy (any of the tool venvs) and a release
+build; `--rate 44100` for Supertonic.
 
     target/tools-venv/bin/python bench/stream_vs_oneshot.py --model T3.gguf --model S3GEN.gguf --threads 2 \
         --set min_new_tokens=150 --set max_new_tokens=149 \
@@ -24,8 +26,7 @@ import tempfile
 
 import numpy as np
 
-sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
-from benchlib import cpu_name, run, tts_profile  # noqa: E402
+from benchlib import cpu_name, print_table, run, tts_profile
 
 ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 
@@ -52,9 +53,10 @@ def log_mel(x, rate, n=1024, hop=256, bands=80):
 
 
 def compare(streamed, whole, rate):
-    a, b = log_mel(streamed, rate), log_mel(whole, rate)
-    cosine = float(a @ b / np.sqrt((a @ a) * (b @ b)))
+    """Over the common length (a cut Supertonic first piece changes the length)."""
     n = min(len(streamed), len(whole))
+    a, b = log_mel(streamed[:n], rate), log_mel(whole[:n], rate)
+    cosine = float(a @ b / np.sqrt((a @ a) * (b @ b)))
     err = streamed[:n].astype(np.float64) - whole[:n]
     snr = 10 * np.log10(np.sum(whole[:n].astype(np.float64) ** 2) / max(np.sum(err ** 2), 1e-30))
     return cosine, snr
@@ -106,10 +108,7 @@ def main():
              "", "| streaming options | first audio ms | streamed total ms | streamed RTF | log-mel cosine | SNR dB |", "|---|---|---|---|---|---|"]
     for r in rows:
         lines.append(f"| {r['config']} | **{r['first_audio_ms']:.0f}** | {r['stream_ms']:.0f} | {r['stream_rtf']:.2f} | {r['log_mel_cosine']:.4f} | {r['snr_db']:.1f} |")
-    print("\n".join(lines))
-    if a.markdown:
-        with open(a.markdown, "w") as f:
-            f.write("\n".join(lines) + "\n")
+    print_table(lines, a.markdown)
 
 
 if __name__ == "__main__":

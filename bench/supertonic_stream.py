@@ -30,9 +30,8 @@ import statistics
 import sys
 import tempfile
 
-sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
-from benchlib import cpu_name, gpu_name, run, tts_profile  # noqa: E402
-from supertonic_vs_ort import ROOT, STEPS, ensure_model, ort_bench  # noqa: E402
+from benchlib import cpu_name, gpu_name, print_table, run, tts_profile
+from supertonic_vs_ort import ROOT, STEPS, ensure_model, ort_bench
 
 CHARS_PER_S = 14.0
 DEFAULT_TEXT = "The quick brown fox jumps over the lazy dog near the quiet river bank while the sun sets behind hills."
@@ -91,11 +90,7 @@ def main():
         lines.append(f"| tts {b}, `stream_first_chars = {a.first_chars}` | ≤ {a.first_chars} characters | **{c_first:.1f}** ({ort_ms / c_first:.1f}× sooner than ORT) | - | - |")
         rows[b] = {"whole_first_ms": w_first, "cut_first_ms": c_first}
     print(json.dumps(rows), file=sys.stderr)
-    table = "\n".join(lines) + "\n"
-    print(table)
-    if a.markdown:
-        with open(a.markdown, "w") as f:
-            f.write(table)
+    print_table(lines, a.markdown)
 
 
 if __name__ == "__main__":

@@ -29,7 +29,7 @@ import sys
 import tempfile
 import time
 
-from benchlib import cpu_name, gpu_name, run, tts_profile
+from benchlib import cpu_name, gpu_name, print_table, run, tts_profile
 
 ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 TOOLS = os.path.join(ROOT, "tools", "supertonic")
@@ -157,11 +157,7 @@ def main():
         lines.append(f"| {r['version']} | {r['weights']} | {r['backend']} | {r['threads']} | {r['steps']} | {r['audio_s']:.2f} | {r['ort_ms']:.0f} | "
                      f"{r['tts_ms']:.1f} | **{r['ratio']:.2f}×** | {r['ort_ve_ms']:.0f} / {r['tts_ve_ms']:.1f} | "
                      f"{r['ort_vocoder_ms']:.0f} / {r['tts_vocoder_ms']:.1f} | {r['ort_rss_mib']:.0f} / {r['tts_rss_mib']:.0f} |")
-    table = "\n".join(lines) + "\n"
-    print(table)
-    if a.markdown:
-        with open(a.markdown, "w") as f:
-            f.write(table)
+    print_table(lines, a.markdown)
 
 
 def table_row(version, weights, backend, threads, steps, ort_rounds, tts_rounds):
