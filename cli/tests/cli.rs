@@ -377,3 +377,36 @@ fn cuda_without_a_matching_module_gives_way_to_the_next_backend() {
     assert!(o.status.success(), "{}", stderr(&o));
     assert!(out.is_file());
 }
+
+/// The OpenCL plugin where the only OpenCL device is pocl (a CPU device without
+/// `cl_khr_fp16`): the device is listed as refused with both reasons, the
+/// backend has no device, and the profile's next backend is selected. Needs the
+/// pocl ICD (`cargo xtask deps` installs it on Debian); without it the test
+/// reports itself skipped, unless `TTS_REQUIRE_OPENCL` is set (CI sets it).
+#[test]
+fn opencl_names_each_device_it_refuses_and_the_next_backend_is_used() {
+    if !Path::new("/etc/OpenCL/vendors/pocl.icd").exists() {
+        assert!(std::env::var_os("TTS_REQUIRE_OPENCL").is_none(), "TTS_REQUIRE_OPENCL is set but the pocl ICD is not installed");
+        eprintln!("skipped: no pocl OpenCL ICD (/etc/OpenCL/vendors/pocl.icd)");
+        return;
+    }
+    let plugins = plugin_dir(&["opencl", "cpu"]);
+    let dir = tempfile::tempdir().unwrap();
+    let profile = write_profile(dir.path(), "[backend]\nprefer = [\"opencl\", \"cpu\"]\n[backends.cpu]\nthreads = 1\n");
+    let report = devices_json(&profile, plugins.path());
+    let cl = backend(&report, "opencl");
+    assert_eq!(cl["available"], true, "the plugin and its module load: {cl}");
+    assert_eq!(cl["devices"].as_array().unwrap().len(), 0, "{cl}");
+    let refused: Vec<&str> =
+        cl["module"].as_array().unwrap().iter().filter(|kv| kv[0].as_str().unwrap().starts_with("refused.")).map(|kv| kv[1].as_str().unwrap()).collect();
+    let pocl = refused.iter().find(|r| r.starts_with("Portable Computing Language / ")).unwrap_or_else(|| panic!("pocl not listed as refused: {refused:?}"));
+    assert!(
+        pocl.contains("not a GPU): no cl_khr_fp16") && pocl.ends_with("not an Adreno or Intel GPU (the only devices ggml's OpenCL backend admits)"),
+        "{pocl}"
+    );
+    assert_eq!(report["selected"]["backend"], "cpu");
+    // The text report says the same.
+    let o = run(&["devices", "--profile", profile.to_str().unwrap(), "--plugin-dir", plugins.path().to_str().unwrap()]);
+    let text = String::from_utf8_lossy(&o.stdout);
+    assert!(text.contains(&format!("  refused device: {pocl}")) && text.contains("selected: cpu device 0"), "{text}");
+}

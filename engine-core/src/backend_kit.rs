@@ -308,6 +308,16 @@ pub fn spec(key: &str, kind: crate::abi::OptionKind, default: OptionValue, help:
     crate::abi::OptionSpec { key: key.into(), kind, default, help: help.into() }
 }
 
+/// Module facts whose keys start with this (`refused.0`, `refused.1`, ...)
+/// name a device the backend can see but not use, with the reason:
+/// `tts devices` prints them, so a user learns why a GPU was passed over.
+pub const REFUSED_DEVICE_FACT: &str = "refused.";
+
+/// `refused.N` facts, one per refusal text.
+pub fn refused_device_facts(refusals: impl IntoIterator<Item = String>) -> Vec<(String, OptionValue)> {
+    refusals.into_iter().enumerate().map(|(i, why)| (format!("{REFUSED_DEVICE_FACT}{i}"), OptionValue::Str(why.into()))).collect()
+}
+
 pub fn facts_to_pairs(facts: &OptionList) -> Vec<(String, String)> {
     facts
         .iter()

@@ -20,8 +20,25 @@
 use std::path::{Path, PathBuf};
 use std::process::{exit, Command};
 
-const APT_PACKAGES: &[&str] =
-    &["cmake", "ninja-build", "patch", "libclang-dev", "glslc", "libvulkan-dev", "spirv-headers", "glslang-tools", "mesa-vulkan-drivers", "curl"];
+/// The ggml build (CMake, patch, bindgen's libclang), Vulkan (glslc, headers,
+/// lavapipe), OpenCL (headers, the ICD loader, pocl; Python 3 embeds the
+/// kernels), and curl for the server tests.
+const APT_PACKAGES: &[&str] = &[
+    "cmake",
+    "ninja-build",
+    "patch",
+    "libclang-dev",
+    "glslc",
+    "libvulkan-dev",
+    "spirv-headers",
+    "glslang-tools",
+    "mesa-vulkan-drivers",
+    "opencl-headers",
+    "ocl-icd-opencl-dev",
+    "pocl-opencl-icd",
+    "python3",
+    "curl",
+];
 
 fn main() {
     let args: Vec<String> = std::env::args().skip(1).collect();

@@ -1,0 +1,130 @@
+//! OpenCL backend plugin: ggml's OpenCL module with this plugin's patch series.
+//!
+//! ggml's OpenCL kernels need half precision (`cl_khr_fp16`), and its backend
+//! admits only Adreno and Intel GPUs; every other device is skipped with a log
+//! line at most. This plugin asks the OpenCL ICD loader itself for every
+//! platform and device first, and reports each one the module cannot use with
+//! the reason (`backend_kit::REFUSED_DEVICE_FACT`, which `tts devices` prints).
+//! With no usable device the backend has none, and the profile's next backend
+//! is used.
+
+use abi_stable::std_types::{RResult, RString, RVec};
+use cl3::device::{CL_DEVICE_EXTENSIONS, CL_DEVICE_NAME, CL_DEVICE_TYPE, CL_DEVICE_TYPE_ALL, CL_DEVICE_TYPE_GPU, CL_DEVICE_VENDOR};
+use cl3::platform::CL_PLATFORM_NAME;
+use engine_core::abi::{BackendOpenRequest, BackendSessionBox, DeviceKind, OptionList, OptionSpec, OptionValue};
+use engine_core::backend_kit::{self, BackendFlavor, GgmlSession};
+use ggml_sys::{Device, Registry};
+
+engine_core::backend_plugin!("opencl", "ggml OpenCL backend");
+
+extern "C" fn option_specs() -> RVec<OptionSpec> {
+    RVec::new()
+}
+
+/// One OpenCL device as the ICD loader describes it.
+#[derive(Debug, Clone, PartialEq)]
+pub struct ClDevice {
+    pub platform: String,
+    pub name: String,
+    pub vendor: String,
+    pub is_gpu: bool,
+    pub extensions: String,
+}
+
+impl ClDevice {
+    /// Why ggml's OpenCL backend cannot run on this device, if it cannot.
+    pub fn refusal(&self) -> Option<String> {
+        let mut why = Vec::new();
+        if !self.extensions.split_whitespace().any(|e| e == "cl_khr_fp16") {
+            why.push("no cl_khr_fp16 (ggml's OpenCL kernels compute in half precision)");
+        }
+        let admitted_family = ["Adreno", "Intel"].iter().any(|f| self.name.contains(f) || self.vendor.contains(f));
+        if !self.is_gpu || !admitted_family {
+            why.push("not an Adreno or Intel GPU (the only devices ggml's OpenCL backend admits)");
+        }
+        (!why.is_empty()).then(|| why.join("; "))
+    }
+
+    pub fn describe(&self) -> String {
+        let kind = if self.is_gpu { "GPU" } else { "not a GPU" };
+        format!("{} / {} ({}, {kind})", self.platform, self.name.trim(), self.vendor.trim())
+    }
+}
+
+/// Every device of every OpenCL platform; an error when no ICD loader
+/// (`libOpenCL.so.1`) can be loaded.
+pub fn enumerate() -> Result<Vec<ClDevice>, String> {
+    if let Err(e) = cl3::load_library() {
+        return Err(format!("no OpenCL ICD loader (libOpenCL.so.1): {e}"));
+    }
+    let text = |r: Result<cl3::info_type::InfoType, i32>| r.map(|v| String::from(v).trim_end_matches('\0').to_string()).unwrap_or_default();
+    // No platform is CL_PLATFORM_NOT_FOUND_KHR (-1001): an empty list, not an error.
+    let platforms = cl3::platform::get_platform_ids().unwrap_or_default();
+    let mut devices = Vec::new();
+    for platform in platforms {
+        let platform_name = text(cl3::platform::get_platform_info(platform, CL_PLATFORM_NAME));
+        for device in cl3::device::get_device_ids(platform, CL_DEVICE_TYPE_ALL).unwrap_or_default() {
+            let kind: u64 = cl3::device::get_device_info(device, CL_DEVICE_TYPE).map(u64::from).unwrap_or(0);
+            devices.push(ClDevice {
+                platform: platform_name.clone(),
+                name: text(cl3::device::get_device_info(device, CL_DEVICE_NAME)),
+                vendor: text(cl3::device::get_device_info(device, CL_DEVICE_VENDOR)),
+                is_gpu: kind & CL_DEVICE_TYPE_GPU != 0,
+                extensions: text(cl3::device::get_device_info(device, CL_DEVICE_EXTENSIONS)),
+            });
+        }
+    }
+    Ok(devices)
+}
+
+fn with_refusals(facts: OptionList, devices: &[ClDevice]) -> OptionList {
+    let mut all: Vec<(String, OptionValue)> = facts.into_iter().map(|kv| (kv.0.to_string(), kv.1)).collect();
+    all.extend(backend_kit::refused_device_facts(devices.iter().filter_map(|d| d.refusal().map(|why| format!("{}: {why}", d.describe())))));
+    engine_core::abi::option_list(all)
+}
+
+struct OpenCl;
+
+impl BackendFlavor for OpenCl {
+    fn classify(&self, _registry: &Registry, _index: usize, device: &Device) -> Option<DeviceKind> {
+        Some(match device.kind() {
+            ggml_sys::DeviceKind::IntegratedGpu => DeviceKind::IntegratedGpu,
+            ggml_sys::DeviceKind::Gpu => DeviceKind::Gpu,
+            _ => DeviceKind::Accelerator,
+        })
+    }
+}
+
+extern "C" fn open(req: &BackendOpenRequest) -> RResult<BackendSessionBox, RString> {
+    backend_kit::guarded_open(|| {
+        let devices = enumerate()?;
+        let (registry, facts) = engine_core::load_plugin_module!(req)?;
+        Ok(GgmlSession::new(OpenCl, registry, with_refusals(facts, &devices)).into_box())
+    })
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn device(name: &str, vendor: &str, is_gpu: bool, extensions: &str) -> ClDevice {
+        ClDevice { platform: "P".into(), name: name.into(), vendor: vendor.into(), is_gpu, extensions: extensions.into() }
+    }
+
+    #[test]
+    fn refusals_name_every_reason() {
+        let pocl = device("cpu-haswell-AMD EPYC", "AuthenticAMD", false, "cl_khr_byte_addressable_store cl_khr_fp64");
+        assert_eq!(
+            pocl.refusal().unwrap(),
+            "no cl_khr_fp16 (ggml's OpenCL kernels compute in half precision); not an Adreno or Intel GPU (the only devices ggml's OpenCL backend admits)"
+        );
+        let h100 = device("NVIDIA H100 80GB HBM3", "NVIDIA Corporation", true, "cl_khr_fp64 cl_khr_int64_base_atomics");
+        assert!(h100.refusal().unwrap().starts_with("no cl_khr_fp16"));
+        let arc = device("Intel(R) Arc(TM) A770 Graphics", "Intel(R) Corporation", true, "cl_khr_fp16 cl_khr_fp64");
+        assert_eq!(arc.refusal(), None);
+        let adreno = device("QUALCOMM Adreno(TM) 740", "QUALCOMM", true, "cl_khr_fp16");
+        assert_eq!(adreno.refusal(), None);
+        let mali = device("Mali-G715", "ARM", true, "cl_khr_fp16");
+        assert_eq!(mali.refusal().unwrap(), "not an Adreno or Intel GPU (the only devices ggml's OpenCL backend admits)");
+    }
+}
