@@ -410,3 +410,23 @@ fn opencl_names_each_device_it_refuses_and_the_next_backend_is_used() {
     let text = String::from_utf8_lossy(&o.stdout);
     assert!(text.contains(&format!("  refused device: {pocl}")) && text.contains("selected: cpu device 0"), "{text}");
 }
+
+/// The Metal plugin where no Metal module or device exists (any machine but a
+/// Mac with the module built): one line says why, and the next backend is used.
+#[test]
+fn metal_without_its_module_says_so_and_the_next_backend_is_used() {
+    let plugins = plugin_dir(&["cpu"]);
+    std::fs::copy(artifacts().join("libtts_backend_metal.so"), plugins.path().join("libtts_backend_metal.so")).unwrap();
+    let dir = tempfile::tempdir().unwrap();
+    let profile = write_profile(dir.path(), "[backend]\nprefer = [\"metal\", \"cpu\"]\n[backends.cpu]\nthreads = 1\n");
+    let report = devices_json(&profile, plugins.path());
+    let metal = backend(&report, "metal");
+    assert_eq!(metal["available"], false, "{metal}");
+    let reason = metal["reason"].as_str().unwrap();
+    assert!(
+        reason.contains("libtts_backend_metal.so could not open its ggml module: ggml module ")
+            && reason.ends_with("/libggml-metal.so is missing (it ships beside the plugin)"),
+        "{reason}"
+    );
+    assert_eq!(report["selected"]["backend"], "cpu");
+}

@@ -13,7 +13,7 @@
 //!   process, default 200: bit-identical outputs, resident-memory growth at
 //!   most 10 MiB) for each family's tiny fixture on the CPU and on Vulkan.
 //! - `module-kit <backend> --out DIR`: a self-contained kit that builds a backend's ggml
-//!   module on another machine (CUDA with nvcc on a GPU host without Rust): the pinned
+//!   module on another machine (CUDA with nvcc on a GPU host without Rust, Metal on a Mac): the pinned
 //!   tree with the plugin's patches applied, a `build.sh`, and the stamp template
 //!   the plugin will check.
 
@@ -443,23 +443,31 @@ fn module_kit(args: &[String]) -> Result<PathBuf, String> {
         Some((_, defs)) => format!("  *) target=({});;\n", quote(defs)),
         None => "  *) target=();;\n".into(),
     };
+    let toolchain = switches.toolchain.as_deref().unwrap_or("cmake, ninja and the backend's toolchain");
+    let host_check = match &switches.host_os {
+        Some(os) => format!(
+            "if [ \"$(uname -s)\" != {os} ]; then\n  echo \"build.sh: the {backend} module builds on {os} (uname -s), not $(uname -s); needs {toolchain}\" >&2\n  exit 1\nfi\n"
+        ),
+        None => String::new(),
+    };
     let script = format!(
         r#"#!/usr/bin/env bash
 # Builds lib{module}.so from the pinned ggml tree in src/ (this plugin's patches
-# applied) and stamps it for the tts `{backend}` plugin. Needs cmake, ninja and the
-# backend's toolchain; no Rust. Usage: bash build.sh [TARGET] [CMAKE ARGS...],
+# applied) and stamps it for the tts `{backend}` plugin. Needs {toolchain}; no Rust.
+# Usage: bash build.sh [TARGET] [CMAKE ARGS...],
 # TARGET one of: {targets} (backends/{backend}/module.toml; default: the first listed).
 # Output: out/lib{module}.so and out/lib{module}.so.stamp.json, to put beside
 # libtts_backend_{backend}.so.
 set -euo pipefail
 here="$(cd "$(dirname "$0")" && pwd)"
-case "${{1:-}}" in
+{host_check}case "${{1:-}}" in
 {cases}{default_target}esac
+jobs=$(nproc 2>/dev/null || sysctl -n hw.ncpu)
 cmake -G Ninja -S "$here/src" -B "$here/build" {defines} ${{target[@]+"${{target[@]}}"}} "$@"
-cmake --build "$here/build" --target {module} -j "$(nproc)"
+cmake --build "$here/build" --target {module} -j "$jobs"
 mkdir -p "$here/out"
 cp "$here/build/bin/lib{module}.so" "$here/out/"
-sha=$(sha256sum "$here/out/lib{module}.so" | cut -d' ' -f1)
+sha=$( (sha256sum "$here/out/lib{module}.so" 2>/dev/null || shasum -a 256 "$here/out/lib{module}.so") | cut -d' ' -f1)
 sed "s/@MODULE_SHA256@/$sha/" "$here/stamp.json.in" > "$here/out/lib{module}.so.stamp.json"
 echo "built $here/out/lib{module}.so"
 "#,
@@ -477,6 +485,10 @@ echo "built $here/out/lib{module}.so"
 struct ModuleSwitches {
     cmake: Vec<(String, String)>,
     targets: Vec<(String, Vec<(String, String)>)>,
+    /// `uname -s` of the only host the module builds on (Metal: Darwin).
+    host_os: Option<String>,
+    /// What the build needs, for the script's header and its host check.
+    toolchain: Option<String>,
 }
 
 impl ModuleSwitches {
@@ -509,7 +521,18 @@ impl ModuleSwitches {
                     }
                 }
                 "default_target" => {}
-                other => return Err(format!("{}: unknown key `{other}` (expected default_target, cmake, targets)", path.display())),
+                "host_os" | "toolchain" => {
+                    let text = value.as_str().ok_or_else(|| format!("{}: `{key}` must be a string", path.display()))?;
+                    if key == "host_os" && !text.chars().all(|c| c.is_ascii_alphanumeric()) {
+                        return Err(format!("{}: `host_os` must be a `uname -s` name (letters and digits)", path.display()));
+                    }
+                    if text.contains(['"', '`', '$', '\\', '\n']) {
+                        return Err(format!("{}: `{key}` may not hold quotes, backquotes, $, backslashes or newlines", path.display()));
+                    }
+                    let slot = if key == "host_os" { &mut switches.host_os } else { &mut switches.toolchain };
+                    *slot = Some(text.to_string());
+                }
+                other => return Err(format!("{}: unknown key `{other}` (expected default_target, cmake, targets, host_os, toolchain)", path.display())),
             }
         }
         if let Some(default) = doc.get("default_target") {
@@ -720,5 +743,36 @@ fn soak(args: &[String]) -> Result<(), String> {
         Ok(())
     } else {
         Err(failures.join("; "))
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    /// The Metal kit: its patches applied to the pinned tree, a build.sh that
+    /// names the macOS steps and, run anywhere else, stops at once saying so.
+    #[test]
+    fn the_metal_kit_builds_on_a_mac_from_the_patched_tree() {
+        let dir = tempfile::tempdir().unwrap();
+        let kit = super::module_kit(&["metal".into(), "--out".into(), dir.path().join("kit").display().to_string()]).unwrap();
+        let script = std::fs::read_to_string(kit.join("build.sh")).unwrap();
+        for needed in [
+            "Needs macOS 13 or later with the Xcode command-line tools (xcode-select --install), CMake and Ninja (brew install cmake ninja)",
+            "if [ \"$(uname -s)\" != Darwin ]; then",
+            "'-DGGML_METAL=ON'",
+            "'-DGGML_METAL_EMBED_LIBRARY=ON'",
+            "'-DCMAKE_OSX_DEPLOYMENT_TARGET=13.0'",
+            "--target ggml-metal",
+        ] {
+            assert!(script.contains(needed), "build.sh lacks {needed:?}:\n{script}");
+        }
+        let mul_mv = std::fs::read_to_string(kit.join("src/src/ggml-metal/kernels/mul_mv.metal")).unwrap();
+        assert!(mul_mv.contains("kernel_mul_mv_f32_f16_short"), "patch 0001 applied");
+        assert!(std::fs::read_to_string(kit.join("stamp.json.in")).unwrap().contains("libggml-metal.so"));
+        if !cfg!(target_os = "macos") {
+            let o = std::process::Command::new("bash").arg(kit.join("build.sh")).output().unwrap();
+            let err = String::from_utf8_lossy(&o.stderr);
+            assert!(!o.status.success() && err.starts_with("build.sh: the metal module builds on Darwin (uname -s), not "), "{err}");
+            assert_eq!(err.lines().count(), 1, "{err}");
+        }
     }
 }

@@ -28,7 +28,7 @@ fn every_backend_patch_series_applies_to_the_pinned_ggml_within_its_own_director
     let pristine = locate_source(scratch.path()).unwrap();
     let series = backend_series();
     let names: Vec<&str> = series.iter().map(|(n, _)| n.as_str()).collect();
-    for expected in ["cpu", "cuda", "vulkan"] {
+    for expected in ["cpu", "cuda", "metal", "opencl", "vulkan"] {
         assert!(names.contains(&expected), "backends/{expected}/patches is missing (found {names:?})");
     }
     for (backend, dir) in &series {
