@@ -409,6 +409,11 @@ fn opencl_names_each_device_it_refuses_and_the_next_backend_is_used() {
     let o = run(&["devices", "--profile", profile.to_str().unwrap(), "--plugin-dir", plugins.path().to_str().unwrap()]);
     let text = String::from_utf8_lossy(&o.stdout);
     assert!(text.contains(&format!("  refused device: {pocl}")) && text.contains("selected: cpu device 0"), "{text}");
+    // ggml's own variables, inherited from the environment, would end the
+    // process when they name no platform; the plugin does not pass them on.
+    let args = ["devices", "--profile", profile.to_str().unwrap(), "--plugin-dir", plugins.path().to_str().unwrap()];
+    let o = run_with(&args, None, &[("GGML_OPENCL_PLATFORM", "No Such Platform"), ("GGML_OPENCL_DEVICE", "9")]);
+    assert!(o.status.success() && String::from_utf8_lossy(&o.stdout).contains("selected: cpu device 0"), "{}", stderr(&o));
 }
 
 /// The Metal plugin where no Metal module or device exists (any machine but a
@@ -429,4 +434,35 @@ fn metal_without_its_module_says_so_and_the_next_backend_is_used() {
         "{reason}"
     );
     assert_eq!(report["selected"]["backend"], "cpu");
+}
+
+/// OpenCL bad input, each one line: a platform that does not exist (ggml's
+/// own lookup would end the process), and a profile that insists on OpenCL
+/// where its only device lacks `cl_khr_fp16` (the refusal is the reason).
+#[test]
+fn opencl_bad_platform_and_a_forced_device_without_fp16_are_one_line_errors() {
+    if !Path::new("/etc/OpenCL/vendors/pocl.icd").exists() {
+        assert!(std::env::var_os("TTS_REQUIRE_OPENCL").is_none(), "TTS_REQUIRE_OPENCL is set but the pocl ICD is not installed");
+        eprintln!("skipped: no pocl OpenCL ICD (/etc/OpenCL/vendors/pocl.icd)");
+        return;
+    }
+    let plugins = plugins_with(&["opencl", "cpu"], &["supertonic"]);
+    let dir = tempfile::tempdir().unwrap();
+    let out = dir.path().join("out.wav");
+    let model = supertonic_fixture();
+    let synth = |body: &str| {
+        let profile = write_profile(dir.path(), &format!("{body}[model]\nfiles = [\"{}\"]\n", model.display()));
+        run(&["--profile", profile.to_str().unwrap(), "--plugin-dir", plugins.path().to_str().unwrap(), "--text", "Hi.", "--out", out.to_str().unwrap()])
+    };
+    let o = synth("[backend]\nprefer = [\"opencl\", \"cpu\"]\n[backends.opencl]\nplatform = \"No Such Platform\"\n");
+    assert_one_line_error(&o, "[backends.opencl] platform \"No Such Platform\" matches no OpenCL platform (platforms: \"Portable Computing Language\"");
+    assert!(!out.exists());
+    let o = synth("[backend]\nprefer = [\"opencl\"]\nfallback = false\ndevice = 0\n");
+    assert_one_line_error(&o, "no backend of [opencl] is usable (fallback = false): opencl: no usable device; refused Portable Computing Language / ");
+    assert!(stderr(&o).contains("no cl_khr_fp16"), "{}", stderr(&o));
+    assert!(!out.exists());
+    // The platform named by part of its vendor: pocl, whose device is refused; the CPU is used.
+    let o = synth("[backend]\nprefer = [\"opencl\", \"cpu\"]\n[backends.opencl]\nplatform = \"pocl\"\n[backends.cpu]\nthreads = 1\n");
+    assert!(o.status.success(), "{}", stderr(&o));
+    assert!(out.exists());
 }

@@ -10,15 +10,20 @@
 
 use abi_stable::std_types::{RResult, RString, RVec};
 use cl3::device::{CL_DEVICE_EXTENSIONS, CL_DEVICE_NAME, CL_DEVICE_TYPE, CL_DEVICE_TYPE_ALL, CL_DEVICE_TYPE_GPU, CL_DEVICE_VENDOR};
-use cl3::platform::CL_PLATFORM_NAME;
-use engine_core::abi::{BackendOpenRequest, BackendSessionBox, DeviceKind, OptionList, OptionSpec, OptionValue};
+use cl3::platform::{CL_PLATFORM_NAME, CL_PLATFORM_VENDOR};
+use engine_core::abi::{BackendOpenRequest, BackendSessionBox, DeviceKind, OptionKind, OptionList, OptionSpec, OptionValue};
 use engine_core::backend_kit::{self, BackendFlavor, GgmlSession};
 use ggml_sys::{Device, Registry};
 
 engine_core::backend_plugin!("opencl", "ggml OpenCL backend");
 
 extern "C" fn option_specs() -> RVec<OptionSpec> {
-    RVec::new()
+    RVec::from(vec![backend_kit::spec(
+        "platform",
+        OptionKind::Str,
+        OptionValue::Str("".into()),
+        "the OpenCL platform to use: part of its name or vendor as the ICD loader lists them (\"\" = ggml's choice)",
+    )])
 }
 
 /// One OpenCL device as the ICD loader describes it.
@@ -51,30 +56,63 @@ impl ClDevice {
     }
 }
 
-/// Every device of every OpenCL platform; an error when no ICD loader
+/// One OpenCL platform and its devices, in the ICD loader's order (ggml's too).
+#[derive(Debug, Clone, PartialEq)]
+pub struct ClPlatform {
+    pub name: String,
+    pub vendor: String,
+    pub devices: Vec<ClDevice>,
+}
+
+/// Every OpenCL platform with its devices; an error when no ICD loader
 /// (`libOpenCL.so.1`) can be loaded.
-pub fn enumerate() -> Result<Vec<ClDevice>, String> {
+pub fn enumerate() -> Result<Vec<ClPlatform>, String> {
     if let Err(e) = cl3::load_library() {
         return Err(format!("no OpenCL ICD loader (libOpenCL.so.1): {e}"));
     }
     let text = |r: Result<cl3::info_type::InfoType, i32>| r.map(|v| String::from(v).trim_end_matches('\0').to_string()).unwrap_or_default();
     // No platform is CL_PLATFORM_NOT_FOUND_KHR (-1001): an empty list, not an error.
-    let platforms = cl3::platform::get_platform_ids().unwrap_or_default();
-    let mut devices = Vec::new();
-    for platform in platforms {
-        let platform_name = text(cl3::platform::get_platform_info(platform, CL_PLATFORM_NAME));
+    let ids = cl3::platform::get_platform_ids().unwrap_or_default();
+    let mut platforms = Vec::new();
+    for platform in ids {
+        let name = text(cl3::platform::get_platform_info(platform, CL_PLATFORM_NAME));
+        let vendor = text(cl3::platform::get_platform_info(platform, CL_PLATFORM_VENDOR));
+        let mut devices = Vec::new();
         for device in cl3::device::get_device_ids(platform, CL_DEVICE_TYPE_ALL).unwrap_or_default() {
             let kind: u64 = cl3::device::get_device_info(device, CL_DEVICE_TYPE).map(u64::from).unwrap_or(0);
             devices.push(ClDevice {
-                platform: platform_name.clone(),
+                platform: name.clone(),
                 name: text(cl3::device::get_device_info(device, CL_DEVICE_NAME)),
                 vendor: text(cl3::device::get_device_info(device, CL_DEVICE_VENDOR)),
                 is_gpu: kind & CL_DEVICE_TYPE_GPU != 0,
                 extensions: text(cl3::device::get_device_info(device, CL_DEVICE_EXTENSIONS)),
             });
         }
+        platforms.push(ClPlatform { name, vendor, devices });
     }
-    Ok(devices)
+    Ok(platforms)
+}
+
+/// The index of the platform `wanted` names (part of a name or vendor, as
+/// ggml matches it), or why none can be used. ggml's OpenCL backend ends the
+/// process when its platform variable names no platform, or one without
+/// devices, so both are refused here first.
+pub fn choose_platform(platforms: &[ClPlatform], wanted: &str) -> Result<usize, String> {
+    let listed = || {
+        let names: Vec<String> = platforms.iter().map(|p| format!("\"{}\" ({})", p.name, p.vendor)).collect();
+        if names.is_empty() {
+            "the ICD loader lists none".to_string()
+        } else {
+            format!("platforms: {}", names.join(", "))
+        }
+    };
+    let Some(i) = platforms.iter().position(|p| p.name.contains(wanted) || p.vendor.contains(wanted)) else {
+        return Err(format!("platform \"{wanted}\" matches no OpenCL platform ({})", listed()));
+    };
+    if platforms[i].devices.is_empty() {
+        return Err(format!("platform \"{wanted}\" ({}) has no devices", platforms[i].name));
+    }
+    Ok(i)
 }
 
 fn with_refusals(facts: OptionList, devices: &[ClDevice]) -> OptionList {
@@ -97,7 +135,18 @@ impl BackendFlavor for OpenCl {
 
 extern "C" fn open(req: &BackendOpenRequest) -> RResult<BackendSessionBox, RString> {
     backend_kit::guarded_open(|| {
-        let devices = enumerate()?;
+        let platforms = enumerate()?;
+        // The profile picks the platform; ggml's own variables, inherited from
+        // the environment, could end the process when they name nothing.
+        std::env::remove_var("GGML_OPENCL_DEVICE");
+        match backend_kit::option_str(req, "platform") {
+            wanted if wanted.is_empty() => std::env::remove_var("GGML_OPENCL_PLATFORM"),
+            wanted => {
+                let index = choose_platform(&platforms, &wanted).map_err(backend_kit::option_error)?;
+                std::env::set_var("GGML_OPENCL_PLATFORM", index.to_string());
+            }
+        }
+        let devices: Vec<ClDevice> = platforms.into_iter().flat_map(|p| p.devices).collect();
         let (registry, facts) = engine_core::load_plugin_module!(req)?;
         Ok(GgmlSession::new(OpenCl, registry, with_refusals(facts, &devices)).into_box())
     })
@@ -126,5 +175,24 @@ mod tests {
         assert_eq!(adreno.refusal(), None);
         let mali = device("Mali-G715", "ARM", true, "cl_khr_fp16");
         assert_eq!(mali.refusal().unwrap(), "not an Adreno or Intel GPU (the only devices ggml's OpenCL backend admits)");
+    }
+
+    #[test]
+    fn a_platform_is_chosen_by_part_of_its_name_or_vendor() {
+        let platform = |name: &str, vendor: &str, devices: usize| ClPlatform {
+            name: name.into(),
+            vendor: vendor.into(),
+            devices: vec![device("d", vendor, true, "cl_khr_fp16"); devices],
+        };
+        let platforms = [platform("Portable Computing Language", "The pocl project", 1), platform("Intel(R) OpenCL Graphics", "Intel(R) Corporation", 1)];
+        assert_eq!(choose_platform(&platforms, "Intel"), Ok(1));
+        assert_eq!(choose_platform(&platforms, "pocl"), Ok(0), "by vendor");
+        assert_eq!(
+            choose_platform(&platforms, "Adreno").unwrap_err(),
+            "platform \"Adreno\" matches no OpenCL platform (platforms: \"Portable Computing Language\" (The pocl project), \"Intel(R) OpenCL Graphics\" (Intel(R) Corporation))"
+        );
+        assert_eq!(choose_platform(&[], "x").unwrap_err(), "platform \"x\" matches no OpenCL platform (the ICD loader lists none)");
+        let empty = [platform("Empty", "Nobody", 0)];
+        assert_eq!(choose_platform(&empty, "Empty").unwrap_err(), "platform \"Empty\" (Empty) has no devices");
     }
 }

@@ -230,8 +230,14 @@ impl Engine {
             };
             let backend = match state {
                 BackendState::Open(b) if !b.devices.is_empty() => b,
-                BackendState::Open(_) => {
-                    reasons.push(format!("{name}: no usable device"));
+                BackendState::Open(b) => {
+                    // A plugin that names the devices it refused says why.
+                    let refused: Vec<&str> =
+                        b.facts.iter().filter(|(k, _)| k.starts_with(crate::backend_kit::REFUSED_DEVICE_FACT)).map(|(_, v)| v.as_str()).collect();
+                    match refused.is_empty() {
+                        true => reasons.push(format!("{name}: no usable device")),
+                        false => reasons.push(format!("{name}: no usable device; refused {}", refused.join("; "))),
+                    }
                     continue;
                 }
                 BackendState::Unavailable(r) => {
