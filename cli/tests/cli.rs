@@ -378,6 +378,17 @@ fn cuda_without_a_matching_module_gives_way_to_the_next_backend() {
     assert!(out.is_file());
 }
 
+/// Whether the pocl OpenCL ICD is installed; says the test is skipped when
+/// not, and fails when `TTS_REQUIRE_OPENCL` is set (CI sets it).
+fn pocl_installed() -> bool {
+    if Path::new("/etc/OpenCL/vendors/pocl.icd").exists() {
+        return true;
+    }
+    assert!(std::env::var_os("TTS_REQUIRE_OPENCL").is_none(), "TTS_REQUIRE_OPENCL is set but the pocl ICD is not installed");
+    eprintln!("skipped: no pocl OpenCL ICD (/etc/OpenCL/vendors/pocl.icd)");
+    false
+}
+
 /// The OpenCL plugin where the only OpenCL device is pocl (a CPU device without
 /// `cl_khr_fp16`): the device is listed as refused with both reasons, the
 /// backend has no device, and the profile's next backend is selected. Needs the
@@ -385,9 +396,7 @@ fn cuda_without_a_matching_module_gives_way_to_the_next_backend() {
 /// reports itself skipped, unless `TTS_REQUIRE_OPENCL` is set (CI sets it).
 #[test]
 fn opencl_names_each_device_it_refuses_and_the_next_backend_is_used() {
-    if !Path::new("/etc/OpenCL/vendors/pocl.icd").exists() {
-        assert!(std::env::var_os("TTS_REQUIRE_OPENCL").is_none(), "TTS_REQUIRE_OPENCL is set but the pocl ICD is not installed");
-        eprintln!("skipped: no pocl OpenCL ICD (/etc/OpenCL/vendors/pocl.icd)");
+    if !pocl_installed() {
         return;
     }
     let plugins = plugin_dir(&["opencl", "cpu"]);
@@ -441,9 +450,7 @@ fn metal_without_its_module_says_so_and_the_next_backend_is_used() {
 /// where its only device lacks `cl_khr_fp16` (the refusal is the reason).
 #[test]
 fn opencl_bad_platform_and_a_forced_device_without_fp16_are_one_line_errors() {
-    if !Path::new("/etc/OpenCL/vendors/pocl.icd").exists() {
-        assert!(std::env::var_os("TTS_REQUIRE_OPENCL").is_none(), "TTS_REQUIRE_OPENCL is set but the pocl ICD is not installed");
-        eprintln!("skipped: no pocl OpenCL ICD (/etc/OpenCL/vendors/pocl.icd)");
+    if !pocl_installed() {
         return;
     }
     let plugins = plugins_with(&["opencl", "cpu"], &["supertonic"]);

@@ -14,6 +14,16 @@ use sha2::{Digest, Sha256};
 use std::path::{Path, PathBuf};
 use std::sync::Mutex;
 
+/// A GPU backend's device kind as ggml reports it: a discrete or an
+/// integrated GPU, anything else an accelerator.
+pub fn gpu_kind(device: &Device) -> DeviceKind {
+    match device.kind() {
+        ggml_sys::DeviceKind::IntegratedGpu => DeviceKind::IntegratedGpu,
+        ggml_sys::DeviceKind::Gpu => DeviceKind::Gpu,
+        _ => DeviceKind::Accelerator,
+    }
+}
+
 /// The backend-specific parts of a plugin.
 pub trait BackendFlavor: Send + Sync + 'static {
     /// Classifies a ggml device; `None` hides it (e.g. software devices not allowed).

@@ -125,11 +125,7 @@ struct OpenCl;
 
 impl BackendFlavor for OpenCl {
     fn classify(&self, _registry: &Registry, _index: usize, device: &Device) -> Option<DeviceKind> {
-        Some(match device.kind() {
-            ggml_sys::DeviceKind::IntegratedGpu => DeviceKind::IntegratedGpu,
-            ggml_sys::DeviceKind::Gpu => DeviceKind::Gpu,
-            _ => DeviceKind::Accelerator,
-        })
+        Some(backend_kit::gpu_kind(device))
     }
 }
 
