@@ -120,6 +120,27 @@ fn module_with_a_foreign_stamp_is_refused() {
     assert!(reason.contains("does not match this plugin: patches_fingerprint is 0000 in its stamp"), "{reason}");
 }
 
+/// An OpenCL module built from another ggml source is refused at load, with
+/// the reason, and the next backend is used.
+#[test]
+fn an_opencl_module_from_another_ggml_source_is_refused() {
+    if !pocl_installed() {
+        return;
+    }
+    let plugins = plugin_dir(&["opencl", "cpu"]);
+    let stamp = plugins.path().join("libggml-opencl.so.stamp.json");
+    let mut json: Value = serde_json::from_str(&std::fs::read_to_string(&stamp).unwrap()).unwrap();
+    json["source_fingerprint"] = Value::String("ffff".into());
+    std::fs::write(&stamp, json.to_string()).unwrap();
+    let dir = tempfile::tempdir().unwrap();
+    let profile = write_profile(dir.path(), "[backend]\nprefer = [\"opencl\", \"cpu\"]\n[backends.cpu]\nthreads = 1\n");
+    let report = devices_json(&profile, plugins.path());
+    let cl = backend(&report, "opencl");
+    let reason = cl["reason"].as_str().unwrap_or_default();
+    assert!(reason.contains("does not match this plugin: source_fingerprint is ffff in its stamp"), "{cl}");
+    assert_eq!(report["selected"]["backend"], "cpu");
+}
+
 #[test]
 fn unknown_profile_key_is_a_one_line_error_with_line() {
     let dir = tempfile::tempdir().unwrap();
