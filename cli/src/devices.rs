@@ -51,7 +51,7 @@ pub fn render(r: &DevicesReport) -> String {
         if !features.is_empty() {
             line!(out, "  features {}", features.join(" "));
         }
-        for (_, why) in b.module.iter().filter(|(k, _)| k.starts_with(engine_core::backend_kit::REFUSED_DEVICE_FACT)) {
+        for why in engine_core::backend_kit::refused_devices(&b.module) {
             line!(out, "  refused device: {why}");
         }
         if let Some(reason) = &b.reason {

@@ -323,9 +323,14 @@ pub fn spec(key: &str, kind: crate::abi::OptionKind, default: OptionValue, help:
 /// `tts devices` prints them, so a user learns why a GPU was passed over.
 pub const REFUSED_DEVICE_FACT: &str = "refused.";
 
-/// `refused.N` facts, one per refusal text.
-pub fn refused_device_facts(refusals: impl IntoIterator<Item = String>) -> Vec<(String, OptionValue)> {
-    refusals.into_iter().enumerate().map(|(i, why)| (format!("{REFUSED_DEVICE_FACT}{i}"), OptionValue::Str(why.into()))).collect()
+/// Appends one `refused.N` fact per refusal text to a module's facts.
+pub fn add_refused_devices(facts: &mut OptionList, refusals: impl IntoIterator<Item = String>) {
+    facts.extend(refusals.into_iter().enumerate().map(|(i, why)| Tuple2(format!("{REFUSED_DEVICE_FACT}{i}").into(), OptionValue::Str(why.into()))));
+}
+
+/// The refusal texts among facts read back with [`facts_to_pairs`].
+pub fn refused_devices(facts: &[(String, String)]) -> Vec<&str> {
+    facts.iter().filter(|(k, _)| k.starts_with(REFUSED_DEVICE_FACT)).map(|(_, v)| v.as_str()).collect()
 }
 
 pub fn facts_to_pairs(facts: &OptionList) -> Vec<(String, String)> {

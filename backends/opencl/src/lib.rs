@@ -11,7 +11,7 @@
 use abi_stable::std_types::{RResult, RString, RVec};
 use cl3::device::{CL_DEVICE_EXTENSIONS, CL_DEVICE_NAME, CL_DEVICE_TYPE, CL_DEVICE_TYPE_ALL, CL_DEVICE_TYPE_GPU, CL_DEVICE_VENDOR};
 use cl3::platform::{CL_PLATFORM_NAME, CL_PLATFORM_VENDOR};
-use engine_core::abi::{BackendOpenRequest, BackendSessionBox, DeviceKind, OptionKind, OptionList, OptionSpec, OptionValue};
+use engine_core::abi::{BackendOpenRequest, BackendSessionBox, DeviceKind, OptionKind, OptionSpec, OptionValue};
 use engine_core::backend_kit::{self, BackendFlavor, GgmlSession};
 use ggml_sys::{Device, Registry};
 
@@ -115,12 +115,6 @@ pub fn choose_platform(platforms: &[ClPlatform], wanted: &str) -> Result<usize, 
     Ok(i)
 }
 
-fn with_refusals(facts: OptionList, devices: &[ClDevice]) -> OptionList {
-    let mut all: Vec<(String, OptionValue)> = facts.into_iter().map(|kv| (kv.0.to_string(), kv.1)).collect();
-    all.extend(backend_kit::refused_device_facts(devices.iter().filter_map(|d| d.refusal().map(|why| format!("{}: {why}", d.describe())))));
-    engine_core::abi::option_list(all)
-}
-
 struct OpenCl;
 
 impl BackendFlavor for OpenCl {
@@ -143,8 +137,9 @@ extern "C" fn open(req: &BackendOpenRequest) -> RResult<BackendSessionBox, RStri
             }
         }
         let devices: Vec<ClDevice> = platforms.into_iter().flat_map(|p| p.devices).collect();
-        let (registry, facts) = engine_core::load_plugin_module!(req)?;
-        Ok(GgmlSession::new(OpenCl, registry, with_refusals(facts, &devices)).into_box())
+        let (registry, mut facts) = engine_core::load_plugin_module!(req)?;
+        backend_kit::add_refused_devices(&mut facts, devices.iter().filter_map(|d| d.refusal().map(|why| format!("{}: {why}", d.describe()))));
+        Ok(GgmlSession::new(OpenCl, registry, facts).into_box())
     })
 }
 

@@ -232,11 +232,11 @@ impl Engine {
                 BackendState::Open(b) if !b.devices.is_empty() => b,
                 BackendState::Open(b) => {
                     // A plugin that names the devices it refused says why.
-                    let refused: Vec<&str> =
-                        b.facts.iter().filter(|(k, _)| k.starts_with(crate::backend_kit::REFUSED_DEVICE_FACT)).map(|(_, v)| v.as_str()).collect();
-                    match refused.is_empty() {
-                        true => reasons.push(format!("{name}: no usable device")),
-                        false => reasons.push(format!("{name}: no usable device; refused {}", refused.join("; "))),
+                    let refused = crate::backend_kit::refused_devices(&b.facts);
+                    if refused.is_empty() {
+                        reasons.push(format!("{name}: no usable device"));
+                    } else {
+                        reasons.push(format!("{name}: no usable device; refused {}", refused.join("; ")));
                     }
                     continue;
                 }
