@@ -137,8 +137,8 @@ impl<'c, 'w> Builder<'c, 'w> {
     /// matrix in memory); elsewhere, or where a deny rule forbids the node,
     /// im2col and a product: GPU backends keep the path their parity suites
     /// verified. (ggml-vulkan's `CONV_2D` crashed lavapipe in about one run of
-    /// six of the cloning suite, maybe the freed-buffer fault of
-    /// docs/architecture.md, "Lavapipe"; not measured apart.)
+    /// six of the cloning suite, likely the stale-descriptor fault that
+    /// `backends/vulkan` patch 0004 fixes; not measured apart.)
     pub fn conv_2d(&self, kernel: Tensor<'c>, x: Tensor<'c>, stride: [i32; 2], pad: [i32; 2]) -> Result<Tensor<'c>> {
         let c = self.ctx;
         let on_cpu = self.device.is_none_or(|d| d.kind() == ggml_sys::DeviceKind::Cpu);

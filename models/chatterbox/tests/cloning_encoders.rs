@@ -43,19 +43,13 @@ fn unit(v: &[f32]) -> Vec<f32> {
     v.iter().map(|x| x / norm).collect()
 }
 
-/// What a stage loaded, handed back so the Vulkan test keeps every model
-/// loaded until it ends: lavapipe 22.3 (Debian 12) crashed now and then on a
-/// graph computed after a model's buffers were freed on the same device (a
-/// null call on its queue thread; docs/architecture.md, "Lavapipe").
-type Loaded = Vec<Box<dyn std::any::Any>>;
-
 fn cosine(a: &[f32], b: &[f32]) -> f64 {
     let dot: f64 = a.iter().zip(b).map(|(x, y)| *x as f64 * *y as f64).sum();
     let norm = |v: &[f32]| v.iter().map(|x| (*x as f64).powi(2)).sum::<f64>().sqrt();
     dot / (norm(a) * norm(b))
 }
 
-fn voice_encoder(backend: &str, tol: &Tolerances) -> Loaded {
+fn voice_encoder(backend: &str, tol: &Tolerances) {
     let handle = common::open(backend);
     let mut t3 = T3::load(&fixtures().join("turbo-tiny/t3-turbo.gguf"), handle.ggml_backend(), &OpPolicy::reference()).unwrap();
     let hp = t3.hp.voice_encoder;
@@ -103,15 +97,13 @@ fn voice_encoder(backend: &str, tol: &Tolerances) -> Loaded {
     let err = ve::embed(&mut t3, &[1e-3; 100]).unwrap_err().to_string();
     assert!(err.contains("the voice encoder needs at least 12 ms"), "{err}");
     assert_declared(&t3.graphs().into_iter().map(|(s, g)| (s, census(g))).collect(), tts_model_chatterbox::GRAPH_OPS);
-    vec![Box::new(t3), Box::new(handle)]
 }
 
 /// CAMPPlus on two recordings: its 3×3 head as direct `CONV_2D` nodes on the
 /// CPU, and through im2col where a deny rule forbids them (and on Vulkan).
-fn campplus(backend: &str, tol: &Tolerances) -> Loaded {
+fn campplus(backend: &str, tol: &Tolerances) {
     let handle = common::open(backend);
     let policies = [("direct head", OpPolicy::reference()), ("CONV_2D denied", OpPolicy::from_resolved(&all_on_denying(&["CONV_2D"])))];
-    // Both loaded before either computes (see `Loaded`).
     let mut models: Vec<_> = policies
         .into_iter()
         .map(|(how, policy)| (how, S3Gen::load(&fixtures().join("turbo-tiny/s3gen-meanflow.gguf"), handle.ggml_backend(), &policy).unwrap(), policy))
@@ -144,12 +136,9 @@ fn campplus(backend: &str, tol: &Tolerances) -> Loaded {
     for (d, i) in direct.iter().zip(im2col) {
         println!("  {backend}: direct against im2col head: x-vector rel diff {:.2e}", common::rel_err(d, i));
     }
-    let mut loaded: Loaded = models.into_iter().map(|(_, s3, _)| Box::new(s3) as Box<dyn std::any::Any>).collect();
-    loaded.push(Box::new(handle));
-    loaded
 }
 
-fn s3_tokenizer(backend: &str, tol: &Tolerances) -> Loaded {
+fn s3_tokenizer(backend: &str, tol: &Tolerances) {
     let handle = common::open(backend);
     let mut s3 = S3Gen::load(&fixtures().join("turbo-tiny/s3gen-meanflow.gguf"), handle.ggml_backend(), &OpPolicy::reference()).unwrap();
     let dir = fixtures().join("cloning");
@@ -179,14 +168,13 @@ fn s3_tokenizer(backend: &str, tol: &Tolerances) -> Loaded {
     }
     let declared = [tts_model_chatterbox::GRAPH_OPS, tts_model_chatterbox::CLONING_OPS].concat();
     assert_declared(&s3.graphs().into_iter().map(|(s, g)| (s, census(g))).collect(), &declared);
-    vec![Box::new(s3), Box::new(handle)]
 }
 
 /// `prepare_conditionals` from a 24 kHz recording. S3Gen's path resamples as
 /// the reference does (torchaudio's sinc, reproduced: compared directly);
 /// T3's goes through rubato where the reference uses soxr, so its tokens and
 /// embedding are held to agreement, not identity.
-fn conditionals(backend: &str, tol: &Tolerances) -> Loaded {
+fn conditionals(backend: &str, tol: &Tolerances) {
     use tts_model_chatterbox::cloning;
     let handle = common::open(backend);
     let policy = OpPolicy::reference();
@@ -211,7 +199,6 @@ fn conditionals(backend: &str, tol: &Tolerances) -> Loaded {
         },
     };
     check_voice(backend, &ours, &want, tol);
-    vec![Box::new(t3), Box::new(s3), Box::new(handle)]
 }
 
 /// A cloned voice against the reference's conditionals: the prompt mel
@@ -284,7 +271,7 @@ struct WaveTolerance {
     frame_rms: f32,
 }
 
-fn cloned_synthesis(backend: &str, tol: &Tolerances, wav_tol: WaveTolerance) -> Loaded {
+fn cloned_synthesis(backend: &str, tol: &Tolerances, wav_tol: WaveTolerance) {
     use tts_model_chatterbox::model::{Chatterbox, SynthesisParams, VoiceSource};
     let dir = fixtures().join("cloning/pipeline");
     let case: ClonedCase = serde_json::from_str(&std::fs::read_to_string(dir.join("case.json")).unwrap()).unwrap();
@@ -333,43 +320,43 @@ fn cloned_synthesis(backend: &str, tol: &Tolerances, wav_tol: WaveTolerance) -> 
         .map(|k| format!("{k} {:.0} ms", s.timings.get(k).unwrap_or_else(|| panic!("no {k} timing"))))
         .collect();
     println!("  {backend}: synthesis from the recording: {} samples; {}", s.samples.len(), stages.join(", "));
-    vec![Box::new(model), Box::new(handle)]
 }
 
 #[test]
 fn cloned_synthesis_matches_the_reference_on_cpu() {
-    let _ = cloned_synthesis("cpu", &CPU, WaveTolerance { waveform: 1e-3, frame_rms: 1e-3 });
+    cloned_synthesis("cpu", &CPU, WaveTolerance { waveform: 1e-3, frame_rms: 1e-3 });
 }
 
 #[test]
 fn conditionals_match_the_reference_on_cpu() {
-    let _ = conditionals("cpu", &CPU);
+    conditionals("cpu", &CPU);
 }
 
 #[test]
 fn s3_tokenizer_matches_the_reference_on_cpu() {
-    let _ = s3_tokenizer("cpu", &CPU);
+    s3_tokenizer("cpu", &CPU);
 }
 
 #[test]
 fn voice_encoder_matches_the_reference_on_cpu() {
-    let _ = voice_encoder("cpu", &CPU);
+    voice_encoder("cpu", &CPU);
 }
 
 #[test]
 fn campplus_matches_the_reference_on_cpu() {
-    let _ = campplus("cpu", &CPU);
+    campplus("cpu", &CPU);
 }
 
 /// The three networks in one test: one Vulkan device serves it from one
-/// thread, and every model stays loaded until the end (see `Loaded`).
+/// thread. Each stage drops its models before the next loads its own, the
+/// order that crashed lavapipe before `backends/vulkan` patch 0004.
 #[test]
 fn cloning_encoders_match_the_reference_on_vulkan() {
-    let mut loaded = voice_encoder("vulkan", &VULKAN);
-    loaded.extend(campplus("vulkan", &VULKAN));
-    loaded.extend(s3_tokenizer("vulkan", &VULKAN));
-    loaded.extend(conditionals("vulkan", &VULKAN));
+    voice_encoder("vulkan", &VULKAN);
+    campplus("vulkan", &VULKAN);
+    s3_tokenizer("vulkan", &VULKAN);
+    conditionals("vulkan", &VULKAN);
     // HiFT's source integrates f0 over every sample: Vulkan's ~3e-4 f0
     // difference becomes a phase drift the samples show and the envelope does not.
-    loaded.extend(cloned_synthesis("vulkan", &VULKAN, WaveTolerance { waveform: 1e-1, frame_rms: 1e-2 }));
+    cloned_synthesis("vulkan", &VULKAN, WaveTolerance { waveform: 1e-1, frame_rms: 1e-2 });
 }

@@ -100,12 +100,9 @@ fn perceiver_and_conditioning_match_the_reference() {
     conditioning_suite("cpu", CPU);
 }
 
-// One backend instance per model: on lavapipe, an explicit-attention model
-// run after a fused-attention one on the same instance crashed inside the
-// driver (noted in docs/models/chatterbox.md).
 fn conditioning_suite(backend: &str, tol: Tol) {
+    let handle = open(backend);
     for (what, policy) in policies() {
-        let handle = open(backend);
         let mut t3 = load(&policy, &handle);
         let voice = t3.builtin_voice().unwrap();
         let (cond, perceiver) = t3.condition(&voice, EXAGGERATION).unwrap();
@@ -123,9 +120,9 @@ fn guided_logits_and_aligned_attention_match_the_reference() {
 }
 
 fn logits_suite(backend: &str, tol: Tol) {
+    let handle = open(backend);
     for (what, policy) in policies() {
         for mode in [GuidanceMode::Batched, GuidanceMode::TwoPass] {
-            let handle = open(backend);
             let mut t3 = load(&policy, &handle);
             t3.mode = mode;
             let voice = t3.builtin_voice().unwrap();
@@ -178,8 +175,8 @@ fn token_streams_match_the_reference_loop() {
 /// reported, since a flip between two near-equal logits is legitimate there,
 /// but batch and two passes must still agree with each other.
 fn token_suite(backend: &str, exact: bool) {
+    let handle = open(backend);
     for (what, policy) in policies() {
-        let handle = open(backend);
         let mut t3 = load(&policy, &handle);
         let voice = t3.builtin_voice().unwrap();
         let params = reference_params();
@@ -227,8 +224,8 @@ fn a_bf16_decoder_drifts_little() {
 }
 
 fn cfm_suite_on(backend: &str, file: &str, tol: f32) {
+    let handle = open(backend);
     for (what, policy) in policies() {
-        let handle = open(backend);
         let mut s3 = S3Gen::load(&dir().join(file), handle.ggml_backend(), &policy).unwrap();
         assert!(!s3.hp.meanflow);
         let mel = s3.hp.mel_channels;
