@@ -38,6 +38,20 @@ pub fn snr_db(ours: &[f32], reference: &[f32]) -> Result<f64, String> {
     Ok(if noise == 0.0 { f64::INFINITY } else { 10.0 * (signal / noise).log10() })
 }
 
+/// `n` deterministic test inputs in [-2, 2) on a grid of `1 / per_unit`
+/// (a power of two up to 1024 keeps every value exact in F16), from `seed`:
+/// backends compared on them see identical inputs in either precision.
+pub fn grid_values(n: usize, seed: u64, per_unit: u32) -> Vec<f32> {
+    let next = |s: u64| s.wrapping_mul(6364136223846793005).wrapping_add(1442695040888963407);
+    let mut s = next(seed);
+    (0..n)
+        .map(|_| {
+            s = next(s);
+            ((s >> 33) % (4 * per_unit as u64)) as f32 / per_unit as f32 - 2.0
+        })
+        .collect()
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;

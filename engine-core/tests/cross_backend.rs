@@ -16,13 +16,7 @@ use ggml_sys::{Context, TYPE_F16, TYPE_F32};
 
 /// Deterministic values that are exact in f16 (multiples of 1/64 in [-2, 2)).
 fn values(n: usize, seed: u64) -> Vec<f32> {
-    let mut s = seed.wrapping_mul(6364136223846793005).wrapping_add(1442695040888963407);
-    (0..n)
-        .map(|_| {
-            s = s.wrapping_mul(6364136223846793005).wrapping_add(1442695040888963407);
-            ((s >> 33) % 256) as f32 / 64.0 - 2.0
-        })
-        .collect()
+    engine_core::compare::grid_values(n, seed, 64)
 }
 
 const K: usize = 64;

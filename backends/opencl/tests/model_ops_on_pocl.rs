@@ -47,15 +47,9 @@ fn added_file(patch: &str, file: &str) -> String {
     source
 }
 
-/// Deterministic values in [-2, 2).
+/// Deterministic values in [-2, 2), exact in F16 (multiples of 1/1024).
 fn values(n: usize, seed: u64) -> Vec<f32> {
-    let mut s = seed.wrapping_mul(6364136223846793005).wrapping_add(1442695040888963407);
-    (0..n)
-        .map(|_| {
-            s = s.wrapping_mul(6364136223846793005).wrapping_add(1442695040888963407);
-            ((s >> 40) % 4096) as f32 / 1024.0 - 2.0
-        })
-        .collect()
+    engine_core::compare::grid_values(n, seed, 1024)
 }
 
 fn f32_bytes(v: &[f32]) -> Vec<u8> {
