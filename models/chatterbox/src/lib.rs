@@ -265,6 +265,14 @@ pub fn check_model_bytes(bytes: &[u8]) -> Result<()> {
     }
 }
 
+/// The voice-file checks (`--set voice=NAME.voice`) on a file image in memory,
+/// for the model whose T3 and S3Gen hyperparameters are given: what the
+/// `voice_file` fuzz target drives.
+pub fn check_voice_bytes(bytes: &[u8], t3: &hparams::T3Hparams, s3: &hparams::S3GenHparams) -> Result<()> {
+    let gguf = ggml_sys::gguf::GgufTensors::from_bytes(bytes, "voice.voice")?;
+    cloning::voice_file::check(&gguf, "voice.voice", t3, s3).map(|_| ())
+}
+
 struct Plugin {
     model: Chatterbox,
 }

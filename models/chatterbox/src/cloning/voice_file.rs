@@ -70,6 +70,12 @@ pub fn read(path: &Path, t3: &T3Hparams, s3: &S3GenHparams) -> Result<Voice> {
         return Err(format!("{shown}: not a Chatterbox voice file (those are GGUF files saved by `tts voice save`)").into());
     }
     let gguf = GgufTensors::open(path).map_err(|e| format!("voice file: {e}"))?;
+    check(&gguf, &shown.to_string(), t3, s3)
+}
+
+/// The checks of [`read`] on an opened voice file, `shown` naming it in errors
+/// (the `voice_file` fuzz target drives them on file images in memory).
+pub fn check(gguf: &GgufTensors, shown: &str, t3: &T3Hparams, s3: &S3GenHparams) -> Result<Voice> {
     let file = &gguf.file;
     let arch = file.get_str("general.architecture").map_err(|_| format!("{shown}: not a voice file (no general.architecture)"))?;
     if arch != ARCH {
@@ -93,7 +99,7 @@ pub fn read(path: &Path, t3: &T3Hparams, s3: &S3GenHparams) -> Result<Voice> {
         return Err(format!("{shown}: {prompt_tokens} T3 prompt tokens; this model takes at most {}", t3.cond_prompt_len).into());
     }
     let mut table = tensors::voice_table(t3, s3, prompt_tokens);
-    table.check(&gguf)?;
+    table.check(gguf)?;
     let f32s = |name: &str| -> Result<Vec<f32>> {
         let v: Vec<f32> = gguf.read_bytes(name)?.chunks_exact(4).map(|c| f32::from_le_bytes([c[0], c[1], c[2], c[3]])).collect();
         match v.iter().position(|x| !x.is_finite()) {
@@ -101,7 +107,7 @@ pub fn read(path: &Path, t3: &T3Hparams, s3: &S3GenHparams) -> Result<Voice> {
             None => Ok(v),
         }
     };
-    let tokens = |name: &str, vocab: usize| crate::t3::read_tokens(&gguf, name, vocab);
+    let tokens = |name: &str, vocab: usize| crate::t3::read_tokens(gguf, name, vocab);
     let (frames, s3_tokens) = (table.dim(PROMPT_FRAMES).unwrap_or(0), table.dim(PROMPT_TOKENS).unwrap_or(0));
     if s3_tokens > frames / 2 {
         return Err(format!("{shown}: {s3_tokens} S3Gen prompt tokens for {frames} mel frames (at most one token per two frames)").into());
