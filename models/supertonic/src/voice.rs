@@ -61,13 +61,19 @@ pub struct VoiceShape {
 impl Voice {
     pub fn from_json_file(path: &Path, shape: &VoiceShape) -> Result<Voice> {
         let bytes = std::fs::read(path).map_err(|e| format!("voice file {}: {e}", path.display()))?;
+        Self::from_json_bytes(&bytes, &path.display().to_string(), shape)
+    }
+
+    /// Parses and checks a voice-style JSON file's bytes (`shown` names the
+    /// file in errors); no file system access, so the fuzz target drives it.
+    pub fn from_json_bytes(bytes: &[u8], shown: &str, shape: &VoiceShape) -> Result<Voice> {
         if bytes.starts_with(b"GGUF") {
-            return Err(format!("voice file {}: a GGUF voice of another model family (Chatterbox); Supertonic takes a voice style JSON", path.display()).into());
+            return Err(format!("voice file {shown}: a GGUF voice of another model family (Chatterbox); Supertonic takes a voice style JSON").into());
         }
-        let text = String::from_utf8(bytes).map_err(|_| format!("voice file {}: not a voice style JSON (not UTF-8 text)", path.display()))?;
-        let parsed: StyleJson = serde_json::from_str(&text).map_err(|e| format!("voice file {}: not a voice style JSON ({e})", path.display()))?;
-        let style_ttl = parsed.style_ttl.values("style_ttl", shape.ttl.0, shape.ttl.1).map_err(|e| format!("voice file {}: {e}", path.display()))?;
-        let style_dp = parsed.style_dp.values("style_dp", shape.dp.0, shape.dp.1).map_err(|e| format!("voice file {}: {e}", path.display()))?;
+        let text = std::str::from_utf8(bytes).map_err(|_| format!("voice file {shown}: not a voice style JSON (not UTF-8 text)"))?;
+        let parsed: StyleJson = serde_json::from_str(text).map_err(|e| format!("voice file {shown}: not a voice style JSON ({e})"))?;
+        let style_ttl = parsed.style_ttl.values("style_ttl", shape.ttl.0, shape.ttl.1).map_err(|e| format!("voice file {shown}: {e}"))?;
+        let style_dp = parsed.style_dp.values("style_dp", shape.dp.0, shape.dp.1).map_err(|e| format!("voice file {shown}: {e}"))?;
         Ok(Voice { style_ttl, style_dp })
     }
 }
