@@ -17,7 +17,10 @@ use std::path::PathBuf;
 use std::process::ExitCode;
 
 #[derive(Parser, Debug)]
-#[command(name = "tts", about = "Text to speech on ggml; backends and model families are plugins.", args_conflicts_with_subcommands = true)]
+// No `args_conflicts_with_subcommands`: clap counts the global -q / -v as
+// arguments too, so `tts -q devices` was refused. Synthesis options given
+// beside a subcommand are refused by `synthesis_args_beside_subcommand` instead.
+#[command(name = "tts", about = "Text to speech on ggml; backends and model families are plugins.")]
 struct Cli {
     #[command(subcommand)]
     command: Option<Command>,
@@ -305,6 +308,20 @@ fn set_verbosity(quiet: bool, verbose: u8) {
     }
 }
 
+/// A top-level synthesis option (`--text`, `--out`, ...) given with a
+/// subcommand, which would ignore it: named so the user learns it did nothing.
+/// Global options (-q, -v, --profile, ...) belong to every subcommand.
+fn synthesis_args_beside_subcommand(matches: &clap::ArgMatches) -> Option<String> {
+    let (name, _) = matches.subcommand()?;
+    let command = Cli::command();
+    let given: Vec<String> = command
+        .get_arguments()
+        .filter(|a| !a.is_global_set() && matches.value_source(a.get_id().as_str()) == Some(clap::parser::ValueSource::CommandLine))
+        .map(|a| a.get_long().map_or_else(|| a.get_id().to_string(), |l| format!("--{l}")))
+        .collect();
+    (!given.is_empty()).then(|| format!("{} given before `{name}`: synthesis options apply only without a subcommand", given.join(", ")))
+}
+
 fn main() -> ExitCode {
     // A bug must still end as one line and leave no temporary behind: the hook
     // prints the one line, unwinding drops (and so deletes) any temporary.
@@ -312,7 +329,7 @@ fn main() -> ExitCode {
         let message =
             info.payload().downcast_ref::<&str>().map(|s| s.to_string()).or_else(|| info.payload().downcast_ref::<String>().cloned()).unwrap_or_default();
         let at = info.location().map(|l| format!(" at {}:{}", l.file(), l.line())).unwrap_or_default();
-        eprintln!("error: internal error (a bug in tts): {}{at}", message.replace('\n', " "));
+        eprintln!("error: internal error (a bug in tts): {}{at}", engine_core::logging::escape(&message.replace('\n', " ")));
     }));
     let version: &'static str = Box::leak(version_line().into_boxed_str());
     let matches = Cli::command().version(version).get_matches();
@@ -320,6 +337,10 @@ fn main() -> ExitCode {
         Ok(c) => c,
         Err(e) => e.exit(),
     };
+    if let Some(e) = synthesis_args_beside_subcommand(&matches) {
+        eprintln!("error: {e}");
+        return ExitCode::FAILURE;
+    }
     set_verbosity(cli.quiet, cli.verbose);
     logging::init();
     // The server drains on SIGTERM itself (and writes no files).
@@ -332,7 +353,9 @@ fn main() -> ExitCode {
     match std::panic::catch_unwind(|| run(cli)) {
         Ok(Ok(())) => ExitCode::SUCCESS,
         Ok(Err(e)) => {
-            eprintln!("error: {}", e.replace('\n', " "));
+            // Errors quote user text (paths, option values, characters of the
+            // text): escaped as the log lines are.
+            eprintln!("error: {}", engine_core::logging::escape(&e.replace('\n', " ")));
             ExitCode::FAILURE
         }
         Err(_) => ExitCode::FAILURE,
@@ -444,6 +467,7 @@ fn run(cli: Cli) -> Result<(), String> {
             compare::verdict(&report, expect)
         }
         Some(Command::Soak { common, text, runs, warmup, max_rss_growth_mib, set, json }) => {
+            soak::check_limit(max_rss_growth_mib)?;
             let engine = open_engine(&common, false)?;
             let mut session = engine.open_model(&set).map_err(|e| e.to_string())?;
             let report = soak::run(&mut session, &text, runs, warmup)?;
@@ -457,7 +481,11 @@ fn run(cli: Cli) -> Result<(), String> {
             let timings = session.save_voice(&reference, &out).map_err(|e| e.to_string())?;
             let total: f64 = timings.iter().map(|(_, ms)| ms).sum();
             let stages: Vec<String> = timings.iter().map(|(stage, ms)| format!("{stage} {ms:.0} ms")).collect();
-            eprintln!("wrote {} ({} {}; {total:.0} ms: {})", out.display(), session.info.family, session.info.variant, stages.join(", "));
+            if !cli.quiet {
+                let shown = out.display().to_string();
+                let shown = engine_core::logging::escape(&shown);
+                eprintln!("wrote {shown} ({} {}; {total:.0} ms: {})", session.info.family, session.info.variant, stages.join(", "));
+            }
             Ok(())
         }
         Some(Command::Voices { common, dir, json }) => {
@@ -521,7 +549,7 @@ fn run(cli: Cli) -> Result<(), String> {
             let mut session = engine.open_model(&set).map_err(|e| e.to_string())?;
             let written = synth::synthesize(&mut session, &text, out, args.format, &synth::Progress::new(cli.quiet))?;
             if !cli.quiet && out != std::path::Path::new("-") {
-                eprintln!("wrote {} ({:.2} s at {} Hz)", out.display(), written.seconds, written.sample_rate);
+                eprintln!("wrote {} ({:.2} s at {} Hz)", engine_core::logging::escape(&out.display().to_string()), written.seconds, written.sample_rate);
             }
             if written.reader_gone {
                 tracing::info!("stdout was closed after {:.2} s of audio; synthesis stopped there", written.seconds);

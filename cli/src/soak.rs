@@ -124,8 +124,19 @@ pub fn run(session: &mut ModelSession, text: &str, runs: usize, warmup: usize) -
     })
 }
 
+/// `--max-rss-growth-mib` must be a finite number >= 0: a NaN limit compares
+/// false with every growth, so `nan` passed any soak; `inf` and a negative
+/// limit mean nothing either.
+pub fn check_limit(max_growth_mib: f64) -> Result<(), String> {
+    if !max_growth_mib.is_finite() || max_growth_mib < 0.0 {
+        return Err(format!("--max-rss-growth-mib {max_growth_mib}: give a finite number of MiB >= 0"));
+    }
+    Ok(())
+}
+
 /// The report's verdict against a growth limit: `Err` names what failed.
 pub fn verdict(r: &SoakReport, max_growth_mib: f64) -> Result<(), String> {
+    check_limit(max_growth_mib)?;
     if let Some(i) = r.first_difference {
         return Err(format!("soak: run {i} of {} differs from run 1 ({} {} on {})", r.runs, r.session.family, r.session.variant, r.session.device));
     }

@@ -494,3 +494,139 @@ fn opencl_bad_platform_and_a_forced_device_without_fp16_are_one_line_errors() {
     assert!(o.status.success(), "{}", stderr(&o));
     assert!(out.exists());
 }
+
+/// Issue 31, item 17: the global -q / -v were refused before a subcommand
+/// (`tts -q devices`: "the subcommand 'devices' cannot be used with '--quiet'")
+/// although the README shows `tts -q ...`. They work on either side; a
+/// synthesis option before a subcommand, which it would ignore, is refused.
+#[test]
+fn global_flags_work_before_and_after_the_subcommand() {
+    let plugins = plugin_dir(&["cpu"]);
+    let profile = repo().join("profiles/ci.toml");
+    let common = ["--profile", profile.to_str().unwrap(), "--plugin-dir", plugins.path().to_str().unwrap()];
+    for flags in [&["-q", "devices"][..], &["devices", "-q"], &["--quiet", "devices"], &["-v", "devices"], &["devices", "-vv"]] {
+        let args: Vec<&str> = flags.iter().chain(&common).copied().collect();
+        let o = run(&args);
+        assert!(o.status.success(), "tts {}: {}", args.join(" "), stderr(&o));
+        assert!(String::from_utf8_lossy(&o.stdout).contains("selected: cpu device 0"), "tts {}", args.join(" "));
+    }
+    // -q keeps even warnings off stderr: the missing Vulkan plugin warns otherwise.
+    let o = run(&[&["-q", "devices"][..], &common].concat());
+    assert_eq!(stderr(&o), "");
+    // serve parses its global flags on either side too; a bad value then ends
+    // it before it listens.
+    for flags in [&["-v", "serve"][..], &["serve", "-v"], &["-q", "serve"], &["serve", "--quiet"]] {
+        let args: Vec<&str> = flags.iter().chain(&["--port", "0", "--workers", "0"]).chain(&common).copied().collect();
+        assert_one_line_error(&run(&args), "--workers and --queue must be at least 1");
+    }
+    let o = run(&[&["--text", "hello", "--out", "x.wav", "devices"][..], &common].concat());
+    assert_one_line_error(&o, "--text, --out given before `devices`: synthesis options apply only without a subcommand");
+    assert!(o.stdout.is_empty());
+}
+
+/// `-q` is quiet: `voice save` printed its "wrote ..." line regardless, and a
+/// synthesis prints nothing on stderr either; without -q both say what they wrote.
+#[test]
+fn quiet_synthesis_and_voice_save_print_nothing() {
+    let plugins = plugins_with(&["cpu"], &["chatterbox"]);
+    let dir = tempfile::tempdir().unwrap();
+    let profile = profile_on(dir.path(), "cpu", &chatterbox_fixture());
+    let reference = dir.path().join("me.wav");
+    let spec = hound::WavSpec { channels: 1, sample_rate: 16000, bits_per_sample: 16, sample_format: hound::SampleFormat::Int };
+    let mut w = hound::WavWriter::create(&reference, spec).unwrap();
+    for n in 0..16000 * 6 {
+        let t = n as f64 / 16000.0;
+        let s = (0.55 + 0.45 * (std::f64::consts::TAU * 2.5 * t).sin()) * 0.4 * (std::f64::consts::TAU * 150.0 * t).sin();
+        w.write_sample((s * 32767.0).round() as i16).unwrap();
+    }
+    w.finalize().unwrap();
+    let common = ["--profile", profile.to_str().unwrap(), "--plugin-dir", plugins.path().to_str().unwrap()];
+    let voice = dir.path().join("me.voice");
+    let save = |quiet: &[&str]| {
+        let args = [quiet, &["voice", "save", "--reference", reference.to_str().unwrap(), "--out", voice.to_str().unwrap()], &common[..]].concat();
+        run(&args)
+    };
+    for quiet in [&["-q"][..], &["--quiet"]] {
+        let o = save(quiet);
+        assert!(o.status.success(), "{}", stderr(&o));
+        assert_eq!(stderr(&o), "", "{quiet:?}");
+        assert!(voice.is_file());
+        std::fs::remove_file(&voice).unwrap();
+    }
+    let o = save(&[]);
+    assert!(o.status.success() && stderr(&o).contains(&format!("wrote {} (chatterbox turbo; ", voice.display())), "{}", stderr(&o));
+
+    let out = dir.path().join("out.wav");
+    let synth = |quiet: &[&str]| {
+        let voice_set = format!("voice={}", voice.display());
+        let args = [quiet, &["--text", "Hello there.", "--out", out.to_str().unwrap(), "--set", &voice_set, "--set", "max_new_tokens=8"], &common[..]].concat();
+        run(&args)
+    };
+    let o = synth(&["-q"]);
+    assert!(o.status.success() && out.is_file(), "{}", stderr(&o));
+    assert_eq!(stderr(&o), "");
+    let o = synth(&[]);
+    assert!(o.status.success() && stderr(&o).contains(&format!("wrote {} (", out.display())), "{}", stderr(&o));
+}
+
+/// `soak --max-rss-growth-mib nan` passed whatever memory did (NaN compares
+/// false); a limit that is not a finite number >= 0 is refused before any run.
+#[test]
+fn soak_refuses_a_limit_that_is_not_a_finite_number() {
+    let plugins = plugins_with(&["cpu"], &["supertonic"]);
+    let dir = tempfile::tempdir().unwrap();
+    let profile = profile_on(dir.path(), "cpu", &[supertonic_fixture()]);
+    for (limit, shown) in [("nan", "NaN"), ("NaN", "NaN"), ("inf", "inf"), ("-inf", "-inf"), ("-1", "-1")] {
+        let limit_arg = format!("--max-rss-growth-mib={limit}");
+        let o = run(&[
+            "soak",
+            "--profile",
+            profile.to_str().unwrap(),
+            "--plugin-dir",
+            plugins.path().to_str().unwrap(),
+            "--text",
+            "Hi.",
+            "--runs",
+            "2",
+            "--warmup",
+            "1",
+            &limit_arg,
+        ]);
+        assert_one_line_error(&o, &format!("--max-rss-growth-mib {shown}: give a finite number of MiB >= 0"));
+        assert!(o.stdout.is_empty(), "{limit}: a soak ran");
+    }
+}
+
+/// Warnings quoted the user's text raw: a right-to-left override, an escape
+/// sequence or a bell in the text reached the terminal or log as itself.
+/// Every log field and the error line now escape controls and bidi controls.
+#[test]
+fn user_text_in_warnings_and_errors_is_escaped() {
+    let plugins = plugins_with(&["cpu"], &["supertonic"]);
+    let dir = tempfile::tempdir().unwrap();
+    let profile = profile_on(dir.path(), "cpu", &[supertonic_fixture()]);
+    let out = dir.path().join("out.wav");
+    let raw = ['\u{202e}', '\u{1b}', '\u{7}', '\u{2066}', '\u{9b}', '\u{200f}'];
+    let text = "Hello \u{202e}dlrow\u{202c} \u{1b}[2J there\u{7}, \u{2066}x\u{2069} \u{9b}31m\u{200f}.";
+    let o = run(&["--profile", profile.to_str().unwrap(), "--plugin-dir", plugins.path().to_str().unwrap(), "--text", text, "--out", out.to_str().unwrap()]);
+    let err = stderr(&o);
+    assert!(o.status.success(), "{err}");
+    assert!(err.contains("characters this model has no row for"), "no warning about the characters: {err}");
+    assert!(!err.chars().any(|c| raw.contains(&c)), "raw control characters in: {err:?}");
+    assert!(err.contains("\\u{202e}") && err.contains("\\u{1b}") && err.contains("\\u{7}"), "{err}");
+    // An error quoting user text (here a --set value) is escaped the same way.
+    let o = run(&[
+        "--profile",
+        profile.to_str().unwrap(),
+        "--plugin-dir",
+        plugins.path().to_str().unwrap(),
+        "--text",
+        "Hi.",
+        "--out",
+        out.to_str().unwrap(),
+        "--set",
+        "steps=\u{202e}8\u{1b}[0m",
+    ]);
+    assert_one_line_error(&o, "\\u{202e}8\\u{1b}[0m");
+    assert!(!stderr(&o).chars().any(|c| raw.contains(&c)), "{:?}", stderr(&o));
+}

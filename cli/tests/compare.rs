@@ -180,3 +180,45 @@ fn bad_inputs_are_one_line_errors_and_write_nothing() {
     assert_one_line_error(&o, "SOFT_MAX is denied on this device by deny rule 1 (device \"*\"): test, and supertonic has no fallback for it");
     assert!(!written(dir.path()));
 }
+
+/// Issue 31, item 16: ggml's Vulkan module enumerates its devices once per
+/// process, with the first profile's `allow_software`. Side B, which allows
+/// lavapipe, then saw no device and fell back to the CPU without a word: an
+/// A/B of CPU against CPU reported as CPU against Vulkan. Each side now gets
+/// the device its own profile resolves, in either order.
+#[test]
+fn each_side_gets_the_vulkan_device_its_own_profile_allows() {
+    let plugins = plugins_with(&["cpu", "vulkan"], &["supertonic"]);
+    let dir = tempfile::tempdir().unwrap();
+    let profile = |name: &str, allow_software: bool| {
+        let sub = dir.path().join(name);
+        std::fs::create_dir(&sub).unwrap();
+        write_profile(
+            &sub,
+            &format!(
+                "[backend]\nprefer = [\"vulkan\", \"cpu\"]\nfallback = true\n[backends.cpu]\nthreads = 1\n[backends.vulkan]\nallow_software = {allow_software}\npipeline_cache = false\n[model]\nfiles = [\"{}\"]\n",
+                supertonic_fixture().display()
+            ),
+        )
+    };
+    let (hardware_only, software_too) = (profile("hardware-only", false), profile("software-too", true));
+    // What each profile resolves alone, in a process of its own (this machine
+    // has lavapipe and no GPU: the CPU, and lavapipe).
+    let alone = |p: &Path| {
+        let o = run(&["devices", "--json", "--profile", p.to_str().unwrap(), "--plugin-dir", plugins.path().to_str().unwrap()]);
+        assert!(o.status.success(), "{}", stderr(&o));
+        let report: serde_json::Value = serde_json::from_slice(&o.stdout).unwrap();
+        (report["selected"]["backend"].as_str().unwrap().to_string(), report["selected"]["device_name"].as_str().unwrap().to_string())
+    };
+    let (cpu, lavapipe) = (alone(&hardware_only), alone(&software_too));
+    assert_eq!((cpu.0.as_str(), lavapipe.0.as_str()), ("cpu", "vulkan"));
+    for (a, b, want_a, want_b) in [(&hardware_only, &software_too, &cpu, &lavapipe), (&software_too, &hardware_only, &lavapipe, &cpu)] {
+        let o = compare(dir.path(), plugins.path(), a, b, &[]);
+        assert!(o.status.success(), "{}", stderr(&o));
+        let report: serde_json::Value = serde_json::from_slice(&std::fs::read(dir.path().join("report.json")).unwrap()).unwrap();
+        for (side, want) in [("a", want_a), ("b", want_b)] {
+            let got = (report[side]["backend"].as_str().unwrap(), report[side]["device"].as_str().unwrap());
+            assert_eq!(got, (want.0.as_str(), want.1.as_str()), "side {side} of {} / {}", a.display(), b.display());
+        }
+    }
+}

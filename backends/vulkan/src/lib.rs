@@ -60,12 +60,12 @@ extern "C" fn open(req: &BackendOpenRequest) -> RResult<BackendSessionBox, RStri
     backend_kit::guarded_open(|| {
         let allow_software = backend_kit::option_bool(req, "allow_software");
         // The patched module reads these while it enumerates devices, which
-        // happens when it is loaded: they must be set first.
-        if allow_software {
-            std::env::set_var("GGML_VK_ALLOW_CPU_DEVICES", "1");
-        } else {
-            std::env::remove_var("GGML_VK_ALLOW_CPU_DEVICES");
-        }
+        // happens once per process, when it is first loaded: they must be set
+        // first. Software devices are always enumerated and `classify` hides
+        // them unless this profile allows them, so a second profile in the
+        // same process (`tts compare`, a server with several models) gets
+        // the devices it would get alone, not those the first one enumerated.
+        std::env::set_var("GGML_VK_ALLOW_CPU_DEVICES", "1");
         if backend_kit::option_bool(req, "pipeline_cache") {
             let dir = match backend_kit::option_str(req, "pipeline_cache_dir") {
                 d if d.is_empty() => default_cache_dir(),
