@@ -214,7 +214,9 @@ fn directories_and_sockets_are_refused_as_output() {
     assert_eq!(dir_names(dir.path()), ["profile.toml", "sock", "sub"]);
 }
 
-/// A model whose samples come out NaN is an error, not a silent WAV.
+/// A model whose samples would come out NaN is an error, not a silent WAV:
+/// the NaN weight is refused at load, naming it (tests/model_values.rs has
+/// the rest of the finiteness checks).
 #[test]
 fn non_finite_samples_are_an_error() {
     let plugins = plugins_with(&["cpu"], &["supertonic"]);
@@ -225,7 +227,12 @@ fn non_finite_samples_are_an_error() {
     e.write(&bad).unwrap();
     let profile = profile_on(dir.path(), "cpu", &[bad]);
     let out = dir.path().join("o.wav");
-    assert_refused(&run(&args(&profile, plugins.path(), "Hello.", &out)), "supertonic: the model produced ", dir.path(), &["nan.gguf", "profile.toml"]);
+    assert_refused(
+        &run(&args(&profile, plugins.path(), "Hello.", &out)),
+        "nan.gguf: tensor 'voc.head2.weight' holds ",
+        dir.path(),
+        &["nan.gguf", "profile.toml"],
+    );
 }
 
 // 2. Libraries are never loaded from the working directory.

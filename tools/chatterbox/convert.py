@@ -44,7 +44,9 @@ import numpy as np
 import gguf
 
 sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
+sys.path.insert(0, str(Path(__file__).resolve().parent))
 from gguf_atomic import write_atomically  # noqa: E402
+from tokenizer_check import TokenizerError, check_tokenizer_ids  # noqa: E402
 
 T3_FILES = {"turbo": "t3_turbo_v1.safetensors", "nano": "t3_nano_v1.safetensors", "mtl": "t3_mtl23ls_v2.safetensors"}
 # Multilingual T3 files of the same shapes: `--t3-file` picks one.
@@ -199,7 +201,7 @@ def tokenizer_json(ckpt: Path, text_vocab: int) -> str:
     """The GPT-2 BPE plus the added tags as one `tokenizers` JSON (what the engine loads)."""
     tj = ckpt / "tokenizer.json"
     if tj.is_file():
-        return tj.read_text()
+        return checked_tokenizer(tj.read_text(), text_vocab, tj)
     from tokenizers import AddedToken, Tokenizer, decoders, models, pre_tokenizers
     vocab_path, merges_path = ckpt / "vocab.json", ckpt / "merges.txt"
     if not vocab_path.is_file() or not merges_path.is_file():
@@ -217,9 +219,16 @@ def tokenizer_json(ckpt: Path, text_vocab: int) -> str:
         for t, i in tags:
             if tok.token_to_id(t) != i:
                 raise ConversionError(f"added token {t!r}: id {tok.token_to_id(t)}, the checkpoint says {i}")
-    if tok.get_vocab_size() != text_vocab:
-        raise ConversionError(f"the tokenizer has {tok.get_vocab_size()} tokens, T3's text embedding {text_vocab}")
-    return tok.to_str()
+    return checked_tokenizer(tok.to_str(), text_vocab, vocab_path)
+
+
+def checked_tokenizer(text: str, text_vocab: int, source: Path) -> str:
+    """`text` when every id it can produce is a row of T3's text embedding (tokenizer_check.py)."""
+    try:
+        check_tokenizer_ids(text, text_vocab)
+    except TokenizerError as e:
+        raise ConversionError(f"{source}: {e}") from e
+    return text
 
 
 # ggml caps tensor names at 63 bytes: the official S3Gen names get shorter prefixes.
@@ -517,7 +526,7 @@ def convert_t3(ckpt: Path, out_dir: Path, variant: str, weights: str, conds: dic
         if not tok.is_file():
             raise ConversionError(f"{tok} is missing")
         meta = t3_meta(a, variant, "llama", weights, hp, [("rms_norm_eps", LLAMA_RMS_EPS), ("layer_norm_eps", 1e-5)],
-                       conds, ve_hp, tok.read_text())
+                       conds, ve_hp, checked_tokenizer(tok.read_text(), hp["text_vocab"], tok))
         meta += [(f"{a}.rope.freq_base", LLAMA_ROPE_THETA), (f"{a}.rope.scaling", "llama3"),
                  *((f"{a}.rope.scaling.{k}", float(v)) for k, v in LLAMA_ROPE_SCALING.items()),
                  (f"{a}.start_text_token", START_TEXT), (f"{a}.stop_text_token", STOP_TEXT),

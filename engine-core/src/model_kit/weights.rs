@@ -47,7 +47,8 @@ impl DerivedTensor {
 
 impl Weights {
     /// Checks `gguf` against `table` (unless the caller already did), then
-    /// loads every tensor. The table's matrix-product weights are stored as
+    /// loads every tensor, refusing one that holds a NaN or infinity
+    /// ([`super::finite`]). The table's matrix-product weights are stored as
     /// `storage` says (F32 ↔ F16; quantized ones as they are); those
     /// `is_matmul_weight` accepts (only ever the first operand of a matrix
     /// product) may go to the device's extra buffers.
@@ -74,7 +75,14 @@ impl Weights {
                 }
             }
         }
-        let (buffers, in_extra) = gguf.load_into_with_extra(backend, is_matmul_weight)?;
+        // Every float weight is checked finite as it is read (docs/reliability.md,
+        // "Model files"): a NaN weight must be an error, not silence.
+        let path = gguf.file.path().display().to_string();
+        let file_types: std::collections::HashMap<String, ggml_sys::Type> = gguf.file.tensors().into_iter().map(|t| (t.name, t.ty)).collect();
+        let (buffers, in_extra) = gguf.load_into_with_extra(backend, is_matmul_weight, |name, ty, bytes| {
+            let converted_from = file_types.get(name).copied().filter(|&from| from != ty);
+            super::finite::check_weight(&path, name, ty, converted_from, bytes).map_err(|e| Error::Msg(e.to_string()))
+        })?;
         Ok(Weights { _buffers: buffers, gguf, table, derived: Vec::new(), in_extra_buffers: in_extra })
     }
 

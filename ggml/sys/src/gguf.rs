@@ -375,9 +375,16 @@ impl GgufTensors {
     /// Like [`load_into`](Self::load_into), but the matrices `matmul_weight`
     /// selects go to the first of the device's extra buffer types that runs a
     /// product with them (CPU: AMX or repacked layouts for quantized types); the
-    /// rest to the backend's default buffer. Returns the buffers and how many
-    /// tensors went to extra buffers.
-    pub fn load_into_with_extra(&self, backend: &crate::Backend, matmul_weight: impl Fn(&str) -> bool) -> Result<(Vec<crate::Buffer>, usize)> {
+    /// rest to the backend's default buffer. `inspect` sees each tensor's
+    /// bytes as they will be stored (name, stored type, bytes) while they are
+    /// still on the host, and its error stops the load. Returns the buffers
+    /// and how many tensors went to extra buffers.
+    pub fn load_into_with_extra(
+        &self,
+        backend: &crate::Backend,
+        matmul_weight: impl Fn(&str) -> bool,
+        inspect: impl FnMut(&str, crate::Type, &[u8]) -> Result<()>,
+    ) -> Result<(Vec<crate::Buffer>, usize)> {
         let device = backend.device();
         let extras = device.as_ref().map(|d| d.extra_buffer_types()).unwrap_or_default();
         let default = backend.buffer_type().as_ptr();
@@ -414,7 +421,7 @@ impl GgufTensors {
             }
             buffers.push(buffer);
         }
-        self.read_data()?;
+        self.read_data(inspect)?;
         Ok((buffers, in_extra))
     }
 
@@ -444,7 +451,7 @@ impl GgufTensors {
 
     /// Reads every tensor's data from the file into its (allocated) buffer,
     /// converting those [`store_as`](Self::store_as) retyped.
-    fn read_data(&self) -> Result<()> {
+    fn read_data(&self, mut inspect: impl FnMut(&str, crate::Type, &[u8]) -> Result<()>) -> Result<()> {
         use std::io::{Read, Seek, SeekFrom};
         let mut file = match self.memory {
             Some(_) => None,
@@ -464,11 +471,11 @@ impl GgufTensors {
                 }
                 (None, None) => unreachable!("a file is opened when there is no image"),
             }
-            if t.ty() == info.ty {
-                t.set_bytes(&bytes)?;
-            } else {
-                t.set_bytes(&convert(&bytes, info.ty, t.ty()))?;
+            if t.ty() != info.ty {
+                bytes = convert(&bytes, info.ty, t.ty());
             }
+            inspect(&info.name, t.ty(), &bytes)?;
+            t.set_bytes(&bytes)?;
         }
         Ok(())
     }

@@ -65,6 +65,31 @@ fn a_tokenizer_without_the_frame_tokens_is_refused() {
     let vocab = tokenizers::Tokenizer::from_bytes(json.as_bytes()).unwrap().get_vocab_size(true);
     let e = MultilingualTokenizer::from_json(&json, vocab).err().unwrap().to_string();
     assert_eq!(e, "the embedded tokenizer has no [START] token");
-    let e = MultilingualTokenizer::from_json(&fixture("tokenizer.json"), 704).err().unwrap().to_string();
-    assert!(e.starts_with("the embedded tokenizer has 516 tokens, T3's text vocabulary 704"), "{e}");
+}
+
+/// A tokenizer smaller than T3's text vocabulary loads (the official package
+/// runs one); one that can produce an id past the last row, through its
+/// vocabulary or an added token, is refused.
+#[test]
+fn a_tokenizer_is_checked_by_the_ids_it_can_produce() {
+    let json = fixture("tokenizer.json");
+    let tokenizer = MultilingualTokenizer::from_json(&json, 704).unwrap();
+    assert!(tokenizer.encode_for_t3("hello", "en").unwrap().iter().all(|&id| (0..516).contains(&id)));
+    assert!(MultilingualTokenizer::from_json(&json, 516).is_ok());
+    let e = MultilingualTokenizer::from_json(&json, 515).err().unwrap().to_string();
+    assert!(e.starts_with("the embedded tokenizer can produce id 515 ("), "{e}");
+    // An added token the model's vocabulary lacks: `tokenizers` gives it the
+    // next free id (516), one past the vocabulary's own.
+    let mut value: serde_json::Value = serde_json::from_str(&json).unwrap();
+    value["added_tokens"].as_array_mut().unwrap().push(serde_json::json!({
+        "id": 516, "content": "[xx]", "single_word": false, "lstrip": false, "rstrip": false, "normalized": false, "special": true
+    }));
+    assert!(MultilingualTokenizer::from_json(&value.to_string(), 517).is_ok());
+    let e = MultilingualTokenizer::from_json(&value.to_string(), 516).err().unwrap().to_string();
+    assert_eq!(e, "the embedded tokenizer can produce id 516 (\"[xx]\"), beyond T3's text vocabulary of 516 (ids 0..=515)");
+    // A sparse vocabulary: 516 tokens, but the merge "e s" gives id 704.
+    let mut value: serde_json::Value = serde_json::from_str(&json).unwrap();
+    value["model"]["vocab"]["es"] = 704.into();
+    let e = MultilingualTokenizer::from_json(&value.to_string(), 704).err().unwrap().to_string();
+    assert_eq!(e, "the embedded tokenizer can produce id 704 (\"es\"), beyond T3's text vocabulary of 704 (ids 0..=703)");
 }

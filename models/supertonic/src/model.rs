@@ -10,7 +10,7 @@ use crate::tensors;
 use crate::text::{self, Encoded, Indexer, UnsupportedChars};
 use crate::voice::{Voice, VoiceShape};
 use engine_core::model_kit::builder::compute_graph;
-use engine_core::model_kit::{npy, OpPolicy, PieceSender, Timings, Weights};
+use engine_core::model_kit::{finite, npy, OpPolicy, PieceSender, Timings, Weights};
 use engine_core::model_kit::{Error, Result};
 use ggml_sys::gguf::GgufTensors;
 use ggml_sys::{Backend, ComputeGraph, GraphIo, GraphSlot, Result as GgmlResult};
@@ -281,7 +281,7 @@ impl Supertonic {
                 cache.get_or_build(ids.len(), || self.build_graph("the duration predictor", |b| duration::build(b, &self.hp.dp, self.dp_prelu, ids.len())))?;
             g.set_i32("text_ids", ids)?;
             g.set_f32("style_dp", &voice.style_dp)?;
-            Ok(g.compute_and_get_f32(&self.backend, "duration")?[0])
+            Ok(finite::check_stage("the duration predictor", g.compute_and_get_f32(&self.backend, "duration")?)?[0])
         })();
         self.graphs.duration = cache;
         result
@@ -295,7 +295,7 @@ impl Supertonic {
             let g = cache.get_or_build(ids.len(), || self.build_graph("the text encoder", |b| text_encoder::build(b, &self.hp.te, sd, st, ids.len())))?;
             g.set_i32("text_ids", ids)?;
             g.set_f32("style_ttl", &voice.style_ttl)?;
-            Ok(g.compute_and_get_f32(&self.backend, "text_emb")?)
+            Ok(finite::check_stage("the text encoder", g.compute_and_get_f32(&self.backend, "text_emb")?)?)
         })();
         self.graphs.text_encoder = cache;
         result
@@ -334,6 +334,7 @@ impl Supertonic {
                 g.set_f32("time_features", &features)?;
                 g.set_f32("noisy_latent", &x)?;
                 x = g.compute_and_get_f32(&self.backend, "denoised_latent")?;
+                finite::check_values(&format!("the vector estimator (step {} of {steps})", step + 1), &x)?;
                 on_step(step, &x, start.elapsed().as_secs_f64() * 1e3);
             }
             Ok(x)
@@ -349,7 +350,7 @@ impl Supertonic {
         let result = (|| -> Result<_> {
             let g = cache.get_or_build(latent_len, || self.build_graph("the vocoder", |b| vocoder::build(b, &self.hp, self.vocoder_prelu, latent_len)))?;
             g.set_f32("latent", latent)?;
-            Ok(g.compute_and_get_f32(&self.backend, "wav")?)
+            Ok(finite::check_stage("the vocoder", g.compute_and_get_f32(&self.backend, "wav")?)?)
         })();
         self.graphs.vocoder = cache;
         result
@@ -421,20 +422,25 @@ impl Supertonic {
                     chunks[i].chars().count()
                 ));
             }
+            let (wav_len, latent_len) = self.latent_len(seconds);
+            // The official graphs return no samples for a chunk shorter than one
+            // sample; no text is that short, so such a duration comes from
+            // out-of-range values (a voice's style_dp of 1e30 drives the exp to 0)
+            // and must not become an empty WAV.
+            if wav_len == 0 {
+                return err(format!(
+                    "the duration predictor gave {seconds} s for a chunk of {} characters, less than one sample; the voice or the model file holds values out of range",
+                    chunks[i].chars().count()
+                ));
+            }
             let text_emb = timings.time("text_encoder", || self.text_encoder(ids, &voice))?;
-            let (_, latent_len) = self.latent_len(seconds);
-            let wav = if latent_len == 0 {
-                // Shorter than one sample: nothing to denoise (the official graphs return no samples).
-                Vec::new()
-            } else {
-                let x0 = noise.next(self.hp.latent_channels(), latent_len)?;
-                let mut step_times = Vec::new();
-                let latent = self.denoise(&x0, &text_emb, &voice, steps, |s, _, ms| step_times.push((format!("vector_estimator.step{s}"), ms)))?;
-                for (stage, ms) in step_times {
-                    timings.add(&stage, ms);
-                }
-                timings.time("vocoder", || self.vocoder(&latent))?
-            };
+            let x0 = noise.next(self.hp.latent_channels(), latent_len)?;
+            let mut step_times = Vec::new();
+            let latent = self.denoise(&x0, &text_emb, &voice, steps, |s, _, ms| step_times.push((format!("vector_estimator.step{s}"), ms)))?;
+            for (stage, ms) in step_times {
+                timings.add(&stage, ms);
+            }
+            let wav = timings.time("vocoder", || self.vocoder(&latent))?;
             let mut piece = vec![0f32; (pauses[i] * self.hp.sample_rate as f32) as usize];
             piece.extend_from_slice(&wav);
             // In the official order and precision: `dur_cat += dur + silence` in float32.

@@ -48,9 +48,20 @@ impl ArrayJson {
         if out.len() != tokens * dim {
             return Err(format!("{what} holds {} values, dims say {}", out.len(), tokens * dim).into());
         }
+        // A value beyond f32 (1e39) reads as infinity, and a finite but huge
+        // one (1e30) drives the graphs to NaN or to a zero duration; either
+        // came out as a silent or empty WAV.
+        if let Some((i, v)) = out.iter().enumerate().find(|(_, v)| !(-MAX_STYLE_VALUE..=MAX_STYLE_VALUE).contains(*v)) {
+            let shown = if v.is_finite() { format!("{v:e}") } else { "beyond f32's range".to_string() };
+            return Err(format!("{what} value {i} is {shown} (allowed: magnitudes up to {MAX_STYLE_VALUE:e})").into());
+        }
         Ok(out)
     }
 }
+
+/// The largest magnitude a voice-style value may have: far beyond what a
+/// trained style holds, and small enough that no stage overflows on it.
+pub const MAX_STYLE_VALUE: f32 = 1e4;
 
 /// Shapes the model expects of a voice.
 pub struct VoiceShape {

@@ -177,7 +177,7 @@ impl S3Gen {
         })?;
         graph.set_f32(campplus::FBANK, &time_first)?;
         graph.set_f32(campplus::SEGMENT_SCALE, &scale)?;
-        Ok(graph.compute_and_get_f32(&self.backend, campplus::XVECTOR)?)
+        Ok(engine_core::model_kit::finite::check_stage("CAMPPlus", graph.compute_and_get_f32(&self.backend, campplus::XVECTOR)?)?)
     }
 
     /// The S3Tokenizer up to FSQ's projection on a log mel
@@ -205,7 +205,7 @@ impl S3Gen {
         })?;
         graph.set_f32(s3tokenizer::MEL, &mel.data)?;
         graph.set_i32(s3tokenizer::POSITIONS, &(0..tokens as i32).collect::<Vec<_>>())?;
-        Ok(graph.compute_and_get_f32(&self.backend, s3tokenizer::PROJECTION)?)
+        Ok(engine_core::model_kit::finite::check_stage("the S3Tokenizer", graph.compute_and_get_f32(&self.backend, s3tokenizer::PROJECTION)?)?)
     }
 
     /// Runs the flow encoder over `tokens` (prompt tokens first).
@@ -226,8 +226,8 @@ impl S3Gen {
         graph.set_f32(encoder::POS_EMB, &pos)?;
         graph.set_f32(encoder::UP_POS_EMB, &up_pos)?;
         graph.compute(&self.backend)?;
-        let hidden = graph.get_f32(encoder::ENCODER_OUT)?;
-        let mu = graph.get_f32(encoder::MU)?;
+        let hidden = engine_core::model_kit::finite::check_stage("the S3Gen encoder", graph.get_f32(encoder::ENCODER_OUT)?)?;
+        let mu = engine_core::model_kit::finite::check_stage("the S3Gen encoder", graph.get_f32(encoder::MU)?)?;
         Ok(EncoderOutput { hidden, mu, frames })
     }
 
@@ -293,7 +293,7 @@ impl S3Gen {
         if self.hp.meanflow {
             set(cfm::R_EMB, &cfm::time_embedding(c.in_channels, c.time_scale, r))?;
         }
-        Ok(graph.compute_and_get_f32(&self.backend, cfm::VELOCITY)?)
+        Ok(engine_core::model_kit::finite::check_stage("the CFM", graph.compute_and_get_f32(&self.backend, cfm::VELOCITY)?)?)
     }
 
     /// The decoder's `steps + 1` time points: uniform for meanflow, the
@@ -342,7 +342,7 @@ impl S3Gen {
             })
         })?;
         graph.set_f32(hift::MEL, mel)?;
-        Ok(graph.compute_and_get_f32(&self.backend, hift::F0)?)
+        Ok(engine_core::model_kit::finite::check_stage("HiFT's F0 predictor", graph.compute_and_get_f32(&self.backend, hift::F0)?)?)
     }
 
     /// The excitation for `f0` with the given random draws.
@@ -372,7 +372,13 @@ impl S3Gen {
         })?;
         graph.set_f32(hift::MEL, mel)?;
         graph.set_f32(hift::SOURCE, excitation)?;
-        Ok(graph.compute_and_get_f32(&self.backend, output)?)
+        let out = engine_core::model_kit::finite::check_stage("HiFT", graph.compute_and_get_f32(&self.backend, output)?)?;
+        // The waveform's exp and clamp turn NaN into a bound: the body's output
+        // is where a non-finite value still shows.
+        if output != hift::CONV_POST {
+            engine_core::model_kit::finite::check_values("HiFT", &graph.get_f32(hift::CONV_POST)?)?;
+        }
+        Ok(out)
     }
 
     /// HiFT's decoder body: mel + excitation → `conv_post` `[n_fft + 2][stft frames]`.

@@ -258,8 +258,8 @@ impl GuidedT3 {
         graph.set_f32(input::EMOTION, &[exaggeration])?;
         self.set_positions(graph, shape, 0)?;
         graph.compute(&self.backend)?;
-        let cond = graph.get_f32(output::COND_EMB)?;
-        let perceiver = if prompt > 0 { graph.get_f32(output::PERCEIVER)? } else { Vec::new() };
+        let cond = engine_core::model_kit::finite::check_stage("T3's conditioning", graph.get_f32(output::COND_EMB)?)?;
+        let perceiver = if prompt > 0 { engine_core::model_kit::finite::check_stage("T3's perceiver", graph.get_f32(output::PERCEIVER)?)? } else { Vec::new() };
         self.cached = Some(CachedConditioning { voice: voice.clone(), exaggeration, positions });
         Ok((cond, perceiver))
     }
@@ -337,7 +337,7 @@ impl GuidedT3 {
     fn run(&self, graph: &ComputeGraph, shape: Shape, forward: &mut Forward) -> Result<()> {
         graph.compute(&self.backend)?;
         let vocab = self.hp.speech_vocab;
-        let logits = graph.get_f32(output::LOGITS)?;
+        let logits = engine_core::model_kit::finite::check_stage("T3", graph.get_f32(output::LOGITS)?)?;
         forward.logits.extend(logits.chunks_exact(vocab).map(<[f32]>::to_vec));
         let queries = shape.aligned_queries();
         if queries > 0 && !self.llama().aligned_heads.is_empty() {

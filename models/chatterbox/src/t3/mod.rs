@@ -327,7 +327,7 @@ impl T3 {
         }
         graph.set_i32(input::START_TOKEN, &[self.hp.start_speech_token as i32])?;
         self.set_positions(graph, prefix, suffix.n_tokens(), shape.kv_len)?;
-        let logits = graph.compute_and_get_f32(&self.backend, gpt2::LOGITS)?;
+        let logits = engine_core::model_kit::finite::check_stage("T3", graph.compute_and_get_f32(&self.backend, gpt2::LOGITS)?)?;
         self.n_past = n;
         Ok(logits)
     }
@@ -353,7 +353,7 @@ impl T3 {
         let graph = &self.step_graphs[&kv_len];
         graph.set_i32(input::TOKEN, &[token as i32])?;
         self.set_positions(graph, pos, 1, kv_len)?;
-        let logits = graph.compute_and_get_f32(&self.backend, gpt2::LOGITS)?;
+        let logits = engine_core::model_kit::finite::check_stage("T3", graph.compute_and_get_f32(&self.backend, gpt2::LOGITS)?)?;
         self.n_past += 1;
         Ok(logits)
     }
