@@ -95,27 +95,24 @@ pub struct Written {
 }
 
 /// Synthesizes `text` into `out` (`-`: stdout, streamed piece by piece; FLAC
-/// whole at the end) as `format`. A file is written whole when synthesis ends
-/// (never partially, never through a planted link: `engine_core::output`).
+/// whole at the end) as `format`. A file is complete only when synthesis ends
+/// (never partial, never written through a planted link: `engine_core::output`);
+/// WAV and raw audio go into its temporary piece by piece, so memory does not
+/// grow with the length of the text.
 pub fn synthesize(session: &mut ModelSession, text: &str, out: &Path, format: Format, progress: &Progress) -> Result<Written, String> {
     let to_stdout = out == Path::new("-");
     if to_stdout && format != Format::Flac {
         return stream_to_stdout(session, text, format, progress);
     }
-    // Written whole: one-shot synthesis (a model may stream at some cost in
-    // quality, e.g. Chatterbox's speech-token hops).
+    if format != Format::Flac {
+        return stream_to_file(session, text, out, format, progress);
+    }
+    // FLAC is encoded whole (flacenc takes the whole signal): it holds the
+    // audio, 4 bytes a sample plus the encoded stream, until the end.
     let output = session.synthesize(text).map_err(|e| e.0)?;
     let (samples, rate) = (output.samples.as_slice(), output.sample_rate);
     progress.audio(samples.len() as f64 / rate.max(1) as f64);
-    let bytes = match format {
-        Format::Wav => engine_core::audio::encode_wav(samples, rate)?,
-        Format::Flac => engine_core::audio::encode_flac(samples, rate)?,
-        Format::Pcm16 | Format::F32 => {
-            let mut b = Vec::with_capacity(samples.len() * 4);
-            raw(format).encode(samples, &mut b);
-            b
-        }
-    };
+    let bytes = engine_core::audio::encode_flac(samples, rate)?;
     let mut reader_gone = false;
     if to_stdout {
         match std::io::stdout().lock().write_all(&bytes) {
@@ -126,6 +123,81 @@ pub fn synthesize(session: &mut ModelSession, text: &str, out: &Path, format: Fo
         engine_core::output::write_file(out, &bytes).map_err(|e| format!("{}: {e}", out.display()))?;
     }
     Ok(Written { seconds: samples.len() as f64 / rate.max(1) as f64, sample_rate: rate, reader_gone })
+}
+
+/// Options that make a model's streamed pieces join to exactly its one-shot
+/// samples, where the model has them: Supertonic's first-chunk cut off
+/// (`stream_first_chars = 0`), Chatterbox's pieces per text chunk rather than
+/// per speech-token hop (`stream_tokens = 0`). A file gets the one-shot audio.
+const ONE_SHOT_PIECES: &[(&str, &str)] = &[("stream_first_chars", "0"), ("stream_tokens", "0")];
+
+/// WAV or raw audio into the output file as the model produces it (through
+/// `engine_core::output::write_file_with`: a temporary renamed when complete,
+/// or a FIFO or character device in place). A WAV's header is written first
+/// with unknown sizes and rewritten with the real ones at the end where the
+/// file can seek.
+fn stream_to_file(session: &mut ModelSession, text: &str, out: &Path, format: Format, progress: &Progress) -> Result<Written, String> {
+    let overrides: Vec<(String, String)> = ONE_SHOT_PIECES
+        .iter()
+        .filter(|(key, _)| session.option_specs().iter().any(|s| s.key.as_str() == *key))
+        .map(|(k, v)| (k.to_string(), v.to_string()))
+        .collect();
+    let (mut data_bytes, mut rate) = (0u64, 0u32);
+    // A synthesis error is reported as it is, not as an error of the file.
+    let mut failure: Option<String> = None;
+    let written = engine_core::output::write_file_with(out, |file| {
+        use engine_core::output::WriteError;
+        let start = file.stream_position().ok();
+        let (mut buffer, mut started) = (Vec::new(), false);
+        let streamed = session.synthesize_streaming_with(text, &overrides, |piece, piece_rate| {
+            buffer.clear();
+            if !started && format == Format::Wav {
+                buffer.extend_from_slice(&wav_header(piece_rate, None));
+            }
+            started = true;
+            let header = buffer.len();
+            raw(format).encode(piece, &mut buffer);
+            data_bytes += (buffer.len() - header) as u64;
+            progress.audio(data_bytes as f64 / format.bytes_per_sample() / piece_rate as f64);
+            file.write_all(&buffer).map_err(|e| EngineError(format!("writing {}: {e}", out.display())))?;
+            Ok(true)
+        });
+        let summary = match streamed {
+            Ok(s) => s,
+            Err(e) => {
+                failure = Some(e.0);
+                return Err(WriteError::Other(String::new()));
+            }
+        };
+        for t in summary.timings.iter() {
+            tracing::debug!(stage = %t.stage, ms = t.ms, "stage timing");
+        }
+        rate = summary.sample_rate;
+        if format == Format::Wav {
+            let Ok(size) = u32::try_from(data_bytes) else {
+                return Err(WriteError::Other(format!(
+                    "{:.0} s of audio is more than a WAV file holds (4 GiB of samples); use --format flac, pcm16 or f32",
+                    data_bytes as f64 / 2.0 / rate.max(1) as f64
+                )));
+            };
+            if !started {
+                // No audio at all: still a valid, empty WAV.
+                file.write_all(&wav_header(rate, Some(0)))?;
+            } else if let Some(start) = start.filter(|_| file.metadata().is_ok_and(|m| m.is_file())) {
+                let end = file.stream_position()?;
+                file.seek(SeekFrom::Start(start))?;
+                file.write_all(&wav_header(rate, Some(size)))?;
+                file.seek(SeekFrom::Start(end))?;
+            }
+        }
+        Ok(())
+    });
+    match (written, failure) {
+        (Err(_), Some(e)) => return Err(e),
+        (Err(e), None) => return Err(format!("{}: {e}", out.display())),
+        (Ok(()), _) => {}
+    }
+    Ok(Written { seconds: data_bytes as f64 / format.bytes_per_sample() / rate.max(1) as f64, sample_rate: rate, reader_gone: false })
 }
 
 impl Format {

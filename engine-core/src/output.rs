@@ -94,24 +94,52 @@ fn umask() -> u32 {
 
 /// Writes `bytes` to `path` as described in the module documentation.
 pub fn write_file(path: &Path, bytes: &[u8]) -> Result<(), String> {
+    write_file_with(path, |file| file.write_all(bytes).map_err(WriteError::Io))
+}
+
+/// Why the content of a [`write_file_with`] could not be written: the file's
+/// own error (reported with the output's name) or the producer's, as it is.
+#[derive(Debug)]
+pub enum WriteError {
+    Io(std::io::Error),
+    Other(String),
+}
+
+impl From<std::io::Error> for WriteError {
+    fn from(e: std::io::Error) -> Self {
+        WriteError::Io(e)
+    }
+}
+
+/// [`write_file`] with the content produced by `write` into the open file as
+/// it goes (a long synthesis need not hold its whole output in memory). The
+/// file is the temporary, or the FIFO or character device itself, positioned
+/// where the output starts; when `write` fails the temporary is removed and
+/// the target left as it was.
+pub fn write_file_with(path: &Path, write: impl FnOnce(&mut File) -> Result<(), WriteError>) -> Result<(), String> {
     let shown = path.display();
     let name = path.file_name().ok_or_else(|| format!("output path {shown} has no file name"))?;
     let dir = path.parent().filter(|p| !p.as_os_str().is_empty()).unwrap_or(Path::new("."));
     match classify(path)? {
-        Target::InPlace => write_in_place(path, bytes),
+        Target::InPlace => write_in_place(path, write),
         Target::Replace { existing_mode, owner } => {
             if !dir.is_dir() {
                 return Err(format!("output directory {} does not exist", dir.display()));
             }
             let mode = existing_mode.unwrap_or(0o666 & !umask());
-            replace(dir, name, path, bytes, mode, owner)
+            replace(dir, name, path, write, mode, owner)
         }
     }
 }
 
-fn write_in_place(path: &Path, bytes: &[u8]) -> Result<(), String> {
+fn write_in_place(path: &Path, write: impl FnOnce(&mut File) -> Result<(), WriteError>) -> Result<(), String> {
     let mut file = OpenOptions::new().write(true).custom_flags(libc::O_NOCTTY).open(path).map_err(|e| format!("opening output {}: {e}", path.display()))?;
-    file.write_all(bytes).and_then(|_| file.flush()).map_err(|e| format!("writing output {}: {e}", path.display()))
+    let failed = |e| match e {
+        WriteError::Io(e) => format!("writing output {}: {e}", path.display()),
+        WriteError::Other(e) => e,
+    };
+    write(&mut file).map_err(failed)?;
+    file.flush().map_err(|e| failed(WriteError::Io(e)))
 }
 
 /// A temporary registered for removal on signals while it lives.
@@ -130,7 +158,14 @@ impl Drop for Registered {
     }
 }
 
-fn replace(dir: &Path, name: &std::ffi::OsStr, path: &Path, bytes: &[u8], mode: u32, owner: Option<(u32, u32)>) -> Result<(), String> {
+fn replace(
+    dir: &Path,
+    name: &std::ffi::OsStr,
+    path: &Path,
+    write: impl FnOnce(&mut File) -> Result<(), WriteError>,
+    mode: u32,
+    owner: Option<(u32, u32)>,
+) -> Result<(), String> {
     let shown = path.display();
     let mut prefix = std::ffi::OsString::from(".");
     prefix.push(name);
@@ -143,7 +178,10 @@ fn replace(dir: &Path, name: &std::ffi::OsStr, path: &Path, bytes: &[u8], mode: 
         .map_err(|e| format!("creating a temporary file in {} for {shown}: {e}", dir.display()))?;
     let registered = Registered::new(temp.path());
     let file: &mut File = temp.as_file_mut();
-    file.write_all(bytes).map_err(|e| format!("writing {shown}: {e}"))?;
+    write(file).map_err(|e| match e {
+        WriteError::Io(e) => format!("writing {shown}: {e}"),
+        WriteError::Other(e) => e,
+    })?;
     file.set_permissions(fs::Permissions::from_mode(mode)).map_err(|e| format!("setting the permissions of {shown}: {e}"))?;
     if let Some((uid, gid)) = owner {
         // Keeps the owner of a replaced file where the process may (root).
@@ -265,6 +303,29 @@ mod tests {
         write_file(&link, b"again").unwrap();
         assert_eq!(reader.join().unwrap(), b"again");
         assert!(fs::symlink_metadata(&link).unwrap().file_type().is_symlink());
+    }
+
+    #[test]
+    fn content_written_as_it_goes_is_all_or_nothing() {
+        let dir = tempfile::tempdir().unwrap();
+        let out = dir.path().join("o.wav");
+        fs::write(&out, b"old").unwrap();
+        let e = write_file_with(&out, |f| {
+            f.write_all(b"part")?;
+            Err(WriteError::Other("the producer failed".into()))
+        })
+        .unwrap_err();
+        assert_eq!(e, "the producer failed");
+        assert_eq!(fs::read(&out).unwrap(), b"old", "the target untouched");
+        assert_eq!(names(dir.path()), vec!["o.wav"], "no temporary left");
+        write_file_with(&out, |f| {
+            for piece in [&b"one "[..], b"two"] {
+                f.write_all(piece)?;
+            }
+            Ok(())
+        })
+        .unwrap();
+        assert_eq!(fs::read(&out).unwrap(), b"one two");
     }
 
     #[test]

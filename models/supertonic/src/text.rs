@@ -161,29 +161,25 @@ const ABBREVIATIONS: &[&str] =
 
 /// Splits a paragraph into sentences at whitespace ([`is_python_space`]) after `.`,
 /// `!` or `?`, except after the abbreviations above or a single capital letter
-/// and period.
+/// and period. One pass over the characters, nothing held per character.
 fn sentences(paragraph: &str) -> Vec<&str> {
     let mut out = Vec::new();
     let mut start = 0;
-    let chars: Vec<(usize, char)> = paragraph.char_indices().collect();
-    let mut i = 0;
-    while i < chars.len() {
-        let (pos, c) = chars[i];
-        if matches!(c, '.' | '!' | '?') && i + 1 < chars.len() && is_python_space(chars[i + 1].1) {
-            let before = &paragraph[..pos + c.len_utf8()];
-            let abbreviation = ABBREVIATIONS.iter().any(|a| before.ends_with(a)) || single_initial(&chars[..=i]);
-            let mut j = i + 1;
-            while j < chars.len() && is_python_space(chars[j].1) {
-                j += 1;
+    let mut chars = paragraph.char_indices().peekable();
+    let space_next = |chars: &mut std::iter::Peekable<std::str::CharIndices<'_>>| chars.peek().is_some_and(|&(_, n)| is_python_space(n));
+    while let Some((pos, c)) = chars.next() {
+        if matches!(c, '.' | '!' | '?') && space_next(&mut chars) {
+            let end = pos + c.len_utf8();
+            let before = &paragraph[..end];
+            let abbreviation = ABBREVIATIONS.iter().any(|a| before.ends_with(a)) || single_initial(before);
+            while space_next(&mut chars) {
+                chars.next();
             }
             if !abbreviation {
-                out.push(&paragraph[start..pos + c.len_utf8()]);
-                start = if j < chars.len() { chars[j].0 } else { paragraph.len() };
+                out.push(&paragraph[start..end]);
+                start = chars.peek().map_or(paragraph.len(), |&(b, _)| b);
             }
-            i = j;
-            continue;
         }
-        i += 1;
     }
     if start < paragraph.len() {
         out.push(&paragraph[start..]);
@@ -192,12 +188,9 @@ fn sentences(paragraph: &str) -> Vec<&str> {
 }
 
 /// Whether the text ends in `\b[A-Z]\.`.
-fn single_initial(chars: &[(usize, char)]) -> bool {
-    let n = chars.len();
-    if n < 2 || chars[n - 1].1 != '.' || !chars[n - 2].1.is_ascii_uppercase() {
-        return false;
-    }
-    n == 2 || !is_word_char(chars[n - 3].1)
+fn single_initial(text: &str) -> bool {
+    let mut back = text.chars().rev();
+    back.next() == Some('.') && back.next().is_some_and(|c| c.is_ascii_uppercase()) && back.next().is_none_or(|c| !is_word_char(c))
 }
 
 fn is_word_char(c: char) -> bool {
@@ -212,8 +205,13 @@ pub const MAX_SENTENCE_CHARS: usize = 1000;
 
 /// Splits long text into chunks of at most `max_len` characters: paragraphs
 /// (blank lines) first, then sentences packed greedily (a sentence longer than
-/// [`MAX_SENTENCE_CHARS`] first cut between words).
+/// [`MAX_SENTENCE_CHARS`] first cut between words). Lengths are code points,
+/// and a grapheme cluster keeps at most
+/// [`MAX_CLUSTER_CHARS`](engine_core::model_kit::text::MAX_CLUSTER_CHARS) of
+/// them (a warning says how many were left out), so no chunk is longer than
+/// `max(max_len, MAX_SENTENCE_CHARS)` code points whatever the input.
 pub fn chunk_text(text: &str, max_len: usize) -> Vec<String> {
+    let text = engine_core::model_kit::text::cap_clusters_logged(text);
     let mut chunks = Vec::new();
     for paragraph in split_paragraphs(text.trim_matches(is_python_space)) {
         let paragraph = paragraph.trim_matches(is_python_space);
@@ -251,7 +249,40 @@ pub fn chunk_text(text: &str, max_len: usize) -> Vec<String> {
             chunks.push(current);
         }
     }
-    chunks
+    let mut fitted = Vec::with_capacity(chunks.len());
+    for chunk in chunks {
+        fit_normalized(chunk, &mut fitted);
+    }
+    fitted
+}
+
+/// The most characters a chunk may have after [`normalize`], which may
+/// lengthen text: NFKD up to 18 code points for one (U+FDFA), `@` to ` at `.
+/// Ordinary text stays well within it (Hangul, three jamo a syllable, at most
+/// triples a sentence); a chunk beyond it is cut between words.
+pub const MAX_NORMALIZED_CHARS: usize = 2 * MAX_SENTENCE_CHARS;
+
+/// `chunk` into `out`, cut between words (or clusters, or code points) until
+/// every piece normalises to at most [`MAX_NORMALIZED_CHARS`] characters.
+fn fit_normalized(chunk: String, out: &mut Vec<String>) {
+    // No byte normalises to more than 6 characters (U+FDFA: 3 bytes, 18 code
+    // points; `@`: 4), plus the final stop: an ordinary chunk needs no check.
+    if chunk.len() * 6 < MAX_NORMALIZED_CHARS {
+        out.push(chunk);
+        return;
+    }
+    let normalized = normalize(&chunk).chars().count();
+    if normalized <= MAX_NORMALIZED_CHARS {
+        out.push(chunk);
+        return;
+    }
+    // Strictly shorter pieces each time: this ends, at single code points
+    // (which normalise to at most 18 characters) at worst.
+    let chars = chunk.chars().count();
+    let limit = (chars * MAX_NORMALIZED_CHARS / normalized).clamp(1, chars.saturating_sub(1).max(1));
+    for piece in engine_core::model_kit::text::pack_words(&chunk, limit, is_python_space) {
+        fit_normalized(piece, out);
+    }
 }
 
 /// Marks a streamed first piece may end at: sentence ends and clause marks (the
@@ -367,6 +398,39 @@ mod tests {
         // Up to the limit the official rule holds: the sentence stays whole.
         let sentence = format!("{}end.", "word ".repeat(100));
         assert_eq!(chunk_text(&sentence, 300), vec![sentence.clone()]);
+    }
+
+    #[test]
+    fn combining_marks_cannot_make_a_chunk_longer_than_the_limits() {
+        use engine_core::model_kit::text::MAX_CLUSTER_CHARS;
+        // One letter with 4000 combining acutes is a single grapheme cluster:
+        // it keeps its first marks (a warning says so) and is spoken as one
+        // short chunk.
+        let chunks = chunk_text(&format!("a{}", "\u{301}".repeat(4000)), 300);
+        assert_eq!(chunks, vec![format!("a{}", "\u{301}".repeat(MAX_CLUSTER_CHARS - 1))]);
+        // Many capped clusters in one unpunctuated run: cut by code points.
+        let run = format!("e{}", "\u{301}".repeat(100)).repeat(200);
+        let chunks = chunk_text(&run, 300);
+        assert!(chunks.iter().all(|c| c.chars().count() <= MAX_SENTENCE_CHARS), "{:?}", chunks.iter().map(|c| c.chars().count()).collect::<Vec<_>>());
+        assert_eq!(chunks.iter().map(|c| c.chars().count()).sum::<usize>(), 200 * MAX_CLUSTER_CHARS);
+        // 4000 plain letters: four chunks at the sentence cut.
+        let letters = chunk_text(&"a".repeat(4000), 300);
+        assert_eq!(letters.iter().map(|c| c.chars().count()).collect::<Vec<_>>(), [MAX_SENTENCE_CHARS; 4]);
+    }
+
+    #[test]
+    fn a_chunk_that_normalisation_lengthens_is_cut_to_the_limit() {
+        // U+FDFA decomposes (NFKD) into 18 code points: 1000 of them are one
+        // sentence of 1000 characters but 18000 after normalisation.
+        let chunks = chunk_text(&"\u{FDFA}".repeat(1000), 300);
+        assert!(chunks.len() >= 9, "{}", chunks.len());
+        assert!(chunks.iter().all(|c| normalize(c).chars().count() <= MAX_NORMALIZED_CHARS));
+        assert_eq!(chunks.concat(), "\u{FDFA}".repeat(1000));
+        let at = chunk_text(&"@ ".repeat(900), 300);
+        assert!(at.iter().all(|c| normalize(c).chars().count() <= MAX_NORMALIZED_CHARS), "{:?}", at.iter().map(|c| normalize(c).len()).collect::<Vec<_>>());
+        // Ordinary chunks are the official ones.
+        let korean = "가나다라 ".repeat(50);
+        assert_eq!(chunk_text(&korean, 300).len(), 1);
     }
 
     #[test]

@@ -42,7 +42,12 @@ fn normalize_punctuation_with(text: &str, replace: &[(&str, &str)], enders: &[&s
 /// (`.`, `!`, `?` followed by whitespace), falling back to clause breaks
 /// (`,`, `;`, `:`) and then to spaces for a sentence that is still too long.
 /// Whitespace between pieces is dropped; `max_chars == 0` keeps the text whole.
+/// Lengths are code points, and a grapheme cluster keeps at most
+/// [`MAX_CLUSTER_CHARS`](engine_core::model_kit::text::MAX_CLUSTER_CHARS) of
+/// them (a warning says how many were left out): with a limit, no piece is
+/// longer than it whatever the input.
 pub fn split_sentences(text: &str, max_chars: usize) -> Vec<String> {
+    let text = engine_core::model_kit::text::cap_clusters_logged(text);
     let text = text.trim();
     if text.is_empty() {
         return Vec::new();
@@ -170,5 +175,20 @@ mod tests {
         // Never inside a grapheme cluster: e + combining acute stays together.
         let accented = "e\u{301}".repeat(3);
         assert_eq!(split_sentences(&accented, 3), vec!["e\u{301}", "e\u{301}", "e\u{301}"]);
+    }
+
+    #[test]
+    fn combining_marks_cannot_make_a_piece_longer_than_the_limit() {
+        use engine_core::model_kit::text::MAX_CLUSTER_CHARS;
+        // One letter with 4000 combining acutes (one grapheme cluster) keeps
+        // its first marks, with or without a limit.
+        let capped = format!("A{}.", "\u{301}".repeat(MAX_CLUSTER_CHARS - 1));
+        for max in [0, 300] {
+            assert_eq!(split_sentences(&format!("A{}.", "\u{301}".repeat(4000)), max), vec![capped.clone()], "max_chars {max}");
+        }
+        // A cluster longer than a small limit is cut between code points.
+        let pieces = split_sentences(&format!("Hi e{} there.", "\u{301}".repeat(20)), 8);
+        assert!(pieces.iter().all(|p| p.chars().count() <= 8), "{pieces:?}");
+        assert_eq!(pieces.iter().map(|p| p.chars().filter(|c| *c == '\u{301}').count()).sum::<usize>(), 20);
     }
 }
