@@ -33,15 +33,32 @@ pub fn read_text(text: Option<&str>, file: Option<&Path>) -> Result<String, Stri
         (Some("-"), None) => stdin(),
         (Some(t), None) => Ok(t.to_string()),
         (None, Some(p)) if p == Path::new("-") => stdin(),
-        (None, Some(p)) => {
-            let f = std::fs::File::open(p).map_err(|e| format!("--text-file {}: {e}", p.display()))?;
-            read_limited(f, &format!("--text-file {}", p.display()))
-        }
+        (None, Some(p)) => read_text_file(p),
         (None, None) if std::io::stdin().is_terminal() => {
             Err("give the text: --text TEXT, --text-file FILE, or pipe it on stdin (`echo hi | tts --out hi.wav`)".into())
         }
         (None, None) => stdin(),
     }
+}
+
+/// `--text-file`: a regular file, or a pipe (`<(cmd)`, a named pipe), read
+/// with the text cap; a directory, device or socket is refused by kind.
+fn read_text_file(p: &Path) -> Result<String, String> {
+    use std::os::unix::fs::{FileTypeExt, OpenOptionsExt};
+    let what = format!("--text-file {}", p.display());
+    let f = std::fs::OpenOptions::new().read(true).custom_flags(libc::O_NOCTTY).open(p).map_err(|e| format!("{what}: {e}"))?;
+    let kind = f.metadata().map_err(|e| format!("{what}: {e}"))?.file_type();
+    if !(kind.is_file() || kind.is_fifo()) {
+        let name = if kind.is_dir() {
+            "a directory"
+        } else if kind.is_char_device() || kind.is_block_device() {
+            "a device"
+        } else {
+            "a socket"
+        };
+        return Err(format!("{what} is {name}; text comes from a regular file or a pipe"));
+    }
+    read_limited(f, &what)
 }
 
 fn read_limited(reader: impl Read, what: &str) -> Result<String, String> {

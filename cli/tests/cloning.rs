@@ -246,3 +246,44 @@ fn bench_times_cloning_and_families_without_it_refuse() {
     let o = bench(&profile_on(&sub, "cpu", &[supertonic_fixture()]));
     assert_one_line_error(&o, "this model family does not clone voices");
 }
+
+/// A voice file may hold no more prompt than cloning makes of the longest
+/// reference it reads (10 s: 500 mel frames at 24 kHz, docs/gguf.md). A
+/// crafted file that claimed 65,536 frames cost 2.4 GB; one frame past the
+/// bound is refused now, naming it, and the saved voice itself is within it.
+#[test]
+fn a_voice_file_beyond_what_cloning_makes_is_refused() {
+    use ggml_sys::gguf::{GgufTensors, GgufWriter};
+    let plugins = plugins_with(&["cpu"], &["chatterbox"]);
+    let dir = tempfile::tempdir().unwrap();
+    let reference = dir.path().join("me.wav");
+    write_wav(&reference, &voiced(24_000, 12.0), 24_000, 1, 16, false);
+    let profile = profile_on(dir.path(), "cpu", &chatterbox_fixture());
+    let voice = dir.path().join("me.voice");
+    let o = save_voice(&profile, plugins.path(), &reference, &voice);
+    assert!(o.status.success(), "{}", stderr(&o));
+    let saved = GgufTensors::open(&voice).unwrap();
+    let [mel, frames, ..] = saved.ctx.get_tensor("voice.prompt_feat").unwrap().ne();
+    assert_eq!(frames, 500, "a 12 s reference: its first 10 s");
+    // The same voice with one more frame (its last repeated).
+    let mut w = GgufWriter::new();
+    w.set_str("general.architecture", "chatterbox-voice")
+        .set_u32("chatterbox-voice.format_version", saved.file.get_u32("chatterbox-voice.format_version").unwrap())
+        .set_str("chatterbox-voice.variant", &saved.file.get_str("chatterbox-voice.variant").unwrap())
+        .set_u32("chatterbox-voice.prompt_speech_tokens", saved.file.get_u32("chatterbox-voice.prompt_speech_tokens").unwrap());
+    for name in ["voice.speaker_emb", "voice.prompt_speech_tokens", "voice.prompt_token", "voice.embedding"] {
+        let t = saved.ctx.get_tensor(name).unwrap();
+        let ne: Vec<i64> = t.ne().into_iter().take_while(|&n| n > 1).collect();
+        w.add_tensor(name, t.ty(), if ne.is_empty() { &[1] } else { &ne }, saved.read_bytes(name).unwrap()).unwrap();
+    }
+    let mut feat = saved.read_bytes("voice.prompt_feat").unwrap();
+    let last = feat[feat.len() - mel as usize * 4..].to_vec();
+    feat.extend_from_slice(&last);
+    w.add_tensor("voice.prompt_feat", ggml_sys::TYPE_F32, &[mel, frames + 1], feat).unwrap();
+    let longer = dir.path().join("longer.voice");
+    std::fs::write(&longer, w.to_bytes().unwrap()).unwrap();
+    let out = dir.path().join("o.wav");
+    let o = synth(&profile, plugins.path(), &out, &[format!("voice={}", longer.display())]);
+    assert_one_line_error(&o, "tensor 'voice.prompt_feat' gives prompt_frames = 501 (allowed: 2..=500)");
+    assert!(!out.exists());
+}

@@ -551,3 +551,66 @@ fn chatterbox_splits_a_word_longer_than_max_chars() {
     assert!(o.status.success(), "{}", stderr(&o));
     assert!(is_wav(&out));
 }
+
+// 7. Files and code loading, round two (issue 31).
+
+/// A FIFO as a voice, a reference recording, a noise or draws file, or a
+/// text file that is a directory, is refused by kind with one line at once
+/// (a FIFO blocked for ever); a device as a voice or noise file too (it was
+/// read without a cap until memory ran out).
+#[test]
+fn special_files_as_inputs_are_refused_by_kind() {
+    let dir = tempfile::tempdir().unwrap();
+    let out = dir.path().join("o.wav");
+    let fifo = dir.path().join("in.json");
+    mkfifo(&fifo);
+    let fifo_npy = dir.path().join("noise.npy");
+    mkfifo(&fifo_npy);
+    // A character device of our own (what /dev/zero is), where the container allows it.
+    let device = dir.path().join("zero.json");
+    let c = std::ffi::CString::new(device.to_str().unwrap()).unwrap();
+    let have_device = unsafe { libc::mknod(c.as_ptr(), libc::S_IFCHR | 0o600, libc::makedev(1, 5)) } == 0;
+    let supertonic = plugins_with(&["cpu"], &["supertonic"]);
+    let profile = profile_on(dir.path(), "cpu", &[supertonic_fixture()]);
+    let mut cases = vec![
+        (format!("voice={}", fifo.display()), "is a FIFO, not a regular file"),
+        (format!("noise_npy={}", fifo_npy.display()), "noise.npy is a FIFO, not a regular file"),
+    ];
+    if have_device {
+        cases.push((format!("voice={}", device.display()), "zero.json is a character device, not a regular file"));
+        cases.push((format!("noise_npy={}", device.display()), "zero.json is a character device, not a regular file"));
+    }
+    for (set, want) in &cases {
+        let mut a = args(&profile, supertonic.path(), "Hello.", &out);
+        a.extend(["--set", set]);
+        assert_one_line_error(&run(&a), want);
+    }
+    let chatterbox = plugins_with(&["cpu"], &["chatterbox"]);
+    let profile = profile_on(dir.path(), "cpu", &chatterbox_fixture());
+    let draws = dir.path().join("draws");
+    std::fs::create_dir(&draws).unwrap();
+    mkfifo(&draws.join("t3_uniforms.npy"));
+    for (set, want) in [
+        (format!("voice={}", fifo.display()), "voice file"),
+        (format!("reference_audio={}", fifo.display()), "audio file"),
+        (format!("draws={}", draws.display()), "t3_uniforms.npy is a FIFO, not a regular file"),
+    ] {
+        let mut a = args(&profile, chatterbox.path(), "Hello.", &out);
+        a.extend(["--set", &set]);
+        let o = run(&a);
+        assert_one_line_error(&o, want);
+        assert!(stderr(&o).contains("is a FIFO, not a regular file"), "{}", stderr(&o));
+    }
+    let o = run(&[
+        "--profile",
+        profile.to_str().unwrap(),
+        "--plugin-dir",
+        chatterbox.path().to_str().unwrap(),
+        "--text-file",
+        dir.path().to_str().unwrap(),
+        "--out",
+        out.to_str().unwrap(),
+    ]);
+    assert_one_line_error(&o, "is a directory; text comes from a regular file or a pipe");
+    assert!(!out.exists());
+}

@@ -154,12 +154,12 @@ pub struct Profile {
 impl Profile {
     pub fn load(path: &Path) -> Result<Profile, ProfileError> {
         let origin = path.display().to_string();
-        let source = std::fs::read_to_string(path).map_err(|e| ProfileError {
-            origin: origin.clone(),
-            line: 0,
-            column: 0,
-            message: format!("cannot read profile: {e}"),
-        })?;
+        let error = |message: String| ProfileError { origin: origin.clone(), line: 0, column: 0, message };
+        // A profile is untrusted input like any other: a regular file, capped.
+        let bytes =
+            crate::model_kit::files::read_regular(path, "", crate::model_kit::files::caps::PROFILE).map_err(|e| error(format!("cannot read profile: {e}")))?;
+        let source = String::from_utf8(bytes)
+            .map_err(|e| error(format!("cannot read profile: not UTF-8 text (invalid byte at offset {})", e.utf8_error().valid_up_to())))?;
         let base = path.parent().filter(|p| !p.as_os_str().is_empty()).unwrap_or(Path::new(".")).to_path_buf();
         Profile::parse(&source, &origin, &base)
     }

@@ -207,15 +207,33 @@ fn bad_files_are_one_line_errors_naming_the_file() {
         ("silent-header.wav", "contains no audio samples".into()),
         ("4khz.wav", "sample rate 4000 Hz is not supported (supported: 8000..=384000 Hz)".into()),
         ("nan.wav", "sample 1 is not a finite number (NaN or infinity)".into()),
-        ("folder.wav", "is a directory, not an audio file".into()),
-        ("missing.wav", "cannot open".into()),
+        ("folder.wav", "is a directory, not a regular file".into()),
+        ("missing.wav", ": No such file or directory".into()),
         ("good.wav", "the reading limit must be a positive number of seconds, not NaN".into()),
     ];
     for (name, expected) in cases {
         let limit = if name == "good.wav" { f64::NAN } else { 60.0 };
         let e = read_mono(&p(name), limit).unwrap_err();
-        let want = format!("{}: {expected}", p(name).display());
+        // Opening errors name the input kind first ("audio file PATH is a
+        // directory, ..."), decoding errors start with the path.
+        let path = p(name).display().to_string();
+        let want = match name {
+            "folder.wav" | "missing.wav" => format!("audio file {path}{}{expected}", if name == "folder.wav" { " " } else { "" }),
+            _ => format!("{path}: {expected}"),
+        };
         assert!(e.starts_with(&want), "{name}: {e}");
         assert!(!e.contains('\n'), "{name}: {e}");
     }
+}
+
+/// A FIFO as a recording blocked the reader for ever (no writer comes); it is
+/// refused by kind at once, as a link to it is.
+#[test]
+fn fifo_recordings_are_refused_without_blocking() {
+    let dir = tempfile::tempdir().unwrap();
+    let fifo = dir.path().join("ref.wav");
+    let c = std::ffi::CString::new(fifo.to_str().unwrap()).unwrap();
+    assert_eq!(unsafe { libc::mkfifo(c.as_ptr(), 0o600) }, 0);
+    let e = read_mono(&fifo, 60.0).unwrap_err();
+    assert_eq!(e, format!("audio file {} is a FIFO, not a regular file", fifo.display()));
 }

@@ -27,9 +27,15 @@ fuzz_target!(|data: &[u8]| {
     let Ok(text) = std::str::from_utf8(rest) else { return };
     for chunk in chunk_text(text, max as usize + 1) {
         // A chunk is over the limit only when it is one sentence, and a sentence
-        // is cut past MAX_SENTENCE_CHARS; a chunk is never empty or padded.
+        // is cut past MAX_SENTENCE_CHARS code points (clusters capped, and cut
+        // when longer); normalised, it stays within MAX_NORMALIZED_CHARS; a
+        // chunk is never empty or padded.
         let limit = (max as usize + 1).max(tts_model_supertonic::text::MAX_SENTENCE_CHARS);
-        assert!(chunk.chars().count() <= limit || chunk.graphemes(true).count() == 1, "chunk over {limit}: {chunk:?}");
+        assert!(chunk.chars().count() <= limit, "chunk over {limit}: {chunk:?}");
+        // (+1: marks that followed a control character, such as a tab, join
+        // the single space that replaces it.)
+        assert!(chunk.graphemes(true).all(|g| g.chars().count() <= engine_core::model_kit::text::MAX_CLUSTER_CHARS + 1), "cluster over the cap: {chunk:?}");
+        assert!(normalize(&chunk).chars().count() <= tts_model_supertonic::text::MAX_NORMALIZED_CHARS, "normalised over the limit: {chunk:?}");
         assert!(!chunk.is_empty() && chunk.trim_matches(engine_core::model_kit::text::is_python_space) == chunk, "chunk {chunk:?}");
         let wrapped = wrap(&normalize(&chunk), "en", true);
         for policy in [UnsupportedChars::Skip, UnsupportedChars::Error, UnsupportedChars::Official] {

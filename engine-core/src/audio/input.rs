@@ -12,7 +12,6 @@
 //! limit. A file is untrusted input: every failure is one line naming the file
 //! and what is wrong, and a decoder panic is caught and reported the same way.
 
-use std::fs::File;
 use std::io::{BufReader, Read, Seek, SeekFrom};
 use std::path::Path;
 
@@ -43,10 +42,8 @@ pub fn read_mono(path: &Path, max_seconds: f64) -> Result<Clip, String> {
     if !(max_seconds.is_finite() && max_seconds > 0.0) {
         return Err(format!("{shown}: the reading limit must be a positive number of seconds, not {max_seconds}"));
     }
-    let file = File::open(path).map_err(|e| format!("{shown}: cannot open: {e}"))?;
-    if file.metadata().map(|m| m.is_dir()).unwrap_or(false) {
-        return Err(format!("{shown}: is a directory, not an audio file"));
-    }
+    // By kind and size on the opened descriptor: a FIFO would block, a device never end.
+    let file = crate::model_kit::files::open_regular(path, "audio file", crate::model_kit::files::caps::AUDIO)?;
     let extension = path.extension().and_then(|e| e.to_str());
     decode(file, extension, max_seconds).map_err(|e| format!("{shown}: {e}"))
 }

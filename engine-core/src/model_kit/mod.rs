@@ -7,7 +7,8 @@
 //! ops follow them ([`builder`]), stage timings ([`timings`]), text helpers
 //! both front ends use ([`text`]), typed synthesis options ([`options`]),
 //! the family side of streaming ([`stream`]),
-//! `.npy` arrays ([`npy`]), finiteness checks of weights, voices and stage
+//! `.npy` arrays ([`npy`]), input files opened by kind with a size cap
+//! ([`files`]), finiteness checks of weights, voices and stage
 //! outputs ([`finite`]) and the one error type all of it returns ([`error`]).
 //!
 //! A model file is untrusted input: a family reads its hparams through
@@ -18,6 +19,7 @@
 pub mod builder;
 pub mod census;
 pub mod error;
+pub mod files;
 pub mod finite;
 pub mod guard;
 pub mod hparams;

@@ -8,7 +8,7 @@ use std::path::Path;
 /// errors name the file.
 pub fn read_f32(path: &Path) -> Result<Vec<f32>> {
     let at = |what: String| Error::msg(format!("{}: {what}", path.display()));
-    let bytes = std::fs::read(path).map_err(|e| at(e.to_string()))?;
+    let bytes = super::files::read_regular(path, "", super::files::caps::NPY).map_err(Error::msg)?;
     let npy = npyz::NpyFile::new(&bytes[..]).map_err(|e| at(format!("not a .npy file ({e})")))?;
     if npy.order() != npyz::Order::C {
         return Err(at("Fortran-order arrays are not supported".into()));

@@ -335,9 +335,13 @@ fn resblock(t: &mut TensorTable, h: &HiftHparams, prefix: &str, kernel: usize, c
 
 /// A saved voice for a model with these hparams, whose T3 prompt holds
 /// `t3_prompt_tokens` tokens (that tensor is absent when there are none).
+/// The prompt's frames and tokens are bounded by what cloning can make of
+/// the longest reference it reads (`cloning::max_prompt_frames`: 500 frames
+/// and 250 tokens at 24 kHz); at least one token, so at least two frames.
 pub fn voice_table(t3: &T3Hparams, s3: &S3GenHparams, t3_prompt_tokens: usize) -> TensorTable {
     let mut t = TensorTable::new();
-    t.free_dim(PROMPT_FRAMES, 2..=65536).free_dim(PROMPT_TOKENS, 1..=32768);
+    let frames = crate::cloning::max_prompt_frames(s3.hift.sample_rate).max(2);
+    t.free_dim(PROMPT_FRAMES, 2..=frames).free_dim(PROMPT_TOKENS, 1..=frames / 2);
     t.f32(VOICE_SPEAKER_EMB, &[t3.speaker_dim]);
     if t3_prompt_tokens > 0 {
         t.i32(VOICE_PROMPT_SPEECH_TOKENS, &[t3_prompt_tokens]);

@@ -71,7 +71,7 @@ pub struct VoiceShape {
 
 impl Voice {
     pub fn from_json_file(path: &Path, shape: &VoiceShape) -> Result<Voice> {
-        let bytes = std::fs::read(path).map_err(|e| format!("voice file {}: {e}", path.display()))?;
+        let bytes = engine_core::model_kit::files::read_regular(path, "voice file", engine_core::model_kit::files::caps::VOICE_JSON)?;
         Self::from_json_bytes(&bytes, &path.display().to_string(), shape)
     }
 

@@ -196,14 +196,18 @@ pub fn campplus_fbank(wav16k: &[f32]) -> Result<Features> {
     Ok(f)
 }
 
+/// The frames [`s3gen_mel`] makes of `samples` samples (at least 721).
+pub fn s3gen_mel_frames(samples: usize) -> usize {
+    (samples + 1440 - 1920) / 480 + 1
+}
+
 /// S3Gen's prompt mel: reflect-pad 720 samples each side, `torch.stft(n_fft
 /// 1920, hop 480, hann, center=False)`, `sqrt(|X|² + 1e-9)`, 80 Slaney mel bins
 /// 0–8 kHz, `ln(max(m, 1e-5))`. `(len − 480) / 480 + 1` frames of a 24 kHz
 /// recording.
 pub fn s3gen_mel(wav24k: &[f32]) -> Result<Features> {
     need(wav24k, 721, "the S3Gen mel")?;
-    let padded = wav24k.len() + 1440;
-    let frames = (padded - 1920) / 480 + 1;
+    let frames = s3gen_mel_frames(wav24k.len());
     let spectra = power_spectra(wav24k, 1920, 480, 720, frames, &hann_periodic(1920));
     let magnitudes: Vec<Vec<f64>> = spectra.iter().map(|p| p.iter().map(|&v| (v + 1e-9).sqrt()).collect()).collect();
     Ok(apply_filters(&magnitudes, &slaney_mel_filters(24000.0, 1920, 80, 0.0, 8000.0), |m| m.max(1e-5).ln()))

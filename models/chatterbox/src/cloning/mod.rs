@@ -24,6 +24,13 @@ const TOKEN_SAMPLES: usize = 640;
 /// `DEC_COND_LEN`: seconds of the reference S3Gen's prompt takes (both variants).
 pub const S3GEN_PROMPT_SECONDS: usize = 10;
 
+/// The most S3Gen prompt mel frames cloning makes for a model at `rate` Hz:
+/// those of [`S3GEN_PROMPT_SECONDS`] of audio, the most of a reference it
+/// reads (500 at 24 kHz). A voice file may hold no more (`voice_file`).
+pub fn max_prompt_frames(rate: u32) -> usize {
+    features::s3gen_mel_frames(S3GEN_PROMPT_SECONDS * rate as usize)
+}
+
 /// What a voice is to the two models: T3's conditioning and S3Gen's.
 #[derive(Debug, Clone, PartialEq)]
 pub struct Voice {

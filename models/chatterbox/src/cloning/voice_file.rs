@@ -22,7 +22,7 @@ use crate::hparams::{S3GenHparams, T3Hparams};
 use crate::s3gen::S3GenConditioning;
 use crate::t3::T3Conditioning;
 use crate::tensors::{self, PROMPT_FRAMES, PROMPT_TOKENS};
-use engine_core::model_kit::Result;
+use engine_core::model_kit::{files, Result};
 use ggml_sys::gguf::{GgufTensors, GgufWriter};
 use std::path::Path;
 
@@ -65,11 +65,12 @@ pub fn to_bytes(voice: &Voice, variant: &str, mel_channels: usize) -> Result<Vec
 /// Reads and checks a voice file for the loaded model (`t3`, `s3`).
 pub fn read(path: &Path, t3: &T3Hparams, s3: &S3GenHparams) -> Result<Voice> {
     let shown = path.display();
-    let mut magic = [0u8; 4];
-    if std::fs::File::open(path).and_then(|mut f| std::io::Read::read_exact(&mut f, &mut magic)).is_ok() && &magic != b"GGUF" {
+    // By kind and size first: a FIFO would block, a device never end.
+    let bytes = files::read_regular(path, "voice file", files::caps::VOICE_FILE)?;
+    if bytes.len() >= 4 && !bytes.starts_with(b"GGUF") {
         return Err(format!("{shown}: not a Chatterbox voice file (those are GGUF files saved by `tts voice save`)").into());
     }
-    let gguf = GgufTensors::open(path).map_err(|e| format!("voice file: {e}"))?;
+    let gguf = GgufTensors::from_bytes(&bytes, &shown.to_string()).map_err(|e| format!("voice file: {e}"))?;
     check(&gguf, &shown.to_string(), t3, s3)
 }
 
