@@ -23,6 +23,8 @@ struct Measured {
 /// Runs `tts args`, its stdout read to the end, or only its first `read_at_most`
 /// bytes before the pipe is closed (the reader goes away), and reaps it with
 /// `wait4` for its own peak RSS. Killed (and failing) after `limit`.
+// `wait4` reaps the child, which clippy cannot see.
+#[allow(clippy::zombie_processes)]
 fn measure(args: &[&str], read_at_most: Option<usize>, limit: Duration) -> Measured {
     use std::io::Read;
     let dir = tempfile::tempdir().unwrap();
