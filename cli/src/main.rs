@@ -249,6 +249,21 @@ enum Command {
         /// Longest input, in characters (longer: 413).
         #[arg(long, default_value_t = 4096)]
         max_input_chars: usize,
+        /// Seconds a connection may take to send a request's head, counted
+        /// from its opening or its previous response (so also the keep-alive
+        /// idle time).
+        #[arg(long, value_name = "SECONDS", default_value_t = 10.0, value_parser = parse_seconds)]
+        header_timeout: f64,
+        /// Seconds a speech request's body may take to arrive (longer: 408).
+        #[arg(long, value_name = "SECONDS", default_value_t = 30.0, value_parser = parse_seconds)]
+        body_timeout: f64,
+        /// Connections open at once; more are answered 503 and closed.
+        #[arg(long, value_name = "N", default_value_t = 4096)]
+        max_connections: usize,
+        /// Seconds a drain (SIGTERM, Ctrl-C) waits for open connections
+        /// before it closes them and exits.
+        #[arg(long, value_name = "SECONDS", default_value_t = 20.0, value_parser = parse_seconds)]
+        shutdown_grace: f64,
         /// Override a [synthesis] option of every model (repeatable).
         #[arg(long = "set", value_name = "KEY=VALUE", value_parser = parse_key_value)]
         set: Vec<(String, String)>,
@@ -285,6 +300,16 @@ fn parse_key_value(s: &str) -> Result<(String, String), String> {
         return Err(format!("`{s}` has an empty key"));
     }
     Ok((k.trim().to_string(), v.to_string()))
+}
+
+/// A duration in seconds for the server's timeouts: finite, positive, and
+/// at most a day (a larger one is no limit at all).
+fn parse_seconds(s: &str) -> Result<f64, String> {
+    let v: f64 = s.trim().parse().map_err(|_| format!("`{s}` is not a number of seconds"))?;
+    if !(v.is_finite() && v > 0.0 && v <= 86_400.0) {
+        return Err(format!("`{s}` seconds: must be more than 0 and at most 86400"));
+    }
+    Ok(v)
 }
 
 fn version_line() -> String {
@@ -500,13 +525,39 @@ fn run(cli: Cli) -> Result<(), String> {
             let text = if json { serde_json::to_string_pretty(&report).map_err(|e| e.to_string())? + "\n" } else { options::render(&report) };
             write_stdout(&text)
         }
-        Some(Command::Serve { common, host, port, workers, queue, api_key, voices_dir, max_input_chars, set }) => {
+        Some(Command::Serve {
+            common,
+            host,
+            port,
+            workers,
+            queue,
+            api_key,
+            voices_dir,
+            max_input_chars,
+            header_timeout,
+            body_timeout,
+            max_connections,
+            shutdown_grace,
+            set,
+        }) => {
             if common.profiles.len() > 1 && !common.models.is_empty() {
                 return Err("--model applies to one profile; with several, name each model file in its profile".into());
             }
             if workers == 0 || queue == 0 {
                 return Err("--workers and --queue must be at least 1".into());
             }
+            if max_connections == 0 {
+                return Err("--max-connections must be at least 1".into());
+            }
+            // `--api-key "$KEY"` with KEY unset, or TTS_API_KEY set empty,
+            // would otherwise serve with no authentication at all.
+            let api_key = match (api_key, std::env::var_os("TTS_API_KEY")) {
+                (Some(k), _) if k.is_empty() => return Err("--api-key is empty (is the variable it names unset?); omit it to serve without a key".into()),
+                (Some(k), _) => Some(k),
+                (None, Some(k)) if k.is_empty() => return Err("TTS_API_KEY is set but empty; unset it to serve without a key".into()),
+                (None, Some(k)) => Some(k.into_string().map_err(|_| "TTS_API_KEY is not valid UTF-8".to_string())?),
+                (None, None) => None,
+            };
             if let Some(dir) = voices_dir.as_deref().filter(|d| !d.is_dir()) {
                 return Err(format!("--voices-dir {}: not a directory", dir.display()));
             }
@@ -526,8 +577,14 @@ fn run(cli: Cli) -> Result<(), String> {
             for (profile, id) in profiles.into_iter().zip(ids) {
                 sources.push(serve::ModelSource { engine: open_engine_with(&common, profile, false)?, id });
             }
-            let api_key = api_key.or_else(|| std::env::var("TTS_API_KEY").ok()).filter(|k| !k.is_empty());
-            let options = serve::ServeOptions { listen: std::net::SocketAddr::new(host, port), workers, queue, api_key, voices_dir, max_input_chars, set };
+            let limits = serve::Limits {
+                header_timeout: std::time::Duration::from_secs_f64(header_timeout),
+                body_timeout: std::time::Duration::from_secs_f64(body_timeout),
+                max_connections,
+                shutdown_grace: std::time::Duration::from_secs_f64(shutdown_grace),
+            };
+            let options =
+                serve::ServeOptions { listen: std::net::SocketAddr::new(host, port), workers, queue, api_key, voices_dir, max_input_chars, set, limits };
             serve::run(sources, options, cli.quiet)
         }
         Some(Command::Completions { shell }) => {

@@ -68,4 +68,6 @@ expect(openai.NotFoundError, model="no-such-model")
 expect(openai.BadRequestError, voice="no-such-voice")
 expect(openai.BadRequestError, speed=10)
 expect(openai.BadRequestError, response_format="opus")
+# Nothing the model can speak: 400, which the client does not retry (a 500 it would).
+expect(openai.BadRequestError, input="\x01\x02\x7f")
 print("all checks passed")

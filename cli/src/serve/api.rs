@@ -1,12 +1,12 @@
 //! The HTTP surface: OpenAI's speech endpoint and model list, voices, health
-//! and metrics. Errors are OpenAI's JSON (`{"error": {"message", "type",
-//! "param", "code"}}`).
+//! and metrics. Every 4xx and 5xx carries OpenAI's JSON (`{"error":
+//! {"message", "type", "param", "code"}}`), 404 and 405 included. The key is
+//! checked before any byte of a body is read.
 
 use super::encode::ResponseFormat;
 use super::metrics::{self, Metrics};
 use super::pool::{Event, Failure, Job, Pool};
 use axum::body::{Body, Bytes};
-use axum::extract::rejection::BytesRejection;
 use axum::extract::{Query, State};
 use axum::http::{header, HeaderMap, HeaderValue, StatusCode};
 use axum::response::{IntoResponse, Response};
@@ -18,14 +18,9 @@ use serde_json::json;
 use std::path::PathBuf;
 use std::sync::atomic::{AtomicBool, Ordering};
 use std::sync::{Arc, OnceLock};
-use std::time::Instant;
-
-/// OpenAI's model names, answered by the first profile's model, so clients
-/// written for OpenAI work unchanged.
-pub const OPENAI_MODEL_ALIASES: [&str; 3] = ["tts-1", "tts-1-hd", "gpt-4o-mini-tts"];
-
-/// OpenAI's bounds on `speed`.
-const SPEED_RANGE: std::ops::RangeInclusive<f64> = 0.25..=4.0;
+use std::time::{Duration, Instant};
+pub use tts_serve_api::ApiError;
+use tts_serve_api::{ApiKey, OPENAI_MODEL_ALIASES};
 
 /// A loaded model as the API sees it.
 pub struct Served {
@@ -43,12 +38,14 @@ pub struct AppState {
     pub models: OnceLock<IndexMap<String, Served>>,
     pub draining: AtomicBool,
     pub metrics: Arc<Metrics>,
-    pub api_key: Option<String>,
+    pub api_key: Option<ApiKey>,
     pub voices_dir: Option<PathBuf>,
     pub max_input_chars: usize,
+    /// How long a speech request's whole body may take to arrive.
+    pub body_timeout: Duration,
 }
 
-pub fn router(state: Arc<AppState>, body_limit: usize) -> Router {
+pub fn router(state: Arc<AppState>) -> Router {
     Router::new()
         .route("/v1/audio/speech", post(speech))
         .route("/v1/models", get(models))
@@ -56,43 +53,34 @@ pub fn router(state: Arc<AppState>, body_limit: usize) -> Router {
         .route("/health", get(health))
         .route("/metrics", get(metrics_text))
         .fallback(not_found)
-        .layer(axum::extract::DefaultBodyLimit::max(body_limit))
+        .method_not_allowed_fallback(method_not_allowed)
         .with_state(state)
 }
 
-/// An error as OpenAI reports it; it becomes the response at the handler's edge.
-#[derive(Debug)]
-pub struct ApiError {
-    status: u16,
-    message: String,
-    param: Option<String>,
-    code: Option<&'static str>,
-}
-
 fn error(status: u16, message: impl Into<String>, param: Option<&str>, code: Option<&'static str>) -> ApiError {
-    ApiError { status, message: message.into(), param: param.map(str::to_string), code }
+    ApiError::new(status, message, param, code)
 }
 
 fn failure(f: &Failure) -> ApiError {
     error(f.status, f.message.clone(), f.param.as_deref(), None)
 }
 
-impl IntoResponse for ApiError {
-    fn into_response(self) -> Response {
-        let kind = match self.status {
-            401 => "authentication_error",
-            429 => "rate_limit_error",
-            s if s >= 500 => "server_error",
-            _ => "invalid_request_error",
-        };
-        let body = json!({"error": {"message": self.message, "type": kind, "param": self.param, "code": self.code}});
-        let status = StatusCode::from_u16(self.status).unwrap_or(StatusCode::INTERNAL_SERVER_ERROR);
-        let mut response = (status, axum::Json(body)).into_response();
-        if self.status == 429 {
-            response.headers_mut().insert(header::RETRY_AFTER, HeaderValue::from_static("1"));
-        }
-        response
+/// OpenAI's error JSON with the error's status (429 with `Retry-After`).
+pub fn error_response(e: &ApiError) -> Response {
+    let status = StatusCode::from_u16(e.status).unwrap_or(StatusCode::INTERNAL_SERVER_ERROR);
+    let mut response = (status, axum::Json(e.body())).into_response();
+    if e.status == 429 {
+        response.headers_mut().insert(header::RETRY_AFTER, HeaderValue::from_static("1"));
     }
+    response
+}
+
+/// An error answered before the request's body was read: the connection
+/// closes after it, so hyper neither reads nor buffers the rest of the body.
+fn unread_body_error(e: &ApiError) -> Response {
+    let mut response = error_response(e);
+    response.headers_mut().insert(header::CONNECTION, HeaderValue::from_static("close"));
+    response
 }
 
 /// Counts the response under `endpoint`.
@@ -101,16 +89,11 @@ fn counted(state: &AppState, endpoint: &str, response: Response) -> Response {
     response
 }
 
-/// None when the request may go on; the 401 otherwise. Compared in constant time.
+/// None when the request may go on; the 401 otherwise (ApiKey compares in
+/// constant time).
 fn unauthorized(state: &AppState, headers: &HeaderMap) -> Option<ApiError> {
-    let key = state.api_key.as_deref()?;
-    let given = headers.get(header::AUTHORIZATION).and_then(|v| v.to_str().ok()).and_then(|v| v.strip_prefix("Bearer ")).unwrap_or("");
-    let same = given.len() == key.len() && given.bytes().zip(key.bytes()).fold(0u8, |acc, (a, b)| acc | (a ^ b)) == 0;
-    match same {
-        true => None,
-        false if given.is_empty() => Some(error(401, "no API key given: send `Authorization: Bearer KEY`", None, Some("invalid_api_key"))),
-        false => Some(error(401, "incorrect API key", None, Some("invalid_api_key"))),
-    }
+    let key = state.api_key.as_ref()?;
+    key.check(headers.get(header::AUTHORIZATION).map(|v| v.as_bytes())).err()
 }
 
 fn loaded(state: &AppState) -> Result<&IndexMap<String, Served>, ApiError> {
@@ -133,23 +116,6 @@ fn find<'a>(models: &'a IndexMap<String, Served>, name: &str) -> Result<(&'a str
     }
     let known: Vec<&str> = models.keys().map(|k| k.as_str()).collect();
     Err(error(404, format!("the model `{name}` does not exist; served: {}", known.join(", ")), Some("model"), Some("model_not_found")))
-}
-
-#[derive(Deserialize)]
-struct SpeechRequest {
-    model: String,
-    input: String,
-    #[serde(default)]
-    voice: Option<String>,
-    #[serde(default)]
-    speed: Option<f64>,
-    #[serde(default)]
-    response_format: Option<String>,
-    #[serde(default)]
-    stream_format: Option<String>,
-    /// Not OpenAI's: the language of a multilingual model.
-    #[serde(default)]
-    language: Option<String>,
 }
 
 /// Voice files in the configured directory: `NAME.voice` (saved clones) and
@@ -193,7 +159,7 @@ fn resolve_voice(state: &AppState, served: &Served, voice: Option<&str>) -> Resu
     Err(error(400, format!("unknown voice `{name}`; this model's voices: {}", known.join(", ")), Some("voice"), Some("voice_not_found")))
 }
 
-async fn speech(State(state): State<Arc<AppState>>, headers: HeaderMap, body: Result<Bytes, BytesRejection>) -> Response {
+async fn speech(State(state): State<Arc<AppState>>, headers: HeaderMap, body: Body) -> Response {
     let received = Instant::now();
     let (response, model) = speech_response(&state, &headers, body, received).await;
     // A streamed response is timed when its last byte goes out; an error when
@@ -204,49 +170,65 @@ async fn speech(State(state): State<Arc<AppState>>, headers: HeaderMap, body: Re
     counted(&state, "speech", response)
 }
 
-async fn speech_response(state: &Arc<AppState>, headers: &HeaderMap, body: Result<Bytes, BytesRejection>, received: Instant) -> (Response, String) {
+/// The body, read only after the key and the server's state are checked,
+/// within the body timeout and the size limit.
+async fn read_body(state: &AppState, headers: &HeaderMap, body: Body) -> Result<Bytes, ApiError> {
+    let limit = tts_serve_api::body_limit(state.max_input_chars);
+    let too_large = || error(413, "the request body is too large", Some("input"), None);
+    let declared = headers.get(header::CONTENT_LENGTH).and_then(|v| v.to_str().ok()).and_then(|v| v.parse::<u64>().ok());
+    if declared.is_some_and(|n| n > limit as u64) {
+        return Err(too_large());
+    }
+    match tokio::time::timeout(state.body_timeout, axum::body::to_bytes(body, limit)).await {
+        Ok(Ok(bytes)) => Ok(bytes),
+        Ok(Err(e)) => {
+            let inner = e.into_inner();
+            let mut cause: Option<&(dyn std::error::Error + 'static)> = Some(inner.as_ref());
+            while let Some(c) = cause {
+                if c.is::<http_body_util::LengthLimitError>() {
+                    return Err(too_large());
+                }
+                cause = c.source();
+            }
+            Err(error(400, format!("reading the request body: {inner}"), None, None))
+        }
+        Err(_) => Err(error(408, format!("the request body did not arrive within {} s", state.body_timeout.as_secs_f64()), None, Some("body_timeout"))),
+    }
+}
+
+async fn speech_response(state: &Arc<AppState>, headers: &HeaderMap, body: Body, received: Instant) -> (Response, String) {
+    // Nothing of the body is read until the key and the state are checked.
+    if let Some(e) = unauthorized(state, headers) {
+        return (unread_body_error(&e), String::new());
+    }
+    let models = match loaded(state) {
+        Ok(m) => m,
+        Err(e) => return (unread_body_error(&e), String::new()),
+    };
+    let body = match read_body(state, headers, body).await {
+        Ok(b) => b,
+        Err(e) => return (unread_body_error(&e), String::new()),
+    };
     let mut model = String::new();
     let result = async {
-        if let Some(e) = unauthorized(state, headers) {
-            return Err(e);
-        }
-        let models = loaded(state)?;
-        let body = match body {
-            Ok(b) => b,
-            Err(e) if e.status() == StatusCode::PAYLOAD_TOO_LARGE => return Err(error(413, "the request body is too large", Some("input"), None)),
-            Err(e) => return Err(error(400, format!("reading the request body: {e}"), None, None)),
-        };
-        let request: SpeechRequest =
-            serde_json::from_slice(&body).map_err(|e| error(400, format!("the request body is not valid JSON for this endpoint: {e}"), None, None))?;
+        let request = tts_serve_api::parse_speech(&body, state.max_input_chars)?;
         let (id, served) = find(models, &request.model)?;
         model = id.to_string();
         let (job, format, events) = prepare(state, served, request, received)?;
         start(state, id, served, job, format, events, received).await
     }
     .await;
-    (result.unwrap_or_else(IntoResponse::into_response), model)
+    (result.unwrap_or_else(|e| error_response(&e)), model)
 }
 
 type Prepared = (Job, ResponseFormat, tokio::sync::mpsc::Receiver<Event>);
 
-/// Validates the request's fields and builds its job.
-fn prepare(state: &AppState, served: &Served, request: SpeechRequest, received: Instant) -> Result<Prepared, ApiError> {
-    if request.input.trim().is_empty() {
-        return Err(error(400, "input is empty", Some("input"), None));
-    }
-    let chars = request.input.chars().count();
-    if chars > state.max_input_chars {
-        return Err(error(413, format!("input holds {chars} characters; this server takes at most {}", state.max_input_chars), Some("input"), None));
-    }
-    let format = ResponseFormat::parse(request.response_format.as_deref().unwrap_or("mp3")).map_err(|e| error(400, e, Some("response_format"), None))?;
-    if let Some(f) = request.stream_format.as_deref().filter(|f| *f != "audio") {
-        return Err(error(400, format!("stream_format `{f}` is not supported; supported: audio"), Some("stream_format"), None));
-    }
+/// Checks the request's fields against the model and builds its job (the
+/// checks that need no model ran in `parse_speech`).
+fn prepare(state: &AppState, served: &Served, request: tts_serve_api::SpeechRequest, received: Instant) -> Result<Prepared, ApiError> {
+    let format = request.format;
     let mut overrides = Vec::new();
     if let Some(speed) = request.speed {
-        if !SPEED_RANGE.contains(&speed) {
-            return Err(error(400, format!("speed must be in 0.25..=4.0, got {speed}"), Some("speed"), None));
-        }
         match served.options.iter().any(|k| k == "speed") {
             true => overrides.push(("speed".to_string(), speed.to_string())),
             false if speed == 1.0 => {}
@@ -256,7 +238,7 @@ fn prepare(state: &AppState, served: &Served, request: SpeechRequest, received: 
     if let Some(voice) = resolve_voice(state, served, request.voice.as_deref())? {
         overrides.push(("voice".to_string(), voice));
     }
-    if let Some(language) = request.language.filter(|l| !l.is_empty()) {
+    if let Some(language) = request.language {
         if !served.languages.contains(&language) {
             let known = if served.languages.is_empty() { "none (the model has no language option)".to_string() } else { served.languages.join(", ") };
             return Err(error(400, format!("unknown language `{language}`; this model's languages: {known}"), Some("language"), None));
@@ -325,7 +307,7 @@ async fn start(
 
 async fn models(State(state): State<Arc<AppState>>, headers: HeaderMap) -> Response {
     let response = match unauthorized(&state, &headers).map(Err).unwrap_or_else(|| loaded(&state)) {
-        Err(e) => e.into_response(),
+        Err(e) => error_response(&e),
         Ok(models) => {
             let data: Vec<_> = models.keys().map(|id| json!({"id": id, "object": "model", "created": 0, "owned_by": "tts"})).collect();
             axum::Json(json!({"object": "list", "data": data})).into_response()
@@ -366,7 +348,7 @@ async fn voices(
         voices.extend(voice_files(&state).into_keys());
         Ok(axum::Json(json!({"model": id, "voices": voices, "languages": served.languages})).into_response())
     })()
-    .unwrap_or_else(IntoResponse::into_response);
+    .unwrap_or_else(|e| error_response(&e));
     counted(&state, "voices", response)
 }
 
@@ -386,5 +368,10 @@ async fn metrics_text(State(state): State<Arc<AppState>>) -> Response {
 }
 
 async fn not_found(State(state): State<Arc<AppState>>, uri: axum::http::Uri) -> Response {
-    counted(&state, "other", error(404, format!("no endpoint at {}", uri.path()), None, Some("not_found")).into_response())
+    counted(&state, "other", error_response(&error(404, format!("no endpoint at {}", uri.path()), None, Some("not_found"))))
+}
+
+async fn method_not_allowed(State(state): State<Arc<AppState>>, method: axum::http::Method, uri: axum::http::Uri) -> Response {
+    let e = error(405, format!("{method} is not allowed on {}", uri.path()), None, Some("method_not_allowed"));
+    counted(&state, "other", error_response(&e))
 }

@@ -8,38 +8,7 @@ use engine_core::audio::{wav_header, RawFormat};
 /// play it without a header telling them otherwise.
 pub const PCM_RATE: u32 = 24_000;
 
-#[derive(Debug, Clone, Copy, PartialEq, Eq)]
-pub enum ResponseFormat {
-    Mp3,
-    Wav,
-    Pcm,
-    Flac,
-}
-
-impl ResponseFormat {
-    pub const SUPPORTED: &'static str = "mp3, wav, pcm, flac";
-
-    /// OpenAI's names; `opus` and `aac` (which OpenAI also lists) and anything
-    /// else are refused with the supported list.
-    pub fn parse(name: &str) -> Result<ResponseFormat, String> {
-        match name {
-            "mp3" => Ok(ResponseFormat::Mp3),
-            "wav" => Ok(ResponseFormat::Wav),
-            "pcm" => Ok(ResponseFormat::Pcm),
-            "flac" => Ok(ResponseFormat::Flac),
-            other => Err(format!("response_format `{other}` is not supported; supported: {}", ResponseFormat::SUPPORTED)),
-        }
-    }
-
-    pub fn content_type(self) -> &'static str {
-        match self {
-            ResponseFormat::Mp3 => "audio/mpeg",
-            ResponseFormat::Wav => "audio/wav",
-            ResponseFormat::Pcm => "audio/pcm",
-            ResponseFormat::Flac => "audio/flac",
-        }
-    }
-}
+pub use tts_serve_api::ResponseFormat;
 
 /// One response's encoder. `piece` returns the bytes ready to send (possibly
 /// none while an MP3 frame fills), `finish` the rest.

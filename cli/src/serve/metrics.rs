@@ -36,6 +36,10 @@ pub struct Metrics {
     pub audio_seconds: Family<ModelLabel, Counter<f64, AtomicU64>>,
     /// Syntheses stopped because the client went away.
     pub cancelled: Family<ModelLabel, Counter>,
+    /// Client connections open now.
+    pub connections: Gauge,
+    /// Connections closed at once because `--max-connections` were open.
+    pub refused_connections: Counter,
 }
 
 fn seconds_histogram() -> Histogram {
@@ -60,7 +64,11 @@ impl Metrics {
         registry.register("busy_workers", "workers synthesizing", busy_workers.clone());
         registry.register("audio_seconds", "seconds of audio produced", audio_seconds.clone());
         registry.register("cancelled_syntheses", "syntheses stopped because the client went away", cancelled.clone());
-        Metrics { registry, requests, latency, first_audio, queue_depth, busy_workers, audio_seconds, cancelled }
+        let connections = Gauge::default();
+        let refused_connections = Counter::default();
+        registry.register("open_connections", "client connections open", connections.clone());
+        registry.register("refused_connections", "connections closed at once because --max-connections were open", refused_connections.clone());
+        Metrics { registry, requests, latency, first_audio, queue_depth, busy_workers, audio_seconds, cancelled, connections, refused_connections }
     }
 
     pub fn count(&self, endpoint: &str, status: u16) {

@@ -4,6 +4,7 @@
 //! `workers` sessions fed from one bounded queue. docs/server.md.
 
 mod api;
+mod connection;
 mod encode;
 mod metrics;
 mod pool;
@@ -14,17 +15,39 @@ use std::net::SocketAddr;
 use std::path::PathBuf;
 use std::sync::atomic::Ordering;
 use std::sync::{Arc, OnceLock};
+use std::time::Duration;
 
 pub struct ServeOptions {
     pub listen: SocketAddr,
     pub workers: usize,
     pub queue: usize,
+    /// Checked non-empty by the command line; refused here too.
     pub api_key: Option<String>,
     pub voices_dir: Option<PathBuf>,
     pub max_input_chars: usize,
     /// Synthesis options over every profile's `[synthesis]` (`--set`).
     pub set: Vec<(String, String)>,
+    pub limits: Limits,
 }
+
+/// What one client may hold of the server, and for how long.
+#[derive(Debug, Clone, Copy)]
+pub struct Limits {
+    /// From a connection's opening, or the end of its previous response, to
+    /// the end of the next request's head: both the time to send a header
+    /// and the keep-alive idle time.
+    pub header_timeout: Duration,
+    /// For a speech request's whole body, from the end of its head.
+    pub body_timeout: Duration,
+    /// Connections open at once; more are answered 503 and closed.
+    pub max_connections: usize,
+    /// How long a drain waits for open connections before closing them.
+    pub shutdown_grace: Duration,
+}
+
+/// Descriptors kept beyond one per connection: the listener, stdio, model
+/// and plugin files, the runtime's own.
+const FD_RESERVE: libc::rlim_t = 256;
 
 /// A profile to serve: the model id requests name, and its opened engine.
 pub struct ModelSource {
@@ -33,10 +56,17 @@ pub struct ModelSource {
 }
 
 /// Binds, answers `/health` with 503 while the models load, serves until
-/// SIGINT or SIGTERM, then drains: new requests get 503, those under way
-/// finish, and the workers finish their queues.
+/// SIGINT or SIGTERM, then drains: the listener closes, new requests get 503,
+/// those under way have `shutdown_grace` to finish before their connections
+/// are closed, and the workers finish (or drop, if their client is gone)
+/// their queues.
 pub fn run(sources: Vec<ModelSource>, options: ServeOptions, quiet: bool) -> Result<(), String> {
     // The command line checked workers, queue and the voices directory.
+    let api_key = options.api_key.as_deref().map(tts_serve_api::ApiKey::new).transpose().map_err(|e| format!("--api-key: {e}"))?;
+    if api_key.is_none() && !options.listen.ip().is_loopback() {
+        tracing::warn!("listening on {} with no API key: anyone who can reach this address may use the server (set --api-key or TTS_API_KEY)", options.listen);
+    }
+    raise_fd_limit((options.limits.max_connections as libc::rlim_t).saturating_add(FD_RESERVE))?;
     let listener = std::net::TcpListener::bind(options.listen).map_err(|e| format!("binding {}: {e}", options.listen))?;
     listener.set_nonblocking(true).map_err(|e| format!("{}: {e}", options.listen))?;
     let address = listener.local_addr().map_err(|e| e.to_string())?;
@@ -44,19 +74,20 @@ pub fn run(sources: Vec<ModelSource>, options: ServeOptions, quiet: bool) -> Res
         models: OnceLock::new(),
         draining: Default::default(),
         metrics: Arc::new(metrics::Metrics::new()),
-        api_key: options.api_key.clone(),
+        api_key,
         voices_dir: options.voices_dir.clone(),
         max_input_chars: options.max_input_chars,
+        body_timeout: options.limits.body_timeout,
     });
-    // Four bytes per character at most, plus room for the other fields.
-    let body_limit = options.max_input_chars.saturating_mul(4).saturating_add(64 << 10);
     let runtime = tokio::runtime::Builder::new_multi_thread().worker_threads(2).enable_all().build().map_err(|e| format!("starting the runtime: {e}"))?;
     let server = {
         let state = state.clone();
-        let app = api::router(state.clone(), body_limit);
+        let app = api::router(state.clone());
+        let limits = options.limits;
         runtime.spawn(async move {
             let listener = tokio::net::TcpListener::from_std(listener).map_err(|e| e.to_string())?;
-            axum::serve(listener, app).with_graceful_shutdown(shutdown(state)).await.map_err(|e| format!("serving: {e}"))
+            connection::serve(listener, app, state, limits).await;
+            Ok::<(), String>(())
         })
     };
     if !quiet {
@@ -100,6 +131,31 @@ pub fn run(sources: Vec<ModelSource>, options: ServeOptions, quiet: bool) -> Res
     outcome
 }
 
+/// Raises the soft limit on open descriptors to `needed` when it is lower:
+/// each connection holds one, and at the limit `accept` fails for everyone,
+/// `/health` included. Refused when the hard limit is lower.
+fn raise_fd_limit(needed: libc::rlim_t) -> Result<(), String> {
+    let mut limit = libc::rlimit { rlim_cur: 0, rlim_max: 0 };
+    // SAFETY: getrlimit and setrlimit write and read the struct given.
+    if unsafe { libc::getrlimit(libc::RLIMIT_NOFILE, &mut limit) } != 0 {
+        return Err(format!("reading the open-file limit: {}", std::io::Error::last_os_error()));
+    }
+    if limit.rlim_cur != libc::RLIM_INFINITY && limit.rlim_cur < needed {
+        if limit.rlim_max != libc::RLIM_INFINITY && limit.rlim_max < needed {
+            return Err(format!(
+                "--max-connections needs {needed} open files, and the hard limit is {} (lower --max-connections or raise `ulimit -Hn`)",
+                limit.rlim_max
+            ));
+        }
+        limit.rlim_cur = needed;
+        if unsafe { libc::setrlimit(libc::RLIMIT_NOFILE, &limit) } != 0 {
+            return Err(format!("raising the open-file limit to {needed}: {}", std::io::Error::last_os_error()));
+        }
+    }
+    Ok(())
+}
+
+/// Waits for SIGINT or SIGTERM, then marks the server as draining.
 async fn shutdown(state: Arc<api::AppState>) {
     let mut term = match tokio::signal::unix::signal(tokio::signal::unix::SignalKind::terminate()) {
         Ok(s) => s,

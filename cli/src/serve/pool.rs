@@ -42,13 +42,15 @@ impl Failure {
         Failure { status: 500, message: message.into(), param: None }
     }
 
-    /// A synthesis error: one that names an option of this request, or empty
-    /// text, is the request's fault (400); anything else the server's (500).
+    /// A synthesis error: one that names an option of this request, or text
+    /// the model cannot speak (blank, or only characters it lacks), is the
+    /// request's fault (400, which OpenAI's clients do not retry); anything
+    /// else the server's (500).
     fn classify(message: &str, overrides: &[(String, String)]) -> Failure {
         let option = overrides.iter().map(|(k, _)| k).find(|k| message.contains(&format!("option `{k}`")) || message.contains(&format!("{k} must be")));
         match option {
             Some(key) => Failure { status: 400, message: message.to_string(), param: Some(key.clone()) },
-            None if message.contains("text is empty") => Failure { status: 400, message: message.to_string(), param: Some("input".into()) },
+            None if tts_serve_api::is_text_error(message) => Failure { status: 400, message: message.to_string(), param: Some("input".into()) },
             None => Failure::internal(format!("synthesis failed: {message}")),
         }
     }
@@ -121,6 +123,13 @@ fn synthesize(session: &mut ModelSession, job: &Job, metrics: &Metrics, label: &
     let mut encoder = Encoder::new(job.format);
     let (mut started, mut gone, mut samples) = (false, false, 0u64);
     let result = session.synthesize_streaming_with(&job.text, &job.overrides, |piece, rate| {
+        // Checked on every piece, not only when bytes go out: FLAC sends
+        // nothing until the end (and MP3 not while a frame fills), so a send
+        // alone would not notice a client that left.
+        if job.events.is_closed() {
+            gone = true;
+            return Ok(false);
+        }
         let bytes = encoder.piece(piece, rate).map_err(EngineError)?;
         samples += piece.len() as u64;
         if !started {
@@ -143,7 +152,10 @@ fn synthesize(session: &mut ModelSession, job: &Job, metrics: &Metrics, label: &
             match encoder.finish(summary.sample_rate) {
                 Ok(tail) if !tail.is_empty() || !started => match job.events.blocking_send(Event::Audio(tail)) {
                     Ok(()) => Some(Event::Done),
-                    Err(_) => None,
+                    Err(_) => {
+                        metrics.cancelled.get_or_create(label).inc();
+                        None
+                    }
                 },
                 Ok(_) => Some(Event::Done),
                 Err(e) => Some(Event::Failed(Failure::internal(e))),
@@ -165,6 +177,8 @@ mod tests {
         let f = Failure::classify("option `speed`: `x` is not a float", &set);
         assert_eq!((f.status, f.param.as_deref()), (400, Some("speed")));
         let f = Failure::classify("text is empty", &[]);
+        assert_eq!((f.status, f.param.as_deref()), (400, Some("input")));
+        let f = Failure::classify("unsupported characters for this model: '☃' (U+2603) (set unsupported_chars = \"skip\" to leave them out)", &[]);
         assert_eq!((f.status, f.param.as_deref()), (400, Some("input")));
         let f = Failure::classify("ggml: out of memory", &set);
         assert_eq!((f.status, f.message.as_str()), (500, "synthesis failed: ggml: out of memory"));

@@ -1,0 +1,249 @@
+//! The pure part of `tts serve`'s request handling: parsing and validating a
+//! `POST /v1/audio/speech` body, checking the API key, and OpenAI's error
+//! bodies. Nothing here touches the network, a model or the filesystem, so the
+//! fuzz target `server_request` drives it directly (docs/server.md).
+
+use serde::Deserialize;
+use serde_json::{json, Value};
+use sha2::{Digest, Sha256};
+
+/// OpenAI's model names, answered by the first profile's model, so clients
+/// written for OpenAI work unchanged.
+pub const OPENAI_MODEL_ALIASES: [&str; 3] = ["tts-1", "tts-1-hd", "gpt-4o-mini-tts"];
+
+/// OpenAI's bounds on `speed`.
+pub const SPEED_RANGE: std::ops::RangeInclusive<f64> = 0.25..=4.0;
+
+/// An error as OpenAI reports it: `{"error": {"message", "type", "param", "code"}}`.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct ApiError {
+    pub status: u16,
+    pub message: String,
+    pub param: Option<String>,
+    pub code: Option<&'static str>,
+}
+
+impl ApiError {
+    pub fn new(status: u16, message: impl Into<String>, param: Option<&str>, code: Option<&'static str>) -> ApiError {
+        ApiError { status, message: message.into(), param: param.map(str::to_string), code }
+    }
+
+    /// OpenAI's `type`: clients retry `server_error` (5xx) and 429, and give up
+    /// on the rest.
+    pub fn kind(&self) -> &'static str {
+        match self.status {
+            401 => "authentication_error",
+            429 => "rate_limit_error",
+            s if s >= 500 => "server_error",
+            _ => "invalid_request_error",
+        }
+    }
+
+    pub fn body(&self) -> Value {
+        json!({"error": {"message": self.message, "type": self.kind(), "param": self.param, "code": self.code}})
+    }
+}
+
+/// The response formats of `/v1/audio/speech`.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum ResponseFormat {
+    Mp3,
+    Wav,
+    Pcm,
+    Flac,
+}
+
+impl ResponseFormat {
+    pub const SUPPORTED: &'static str = "mp3, wav, pcm, flac";
+
+    /// OpenAI's names; `opus` and `aac` (which OpenAI also lists) and anything
+    /// else are refused with the supported list.
+    pub fn parse(name: &str) -> Result<ResponseFormat, String> {
+        match name {
+            "mp3" => Ok(ResponseFormat::Mp3),
+            "wav" => Ok(ResponseFormat::Wav),
+            "pcm" => Ok(ResponseFormat::Pcm),
+            "flac" => Ok(ResponseFormat::Flac),
+            other => Err(format!("response_format `{other}` is not supported; supported: {}", ResponseFormat::SUPPORTED)),
+        }
+    }
+
+    pub fn content_type(self) -> &'static str {
+        match self {
+            ResponseFormat::Mp3 => "audio/mpeg",
+            ResponseFormat::Wav => "audio/wav",
+            ResponseFormat::Pcm => "audio/pcm",
+            ResponseFormat::Flac => "audio/flac",
+        }
+    }
+}
+
+/// The JSON body as sent; unknown fields (`instructions`) are ignored.
+#[derive(Deserialize)]
+struct RawRequest {
+    model: String,
+    input: String,
+    #[serde(default)]
+    voice: Option<String>,
+    #[serde(default)]
+    speed: Option<f64>,
+    #[serde(default)]
+    response_format: Option<String>,
+    #[serde(default)]
+    stream_format: Option<String>,
+    /// Not OpenAI's: the language of a multilingual model.
+    #[serde(default)]
+    language: Option<String>,
+}
+
+/// A speech request whose fields passed every check that needs no model:
+/// `input` is not blank and holds at most the allowed characters, `speed` is
+/// in OpenAI's range, the formats are supported.
+#[derive(Debug, Clone, PartialEq)]
+pub struct SpeechRequest {
+    pub model: String,
+    pub input: String,
+    pub voice: Option<String>,
+    pub speed: Option<f64>,
+    pub format: ResponseFormat,
+    /// None when absent or empty.
+    pub language: Option<String>,
+}
+
+/// The largest body taken for `max_input_chars`: four bytes per character at
+/// most, plus room for the other fields. Larger gets 413.
+pub fn body_limit(max_input_chars: usize) -> usize {
+    max_input_chars.saturating_mul(4).saturating_add(64 << 10)
+}
+
+/// Parses and validates a speech request's body.
+pub fn parse_speech(body: &[u8], max_input_chars: usize) -> Result<SpeechRequest, ApiError> {
+    if body.len() > body_limit(max_input_chars) {
+        return Err(ApiError::new(413, "the request body is too large", Some("input"), None));
+    }
+    let raw: RawRequest =
+        serde_json::from_slice(body).map_err(|e| ApiError::new(400, format!("the request body is not valid JSON for this endpoint: {e}"), None, None))?;
+    if raw.input.trim().is_empty() {
+        return Err(ApiError::new(400, "input is empty", Some("input"), None));
+    }
+    let chars = raw.input.chars().count();
+    if chars > max_input_chars {
+        return Err(ApiError::new(413, format!("input holds {chars} characters; this server takes at most {max_input_chars}"), Some("input"), None));
+    }
+    let format = ResponseFormat::parse(raw.response_format.as_deref().unwrap_or("mp3")).map_err(|e| ApiError::new(400, e, Some("response_format"), None))?;
+    if let Some(f) = raw.stream_format.as_deref().filter(|f| *f != "audio") {
+        return Err(ApiError::new(400, format!("stream_format `{f}` is not supported; supported: audio"), Some("stream_format"), None));
+    }
+    if let Some(speed) = raw.speed.filter(|s| !SPEED_RANGE.contains(s)) {
+        return Err(ApiError::new(400, format!("speed must be in 0.25..=4.0, got {speed}"), Some("speed"), None));
+    }
+    let language = raw.language.filter(|l| !l.is_empty());
+    Ok(SpeechRequest { model: raw.model, input: raw.input, voice: raw.voice, speed: raw.speed, format, language })
+}
+
+/// The token of an `Authorization` header's `Bearer` credentials. The scheme
+/// is matched case-insensitively (RFC 7235 §2.1), one or more spaces follow it.
+pub fn bearer_token(authorization: &[u8]) -> Option<&[u8]> {
+    let space = authorization.iter().position(|&b| b == b' ')?;
+    let (scheme, rest) = authorization.split_at(space);
+    if !scheme.eq_ignore_ascii_case(b"bearer") {
+        return None;
+    }
+    let start = rest.iter().position(|&b| b != b' ')?;
+    Some(&rest[start..])
+}
+
+/// The server's API key, kept as its SHA-256 digest: every comparison is of
+/// two 32-byte digests, whatever the lengths of the key and the guess, so
+/// neither its content nor its length shows in the time a refusal takes.
+#[derive(Clone)]
+pub struct ApiKey {
+    digest: [u8; 32],
+}
+
+impl ApiKey {
+    /// An empty key is refused: `--api-key "$KEY"` with KEY unset would
+    /// otherwise serve with no authentication at all.
+    pub fn new(key: &str) -> Result<ApiKey, String> {
+        if key.is_empty() {
+            return Err("the API key is empty".into());
+        }
+        Ok(ApiKey { digest: Sha256::digest(key.as_bytes()).into() })
+    }
+
+    fn matches(&self, given: &[u8]) -> bool {
+        let digest: [u8; 32] = Sha256::digest(given).into();
+        // No early exit: every byte is compared.
+        let difference = digest.iter().zip(&self.digest).fold(0u8, |acc, (a, b)| std::hint::black_box(acc | (a ^ b)));
+        difference == 0
+    }
+
+    /// Checks an `Authorization` header value (None: absent).
+    pub fn check(&self, authorization: Option<&[u8]>) -> Result<(), ApiError> {
+        let Some(value) = authorization else {
+            return Err(ApiError::new(401, "no API key given: send `Authorization: Bearer KEY`", None, Some("invalid_api_key")));
+        };
+        match bearer_token(value) {
+            None => Err(ApiError::new(401, "the Authorization header is not `Bearer KEY`", None, Some("invalid_api_key"))),
+            Some(token) if self.matches(token) => Ok(()),
+            Some(_) => Err(ApiError::new(401, "incorrect API key", None, Some("invalid_api_key"))),
+        }
+    }
+}
+
+/// Whether a synthesis error is about the request's text (400, `param`
+/// `input`): blank text, or text with nothing the model can speak. The model
+/// families report these in these words; anything else is the server's (500).
+pub fn is_text_error(message: &str) -> bool {
+    ["text is empty", "unsupported characters for this model", "nothing speakable remains", "nothing to speak"].iter().any(|m| message.contains(m))
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn the_bearer_scheme_is_case_insensitive() {
+        let key = ApiKey::new("s3cret").unwrap();
+        for header in ["Bearer s3cret", "bearer s3cret", "BEARER s3cret", "bEaReR   s3cret"] {
+            assert_eq!(key.check(Some(header.as_bytes())), Ok(()), "{header}");
+        }
+        for header in ["Bearer s3cre", "Bearer s3cret ", "Basic s3cret", "Bearers3cret", "Bearer", "s3cret", ""] {
+            assert_eq!(key.check(Some(header.as_bytes())).unwrap_err().status, 401, "{header}");
+        }
+        assert_eq!(key.check(None).unwrap_err().code, Some("invalid_api_key"));
+    }
+
+    #[test]
+    fn an_empty_key_is_refused() {
+        assert_eq!(ApiKey::new("").err().as_deref(), Some("the API key is empty"));
+    }
+
+    #[test]
+    fn requests_are_validated_without_a_model() {
+        let ok = parse_speech(br#"{"model": "m", "input": "Hi.", "speed": 1.5, "language": ""}"#, 10).unwrap();
+        assert_eq!((ok.format, ok.speed, ok.language), (ResponseFormat::Mp3, Some(1.5), None));
+        let status = |body: &str, max: usize| parse_speech(body.as_bytes(), max).unwrap_err();
+        assert_eq!(status(r#"{"model": "m", "input": " "}"#, 10).param.as_deref(), Some("input"));
+        assert_eq!(status(r#"{"model": "m", "input": "abcdefghijk"}"#, 10).status, 413);
+        assert_eq!(status(r#"{"model": "m", "input": "a", "speed": 10}"#, 10).param.as_deref(), Some("speed"));
+        assert_eq!(status(r#"{"model": "m", "input": "a", "response_format": "opus"}"#, 10).param.as_deref(), Some("response_format"));
+        assert_eq!(status(r#"{"model": "m", "input": "a", "stream_format": "sse"}"#, 10).param.as_deref(), Some("stream_format"));
+        assert_eq!(status(r#"{"model": "m""#, 10).status, 400);
+        assert_eq!(parse_speech(&vec![b' '; body_limit(1) + 1], 1).unwrap_err().status, 413);
+    }
+
+    #[test]
+    fn error_bodies_are_openais() {
+        let e = ApiError::new(400, "bad", Some("input"), None);
+        assert_eq!(e.body(), json!({"error": {"message": "bad", "type": "invalid_request_error", "param": "input", "code": null}}));
+        assert_eq!(ApiError::new(503, "x", None, None).kind(), "server_error");
+    }
+
+    #[test]
+    fn text_errors_are_the_requests_fault() {
+        assert!(is_text_error("unsupported characters for this model: '☃' (U+2603) (set unsupported_chars = \"skip\" to leave them out)"));
+        assert!(is_text_error("nothing to speak: the text is empty after normalisation"));
+        assert!(!is_text_error("ggml: out of memory"));
+    }
+}
