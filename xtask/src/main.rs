@@ -595,6 +595,8 @@ const FUZZ_TARGETS: &[(&str, &[&str])] = &[
     ("supertonic_text", &[]),
     ("chatterbox_text", &[]),
     ("audio_input", &[]),
+    ("voice_file", &[]),
+    ("supertonic_style", &[]),
 ];
 
 fn host_triple() -> Result<String, String> {
