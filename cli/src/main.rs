@@ -40,9 +40,14 @@ struct Common {
     /// (`tts compare` takes two).
     #[arg(long = "profile", global = true, value_name = "FILE")]
     profiles: Vec<PathBuf>,
-    /// Plugin directory (repeatable); overrides the profile's [plugins] dirs.
+    /// Plugin directory (repeatable); overrides $TTS_PLUGIN_PATH and the
+    /// bundle's own plugins/.
     #[arg(long = "plugin-dir", global = true, value_name = "DIR")]
     plugin_dirs: Vec<PathBuf>,
+    /// Load plugins from the directories the profile's [plugins] dirs names
+    /// (refused without this: a profile is data, not a source of code).
+    #[arg(long = "trust-profile-plugins", global = true)]
+    trust_profile_plugins: bool,
     /// Model GGUF file (repeatable); overrides the profile's [model] files.
     #[arg(long = "model", global = true, value_name = "FILE")]
     models: Vec<PathBuf>,
@@ -408,10 +413,15 @@ fn open_engine_with(common: &Common, profile: Option<&std::path::Path>, everythi
     if !common.models.is_empty() {
         profile.model_files = common.models.clone();
     }
-    let dirs = if common.plugin_dirs.is_empty() { engine::plugin_dirs(&profile, std::env::current_exe().ok().as_deref()) } else { common.plugin_dirs.clone() };
+    let exe = std::env::current_exe().ok();
+    let dirs = engine::plugin_dirs(&profile, exe.as_deref(), &common.plugin_dirs, common.trust_profile_plugins).map_err(|e| e.to_string())?;
     let opened = if everything { Engine::open_all(profile, dirs) } else { Engine::open(profile, dirs) };
     opened.map_err(|e| e.to_string())
 }
+
+/// The profiles named on the command line, as inputs an output must not replace.
+fn input_profiles(common: &Common) -> Vec<(String, PathBuf)> {
+    common.profiles.iter().map(|p| ("profile".to_string(), p.clone())).collect()
 
 /// Writes to stdout; a reader that went away (`| head`) is not an error.
 fn write_stdout(text: &str) -> Result<(), String> {
@@ -464,6 +474,11 @@ fn run(cli: Cli) -> Result<(), String> {
             for profile in [a, b] {
                 let engine = open_engine_with(&common, Some(profile), false)?;
                 let mut session = engine.open_model(&set).map_err(|e| format!("{}: {e}", profile.display()))?;
+                for (flag, path) in [("--json", &json), ("--plot", &plot)] {
+                    if let Some(p) = path {
+                        session.refuse_input_as_output(p, &input_profiles(&common)).map_err(|e| format!("{flag} {e}"))?;
+                    }
+                }
                 if let Some(first) = sides.first() {
                     let first: &compare::Side = first;
                     if first.session.family != session.info.family.as_str() {
@@ -503,6 +518,7 @@ fn run(cli: Cli) -> Result<(), String> {
         Some(Command::Voice { action: VoiceCommand::Save { common, reference, out, set } }) => {
             let engine = open_engine(&common, false)?;
             let mut session = engine.open_model(&set).map_err(|e| e.to_string())?;
+            session.refuse_input_as_output(&out, &input_profiles(&common)).map_err(|e| e.to_string())?;
             let timings = session.save_voice(&reference, &out).map_err(|e| e.to_string())?;
             let total: f64 = timings.iter().map(|(_, ms)| ms).sum();
             let stages: Vec<String> = timings.iter().map(|(stage, ms)| format!("{stage} {ms:.0} ms")).collect();
@@ -604,6 +620,11 @@ fn run(cli: Cli) -> Result<(), String> {
             }
             let engine = open_engine(&args.common, false)?;
             let mut session = engine.open_model(&set).map_err(|e| e.to_string())?;
+            if out != std::path::Path::new("-") {
+                let mut extra = input_profiles(&args.common);
+                extra.extend(args.text_file.iter().filter(|p| p.as_os_str() != "-").map(|p| ("text file".to_string(), p.clone())));
+                session.refuse_input_as_output(out, &extra).map_err(|e| e.to_string())?;
+            }
             let written = synth::synthesize(&mut session, &text, out, args.format, &synth::Progress::new(cli.quiet))?;
             if !cli.quiet && out != std::path::Path::new("-") {
                 eprintln!("wrote {} ({:.2} s at {} Hz)", engine_core::logging::escape(&out.display().to_string()), written.seconds, written.sample_rate);

@@ -95,8 +95,11 @@ fn fifo_output_is_written_in_place() {
             panic!("{}", stderr(&o));
         }
         let bytes = reader.join().unwrap();
-        let wav = hound::WavReader::new(std::io::Cursor::new(bytes)).unwrap();
-        assert_eq!(wav.len(), 2 * 1600, "0.1 s per character at 16 kHz");
+        // A FIFO cannot seek: the WAV is streamed with the header of unknown
+        // length (`--out -` writes the same), then every sample.
+        assert_eq!(&bytes[..4], b"RIFF");
+        assert_eq!(&bytes[36..44], b"data\xff\xff\xff\xff");
+        assert_eq!(bytes.len(), 44 + 2 * 2 * 1600, "0.1 s per character at 16 kHz");
         assert!(std::fs::symlink_metadata(&fifo).unwrap().file_type().is_fifo(), "the FIFO is kept");
     }
     assert!(std::fs::symlink_metadata(&link).unwrap().file_type().is_symlink());
@@ -553,6 +556,158 @@ fn chatterbox_splits_a_word_longer_than_max_chars() {
 }
 
 // 7. Files and code loading, round two (issue 31).
+
+/// Runs `tts args` with its stdout on `stdout` (a file of the test's own
+/// temporary directory), so `--out /dev/stdout` reaches that file.
+fn run_with_stdout(args: &[&str], stdout: std::fs::File, envs: &[(&str, &str)]) -> Output {
+    let mut cmd = std::process::Command::new(tts());
+    cmd.args(args).env_remove("TTS_LOG").env_remove("TTS_PLUGIN_PATH").envs(envs.iter().copied());
+    cmd.stdout(std::process::Stdio::from(stdout)).stderr(std::process::Stdio::piped());
+    wait_or_kill(cmd.spawn().unwrap(), std::time::Duration::from_secs(120), &format!("tts {}", args.join(" ")))
+}
+
+/// `tts --out /dev/stdout > x.wav` left x.wav empty and, as root, renamed a
+/// WAV over the `/dev/stdout` link itself. Now the WAV goes through the
+/// descriptor into x.wav: from byte 0 for `>` (older bytes cut), appended
+/// for `>>`; the same through a link of our own to `/proc/self/fd/1`. The
+/// child's stdout is always a file in this test's temporary directory.
+#[test]
+fn out_dev_stdout_writes_into_the_redirected_file() {
+    use std::os::unix::fs::OpenOptionsExt;
+    let (plugins, gguf) = tone_setup(&["cpu"]);
+    let dir = tempfile::tempdir().unwrap();
+    let profile = profile_on(dir.path(), "cpu", &[gguf]);
+    let link = dir.path().join("fd1.wav");
+    symlink("/proc/self/fd/1", &link).unwrap();
+    for (i, out) in [Path::new("/dev/stdout"), link.as_path()].into_iter().enumerate() {
+        // `> x.wav`, over an older, longer file (the shell truncates; the
+        // descriptor starts at 0 either way).
+        let x = dir.path().join(format!("x{i}.wav"));
+        std::fs::write(&x, vec![7u8; 100_000]).unwrap();
+        let file = std::fs::OpenOptions::new().write(true).truncate(true).open(&x).unwrap();
+        let o = run_with_stdout(&args(&profile, plugins.path(), "hi", out), file, &[]);
+        assert!(o.status.success(), "{}", stderr(&o));
+        let wav = hound::WavReader::open(&x).unwrap_or_else(|e| panic!("{}: not a WAV ({e}), {} bytes", out.display(), std::fs::metadata(&x).unwrap().len()));
+        assert_eq!(wav.len(), 2 * 1600, "{}: 0.1 s per character at 16 kHz", out.display());
+        assert_eq!(std::fs::metadata(&x).unwrap().len(), 44 + 2 * 3200, "nothing trails the WAV");
+        // `>> x.wav`: appended after what was there, header sizes rewritten.
+        let before = std::fs::read(&x).unwrap();
+        let file = std::fs::OpenOptions::new().append(true).custom_flags(libc::O_APPEND).open(&x).unwrap();
+        let o = run_with_stdout(&args(&profile, plugins.path(), "hi", out), file, &[]);
+        assert!(o.status.success(), "{}", stderr(&o));
+        let after = std::fs::read(&x).unwrap();
+        assert_eq!(&after[..before.len()], &before[..], "the older content is kept");
+        let appended = hound::WavReader::new(std::io::Cursor::new(after[before.len()..].to_vec())).unwrap();
+        assert_eq!(appended.len(), 2 * 1600);
+    }
+    assert!(std::fs::symlink_metadata("/dev/stdout").unwrap().file_type().is_symlink(), "/dev/stdout is still a link");
+    assert!(std::fs::symlink_metadata(&link).unwrap().file_type().is_symlink(), "our link is kept");
+}
+
+/// An output that is one of the inputs (the model, the text file, the
+/// reference of `voice save`, through a link too) is refused before anything
+/// is written, with one line; the input is untouched.
+#[test]
+fn output_that_is_an_input_is_refused() {
+    let (plugins, gguf) = tone_setup(&["cpu"]);
+    let dir = tempfile::tempdir().unwrap();
+    let profile = profile_on(dir.path(), "cpu", std::slice::from_ref(&gguf));
+    let model = std::fs::read(&gguf).unwrap();
+    let link = dir.path().join("model-link.gguf");
+    symlink(&gguf, &link).unwrap();
+    for out in [&gguf, &link] {
+        let o = run(&args(&profile, plugins.path(), "hi", out));
+        assert_one_line_error(&o, &format!("is the model file {}; writing it would destroy that input", gguf.display()));
+        assert_eq!(std::fs::read(&gguf).unwrap(), model, "the model is untouched");
+    }
+    let mut a = args(&profile, plugins.path(), "hi", &gguf);
+    let model_arg = gguf.to_str().unwrap();
+    a.extend(["--model", model_arg]);
+    assert_one_line_error(&run(&a), "is the model file");
+    let text = dir.path().join("t.txt");
+    std::fs::write(&text, "hello").unwrap();
+    let o = run(&[
+        "--profile",
+        profile.to_str().unwrap(),
+        "--plugin-dir",
+        plugins.path().to_str().unwrap(),
+        "--text-file",
+        text.to_str().unwrap(),
+        "--out",
+        text.to_str().unwrap(),
+    ]);
+    assert_one_line_error(&o, "is the text file");
+    assert_eq!(std::fs::read_to_string(&text).unwrap(), "hello");
+    // voice save --reference r.wav --out r.wav (Chatterbox: refused before cloning).
+    let plugins = plugins_with(&["cpu"], &["chatterbox"]);
+    let profile = profile_on(dir.path(), "cpu", &chatterbox_fixture());
+    let reference = dir.path().join("r.wav");
+    std::fs::write(&reference, b"RIFF-not-even-audio").unwrap();
+    let o = run(&[
+        "voice",
+        "save",
+        "--profile",
+        profile.to_str().unwrap(),
+        "--plugin-dir",
+        plugins.path().to_str().unwrap(),
+        "--reference",
+        reference.to_str().unwrap(),
+        "--out",
+        reference.to_str().unwrap(),
+    ]);
+    assert_one_line_error(&o, &format!("is the reference {}", reference.display()));
+    assert_eq!(std::fs::read(&reference).unwrap(), b"RIFF-not-even-audio");
+}
+
+/// Plugin directories come from --plugin-dir, TTS_PLUGIN_PATH or the bundle;
+/// a profile's `[plugins] dirs` loads code only with --trust-profile-plugins.
+/// A plugin file or directory that others may write, or that another user
+/// owns, is refused with its reason.
+#[test]
+fn plugins_load_only_from_trusted_places() {
+    let (plugins, gguf) = tone_setup(&["cpu"]);
+    let dir = tempfile::tempdir().unwrap();
+    let out = dir.path().join("o.wav");
+    let model = gguf.to_str().unwrap();
+    let profile = write_profile(
+        dir.path(),
+        &format!(
+            "[plugins]\ndirs = [\"{}\"]\n[backend]\nprefer = [\"cpu\"]\n[backends.cpu]\nthreads = 1\n[model]\nfiles = [\"{model}\"]\n",
+            plugins.path().display()
+        ),
+    );
+    let base = ["--profile", profile.to_str().unwrap(), "--text", "hi", "--out", out.to_str().unwrap()];
+    let o = run_with(&base, None, &[("TTS_PLUGIN_PATH", "")]);
+    assert_one_line_error(&o, "[plugins] dirs would load code from");
+    assert!(stderr(&o).contains("pass --trust-profile-plugins to allow it"), "{}", stderr(&o));
+    assert!(!out.exists());
+    let mut trusted = base.to_vec();
+    trusted.push("--trust-profile-plugins");
+    let o = run(&trusted);
+    assert!(o.status.success(), "{}", stderr(&o));
+    std::fs::remove_file(&out).unwrap();
+    // The environment variable, with a profile that names no plugins.
+    let plain = profile_on(dir.path(), "cpu", std::slice::from_ref(&gguf));
+    let env_args = ["--profile", plain.to_str().unwrap(), "--text", "hi", "--out", out.to_str().unwrap()];
+    let o = run_with(&env_args, None, &[("TTS_PLUGIN_PATH", plugins.path().to_str().unwrap())]);
+    assert!(o.status.success(), "{}", stderr(&o));
+    std::fs::remove_file(&out).unwrap();
+    // StrictModes: a writable directory, a writable file, a file of another user.
+    let with_dir = args(&plain, plugins.path(), "hi", &out);
+    let model_plugin = plugins.path().join("libtts_model_tone.so");
+    std::fs::set_permissions(plugins.path(), std::fs::Permissions::from_mode(0o775)).unwrap();
+    assert_one_line_error(&run(&with_dir), "is writable by its group (mode 0775); remove that with chmod go-w");
+    std::fs::set_permissions(plugins.path(), std::fs::Permissions::from_mode(0o700)).unwrap();
+    std::fs::set_permissions(&model_plugin, std::fs::Permissions::from_mode(0o757)).unwrap();
+    assert_one_line_error(&run(&with_dir), "libtts_model_tone.so is writable by anyone (mode 0757)");
+    std::fs::set_permissions(&model_plugin, std::fs::Permissions::from_mode(0o755)).unwrap();
+    std::os::unix::fs::chown(&model_plugin, Some(4242), None).unwrap();
+    assert_one_line_error(&run(&with_dir), "libtts_model_tone.so is owned by user 4242, neither root nor this user");
+    std::os::unix::fs::chown(&model_plugin, Some(0), None).unwrap();
+    assert!(!out.exists());
+    let o = run(&with_dir);
+    assert!(o.status.success(), "{}", stderr(&o));
+}
 
 /// A FIFO as a voice, a reference recording, a noise or draws file, or a
 /// text file that is a directory, is refused by kind with one line at once

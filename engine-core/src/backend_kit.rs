@@ -85,6 +85,8 @@ fn verify_stamp(module: &Path, expected: &Stamp) -> Result<Stamp, String> {
 /// ggml's own suitability score of a module for this machine (CPU variants check
 /// the ISA; 0 = cannot run here). Modules without a score function count as 1.
 fn module_score(module: &Path) -> Result<i32, String> {
+    // Loading runs the module's code: the same trust rule as plugins.
+    crate::loader::check_trusted(module).map_err(|e| format!("ggml module {} is not loaded: {e}", module.display()))?;
     let lib = unsafe { libloading::Library::new(module) }.map_err(|e| format!("{}: {e}", module.display()))?;
     let score = unsafe { lib.get::<unsafe extern "C" fn() -> i32>(b"ggml_backend_score\0") }.map(|f| unsafe { f() }).unwrap_or(1);
     Ok(score)

@@ -56,6 +56,32 @@ pub enum PluginError {
     GgmlMismatch { path: PathBuf, found: String, found_version: String, expected: String, expected_version: String },
     #[error("plugin {path} failed to initialise: {reason}")]
     Init { path: PathBuf, reason: String },
+    #[error("plugin {path} is not loaded: {reason}")]
+    Untrusted { path: PathBuf, reason: String },
+}
+
+/// Refuses code that someone other than this user or root could have
+/// replaced, as ssh's StrictModes does for keys: the file (links followed)
+/// and the directory it really lies in must be owned by root or by this
+/// process's user, and writable by neither group nor others. The reason
+/// names the path, the mode or owner, and the fix.
+pub fn check_trusted(path: &Path) -> Result<(), String> {
+    use std::os::unix::fs::MetadataExt;
+    let real = std::fs::canonicalize(path).map_err(|e| format!("{}: {e}", path.display()))?;
+    let dir = real.parent().unwrap_or(Path::new("/")).to_path_buf();
+    let me = unsafe { libc::geteuid() };
+    for (what, p) in [("file", &real), ("directory", &dir)] {
+        let m = std::fs::metadata(p).map_err(|e| format!("{}: {e}", p.display()))?;
+        let mode = m.mode() & 0o7777;
+        if m.uid() != 0 && m.uid() != me {
+            return Err(format!("its {what} {} is owned by user {}, neither root nor this user ({me})", p.display(), m.uid()));
+        }
+        if mode & 0o022 != 0 {
+            let who = if mode & 0o002 != 0 { "anyone" } else { "its group" };
+            return Err(format!("its {what} {} is writable by {who} (mode {mode:04o}); remove that with chmod go-w", p.display()));
+        }
+    }
+    Ok(())
 }
 
 /// Lists plugin files in `dirs` (non-recursive), sorted by kind and name. A name
@@ -187,6 +213,7 @@ fn load_root<M: RootModule>(path: &Path) -> Result<M, PluginError> {
     if !path.is_file() {
         return Err(PluginError::Missing(path.to_path_buf()));
     }
+    check_trusted(path).map_err(|reason| PluginError::Untrusted { path: path.to_path_buf(), reason })?;
     // Open with libloading first: its error is the plain dlopen reason (bad ELF,
     // wrong architecture, missing dependency), which we want to show as is.
     let library =

@@ -10,9 +10,15 @@
 //!   the target. Concurrent writers each rename a complete file: the target
 //!   always holds one whole output.
 //! - A symbolic link at the target is replaced, not followed, unless it leads to
-//!   a FIFO or a character device (`/dev/stdout`, a pipe).
-//! - FIFOs and character devices are written in place, never replaced; block
-//!   devices, sockets and directories are refused.
+//!   a FIFO or a character device (a pipe, `/dev/null`) or passes through
+//!   `/dev` or `/proc` (`/dev/stdout`).
+//! - One of this process's own descriptors named by path (`/dev/stdout`,
+//!   `/dev/fd/N`, `/proc/self/fd/N`, or a link to one) is written through that
+//!   descriptor: at its offset, so `> x.wav` gets the whole output from byte 0
+//!   (the file is then cut at its end) and `>> x.wav` gets it appended.
+//! - FIFOs and character devices, and anything under `/dev` or `/proc`, are
+//!   written in place (a regular file truncated first), never replaced, and no
+//!   file is created there; block devices, sockets and directories are refused.
 //! - The temporary is removed when writing fails, when the writer panics (it is
 //!   deleted on drop) and, once [`remove_temporaries_on_signals`] is installed,
 //!   on SIGINT, SIGTERM and SIGHUP.
@@ -35,23 +41,77 @@ pub const TEST_FAULT_ENV: &str = "TTS_TEST_OUTPUT_FAULT";
 enum Target {
     /// Nothing, a regular file or a link to replace: write a temporary and rename.
     Replace { existing_mode: Option<u32>, owner: Option<(u32, u32)> },
-    /// A FIFO or character device (possibly through a link): write in place.
+    /// A FIFO or character device (possibly through a link), or an entry of
+    /// `/dev` or `/proc`: open the path and write in place.
     InPlace,
+    /// One of this process's descriptors (`/dev/stdout`, `/proc/self/fd/N`).
+    Descriptor(i32),
+}
+
+/// Trees of the system's own nodes: nothing there is ever renamed over or created.
+fn in_system_tree(path: &Path) -> bool {
+    let system = |p: &Path| p.starts_with("/dev") || p.starts_with("/proc");
+    let parent = path.parent().filter(|p| !p.as_os_str().is_empty()).unwrap_or(Path::new("."));
+    system(path) || fs::canonicalize(parent).is_ok_and(|p| system(&p))
+}
+
+/// The descriptor of this process that `path` names (`/proc/<own pid>/fd/N`,
+/// `/proc/self/fd/N`, `/dev/fd/N`, the thread's own `task/<tid>/fd/N`).
+fn own_descriptor(path: &Path) -> Option<i32> {
+    let fd: i32 = path.file_name()?.to_str()?.parse().ok()?;
+    let parent = fs::canonicalize(path.parent()?).ok()?;
+    let own = PathBuf::from(format!("/proc/{}", std::process::id()));
+    let rest = parent.strip_prefix(&own).ok()?;
+    let mut parts = rest.components().map(|c| c.as_os_str().to_str().unwrap_or(""));
+    match (parts.next(), parts.next(), parts.next(), parts.next()) {
+        (Some("fd"), None, None, None) => Some(fd),
+        (Some("task"), Some(_), Some("fd"), None) => Some(fd),
+        _ => None,
+    }
+}
+
+/// `path` and every link it leads through, in order (at most 40 hops, the
+/// kernel's own limit); the last entry is not a link or does not exist.
+fn link_chain(path: &Path) -> Vec<PathBuf> {
+    let mut hops = vec![path.to_path_buf()];
+    while hops.len() <= 40 {
+        let current = hops.last().expect("one hop");
+        let Ok(target) = fs::read_link(current) else {
+            break;
+        };
+        let next = if target.is_absolute() { target } else { current.parent().unwrap_or(Path::new("/")).join(target) };
+        hops.push(next);
+    }
+    hops
 }
 
 fn classify(path: &Path) -> Result<Target, String> {
     let shown = path.display();
     let link = match fs::symlink_metadata(path) {
         Ok(m) => m,
+        Err(e) if e.kind() == std::io::ErrorKind::NotFound && in_system_tree(path) => {
+            return Err(format!("output {shown} does not exist, and tts creates no files under /dev or /proc"))
+        }
         Err(e) if e.kind() == std::io::ErrorKind::NotFound => return Ok(Target::Replace { existing_mode: None, owner: None }),
         Err(e) => return Err(format!("cannot inspect output {shown}: {e}")),
     };
     let kind = link.file_type();
     if kind.is_symlink() {
-        // Follow only to a stream the user named through a link (/dev/stdout);
-        // any other link is replaced by the new file, never written through.
+        // A link is followed only to what the user named through it: one of
+        // our descriptors (/dev/stdout), a stream (a FIFO, /dev/null) or a
+        // system node. Any other link is replaced by the new file, never
+        // written through.
+        let hops = link_chain(path);
+        if let Some(fd) = hops.iter().find_map(|h| own_descriptor(h)) {
+            return Ok(Target::Descriptor(fd));
+        }
+        let system = hops.iter().any(|h| in_system_tree(h));
         return Ok(match fs::metadata(path) {
             Ok(m) if m.file_type().is_fifo() || m.file_type().is_char_device() => Target::InPlace,
+            Ok(m) if system && m.is_dir() => return Err(format!("output {shown} leads to a directory")),
+            Ok(m) if system && !m.is_file() => return Err(format!("output {shown} leads to a block device or socket under /dev or /proc")),
+            Ok(_) if system => Target::InPlace,
+            Err(_) if system => return Err(format!("output {shown} leads to a missing entry, and tts creates no files under /dev or /proc")),
             _ => Target::Replace { existing_mode: None, owner: None },
         });
     }
@@ -69,6 +129,9 @@ fn classify(path: &Path) -> Result<Target, String> {
     }
     if !writable(path) {
         return Err(format!("output {shown} exists and is not writable (permission denied)"));
+    }
+    if in_system_tree(path) {
+        return Ok(Target::InPlace);
     }
     Ok(Target::Replace { existing_mode: Some(link.mode() & 0o777), owner: Some((link.uid(), link.gid())) })
 }
@@ -122,6 +185,7 @@ pub fn write_file_with(path: &Path, write: impl FnOnce(&mut File) -> Result<(), 
     let dir = path.parent().filter(|p| !p.as_os_str().is_empty()).unwrap_or(Path::new("."));
     match classify(path)? {
         Target::InPlace => write_in_place(path, write),
+        Target::Descriptor(fd) => write_descriptor(fd, path, write),
         Target::Replace { existing_mode, owner } => {
             if !dir.is_dir() {
                 return Err(format!("output directory {} does not exist", dir.display()));
@@ -132,14 +196,91 @@ pub fn write_file_with(path: &Path, write: impl FnOnce(&mut File) -> Result<(), 
     }
 }
 
+/// Opens `path` (never creating it) and writes from its start: a regular
+/// file reached this way (under /proc or /dev) is truncated first.
 fn write_in_place(path: &Path, write: impl FnOnce(&mut File) -> Result<(), WriteError>) -> Result<(), String> {
-    let mut file = OpenOptions::new().write(true).custom_flags(libc::O_NOCTTY).open(path).map_err(|e| format!("opening output {}: {e}", path.display()))?;
+    let shown = path.display();
+    let mut file = OpenOptions::new().write(true).custom_flags(libc::O_NOCTTY).open(path).map_err(|e| format!("opening output {shown}: {e}"))?;
+    let kind = file.metadata().map_err(|e| format!("opening output {shown}: {e}"))?.file_type();
+    if kind.is_block_device() || kind.is_socket() || kind.is_dir() {
+        return Err(format!("output {shown} is a block device, socket or directory; audio goes to regular files, FIFOs or character devices"));
+    }
+    if kind.is_file() {
+        file.set_len(0).map_err(|e| format!("truncating output {shown}: {e}"))?;
+    }
     let failed = |e| match e {
         WriteError::Io(e) => format!("writing output {}: {e}", path.display()),
         WriteError::Other(e) => e,
     };
     write(&mut file).map_err(failed)?;
     file.flush().map_err(|e| failed(WriteError::Io(e)))
+}
+
+/// Writes through this process's descriptor `fd` (named by `path`) where a
+/// shell redirection meant: `> x.wav` from its offset, 0, the file cut after
+/// the output so no older bytes trail it; `>> x.wav` at its end. A regular
+/// file stays seekable for `write` (a WAV header rewritten at the end): for
+/// an appending descriptor the append flag is lifted while writing, since it
+/// would send the rewritten header to the end too.
+fn write_descriptor(fd: i32, path: &Path, write: impl FnOnce(&mut File) -> Result<(), WriteError>) -> Result<(), String> {
+    use std::io::{Seek, SeekFrom};
+    let failed = |e: String| format!("writing output {} (descriptor {fd}): {e}", path.display());
+    let flags = unsafe { libc::fcntl(fd, libc::F_GETFL) };
+    if flags < 0 {
+        return Err(failed("the descriptor is not open".into()));
+    }
+    if flags & libc::O_ACCMODE == libc::O_RDONLY {
+        return Err(failed("the descriptor is open only for reading".into()));
+    }
+    // SAFETY: fcntl just showed `fd` open; it is only borrowed to be duplicated.
+    let borrowed = unsafe { std::os::fd::BorrowedFd::borrow_raw(fd) };
+    let mut file = File::from(borrowed.try_clone_to_owned().map_err(|e| failed(e.to_string()))?);
+    let kind = file.metadata().map_err(|e| failed(e.to_string()))?.file_type();
+    if kind.is_dir() || kind.is_block_device() {
+        return Err(failed("it is a directory or block device".into()));
+    }
+    let appending = kind.is_file() && flags & libc::O_APPEND != 0;
+    if appending {
+        file.seek(SeekFrom::End(0)).map_err(|e| failed(e.to_string()))?;
+        unsafe { libc::fcntl(fd, libc::F_SETFL, flags & !libc::O_APPEND) };
+    }
+    let result = write(&mut file).and_then(|()| file.flush().map_err(WriteError::Io));
+    if appending {
+        unsafe { libc::fcntl(fd, libc::F_SETFL, flags) };
+    }
+    result.map_err(|e| match e {
+        WriteError::Io(e) => failed(e.to_string()),
+        WriteError::Other(e) => e,
+    })?;
+    if kind.is_file() && !appending {
+        let end = file.stream_position().map_err(|e| failed(e.to_string()))?;
+        file.set_len(end).map_err(|e| failed(e.to_string()))?;
+    }
+    Ok(())
+}
+
+/// Refuses an output that is one of the run's inputs (the same device and
+/// inode, whatever the names or links): writing it would destroy the input
+/// before, or while, it is read. `inputs` are (what, path) pairs; a
+/// directory among them (recorded draws) stands for the files directly in it.
+pub fn refuse_input_as_output(out: &Path, inputs: &[(String, PathBuf)]) -> Result<(), String> {
+    let Ok(target) = fs::metadata(out) else {
+        return Ok(());
+    };
+    let same = |m: &fs::Metadata| m.dev() == target.dev() && m.ino() == target.ino();
+    for (what, path) in inputs {
+        let Ok(m) = fs::metadata(path) else { continue };
+        let hit = if m.is_dir() {
+            // Bounded: a draws directory holds a handful of files.
+            fs::read_dir(path).into_iter().flatten().take(10_000).flatten().any(|e| e.metadata().is_ok_and(|m| same(&m)))
+        } else {
+            same(&m)
+        };
+        if hit {
+            return Err(format!("output {} is the {what} {}; writing it would destroy that input", out.display(), path.display()));
+        }
+    }
+    Ok(())
 }
 
 /// A temporary registered for removal on signals while it lives.
@@ -326,6 +467,61 @@ mod tests {
         })
         .unwrap();
         assert_eq!(fs::read(&out).unwrap(), b"one two");
+    }
+
+    /// A link to `/proc/self/fd/N` (what `/dev/stdout` is) writes through the
+    /// descriptor into the file it holds: the link is kept, nothing under
+    /// /proc is replaced. The descriptor here is one the test opened on its
+    /// own temporary file, never the test's stdout.
+    #[test]
+    fn links_to_own_descriptors_are_written_through_the_descriptor() {
+        use std::io::{Seek, SeekFrom};
+        use std::os::fd::AsRawFd;
+        let dir = tempfile::tempdir().unwrap();
+        let target = dir.path().join("x.wav");
+        // As `> x.wav` leaves it: open for writing at offset 0, stale bytes beyond.
+        fs::write(&target, b"stale bytes that must not trail the output").unwrap();
+        let held = OpenOptions::new().write(true).open(&target).unwrap();
+        let link = dir.path().join("out.wav");
+        symlink(format!("/proc/self/fd/{}", held.as_raw_fd()), &link).unwrap();
+        write_file(&link, b"audio").unwrap();
+        assert_eq!(fs::read(&target).unwrap(), b"audio", "written at the descriptor's offset, cut after");
+        assert!(fs::symlink_metadata(&link).unwrap().file_type().is_symlink(), "the link is kept");
+        // `/dev/fd/N` names the same descriptor.
+        let mut held = held;
+        held.seek(SeekFrom::Start(0)).unwrap();
+        write_file(Path::new(&format!("/dev/fd/{}", held.as_raw_fd())), b"again").unwrap();
+        assert_eq!(fs::read(&target).unwrap(), b"again");
+        // `>> x.wav`: appended, the header rewrite included (the append flag
+        // would move it to the end).
+        let appending = OpenOptions::new().append(true).open(&target).unwrap();
+        let link2 = dir.path().join("append.wav");
+        symlink(format!("/proc/self/fd/{}", appending.as_raw_fd()), &link2).unwrap();
+        write_file_with(&link2, |f| {
+            use std::io::Seek;
+            let start = f.stream_position()?;
+            f.write_all(b"HDR?data")?;
+            f.seek(SeekFrom::Start(start))?;
+            f.write_all(b"HDR!")?;
+            f.seek(SeekFrom::End(0))?;
+            Ok(())
+        })
+        .unwrap();
+        assert_eq!(fs::read(&target).unwrap(), b"againHDR!data");
+        assert_eq!(names(dir.path()), vec!["append.wav", "out.wav", "x.wav"]);
+    }
+
+    #[test]
+    fn nothing_is_created_under_proc_or_dev() {
+        let e = write_file(Path::new("/proc/self/tts-no-such-output.wav"), b"x").unwrap_err();
+        assert!(e.ends_with("does not exist, and tts creates no files under /dev or /proc"), "{e}");
+        // A link to a missing name there is refused the same way, and kept.
+        let dir = tempfile::tempdir().unwrap();
+        let link = dir.path().join("l.wav");
+        symlink("/proc/self/tts-no-such-output.wav", &link).unwrap();
+        let e = write_file(&link, b"x").unwrap_err();
+        assert!(e.contains("tts creates no files under /dev or /proc"), "{e}");
+        assert!(fs::symlink_metadata(&link).unwrap().file_type().is_symlink());
     }
 
     #[test]

@@ -264,10 +264,84 @@ fn check_bundle() -> Result<(), String> {
     Ok(())
 }
 
-/// Every ELF file of the bundle may search only `$ORIGIN`-relative run paths:
-/// no build paths, no empty entries (the dynamic loader reads an empty entry
-/// as the working directory, where anyone may plant a library).
-fn check_run_paths(bundle: &Path) -> Result<(), String> {
+/// What is wrong with the run path `value` of the ELF file at `rel` (its path
+/// inside the bundle): each entry must be `$ORIGIN`-relative, not empty (the
+/// dynamic loader reads an empty entry as the working directory) and resolve
+/// inside the bundle (`$ORIGIN/../lib` of a file at the bundle's top is
+/// outside it: a library planted there would load).
+fn run_path_problems(rel: &Path, value: &str) -> Vec<String> {
+    let depth = rel.parent().map_or(0, |d| d.components().count());
+    value
+        .split(':')
+        .filter_map(|entry| {
+            let rest = entry.strip_prefix("${ORIGIN}").or_else(|| entry.strip_prefix("$ORIGIN"));
+            let Some(rest) = rest.filter(|r| r.is_empty() || r.starts_with('/')) else {
+                return Some(format!("entry {entry:?} is not $ORIGIN-relative"));
+            };
+            let mut level = depth as isize;
+            for part in rest.split('/').filter(|p| !p.is_empty() && *p != ".") {
+                level += if part == ".." { -1 } else { 1 };
+                if level < 0 {
+                    return Some(format!("entry {entry:?} leads outside the bundle"));
+                }
+            }
+            None
+        })
+        .collect()
+}
+
+/// The file offsets and texts of `bytes`' RUNPATH and RPATH strings.
+fn run_path_strings(bytes: &[u8]) -> Result<Vec<(&'static str, usize, String)>, String> {
+    use goblin::elf::dynamic::{DT_RPATH, DT_RUNPATH};
+    let elf = goblin::elf::Elf::parse(bytes).map_err(|e| e.to_string())?;
+    let Some(dynamic) = &elf.dynamic else { return Ok(Vec::new()) };
+    let dynstr =
+        elf.section_headers.iter().find(|s| elf.shdr_strtab.get_at(s.sh_name) == Some(".dynstr")).ok_or("a dynamic ELF file without .dynstr")?.sh_offset
+            as usize;
+    let mut found = Vec::new();
+    for d in &dynamic.dyns {
+        let kind = match d.d_tag {
+            DT_RUNPATH => "RUNPATH",
+            DT_RPATH => "RPATH",
+            _ => continue,
+        };
+        let at = dynstr + d.d_val as usize;
+        let end = bytes.get(at..).and_then(|s| s.iter().position(|&b| b == 0)).ok_or("a run path outside the file")?;
+        found.push((kind, at, String::from_utf8_lossy(&bytes[at..at + end]).into_owned()));
+    }
+    Ok(found)
+}
+
+/// Drops the run-path entries of every ELF file of the bundle that
+/// [`run_path_problems`] refuses (the host binary, at the top, is linked with
+/// the plugins' `$ORIGIN/../lib`). The shorter string is written over the
+/// old one and padded with NULs, as chrpath does.
+fn confine_run_paths(bundle: &Path) -> Result<(), String> {
+    for path in bundle_files(bundle)? {
+        let mut bytes = std::fs::read(&path).map_err(|e| format!("{}: {e}", path.display()))?;
+        if !bytes.starts_with(b"\x7fELF") {
+            continue;
+        }
+        let rel = path.strip_prefix(bundle).map_err(|e| e.to_string())?.to_path_buf();
+        let mut changed = false;
+        for (_, at, value) in run_path_strings(&bytes).map_err(|e| format!("{}: {e}", path.display()))? {
+            let kept: Vec<&str> = value.split(':').filter(|e| run_path_problems(&rel, e).is_empty()).collect();
+            let new = kept.join(":");
+            if new != value {
+                bytes[at..at + value.len()].fill(0);
+                bytes[at..at + new.len()].copy_from_slice(new.as_bytes());
+                changed = true;
+            }
+        }
+        if changed {
+            std::fs::write(&path, &bytes).map_err(|e| format!("{}: {e}", path.display()))?;
+        }
+    }
+    Ok(())
+}
+
+/// Every file under `bundle`, recursively.
+fn bundle_files(bundle: &Path) -> Result<Vec<PathBuf>, String> {
     let mut files = Vec::new();
     let mut dirs = vec![bundle.to_path_buf()];
     while let Some(dir) = dirs.pop() {
@@ -280,28 +354,31 @@ fn check_run_paths(bundle: &Path) -> Result<(), String> {
             }
         }
     }
+    Ok(files)
+}
+
+/// Every ELF file of the bundle may search only `$ORIGIN`-relative run paths
+/// that stay inside the bundle ([`run_path_problems`]): no build paths, no
+/// empty entries, no `..` past the bundle's top.
+fn check_run_paths(bundle: &Path) -> Result<(), String> {
     let (mut elf_files, mut bad) = (0, Vec::new());
-    for path in files {
+    for path in bundle_files(bundle)? {
         let bytes = std::fs::read(&path).map_err(|e| format!("{}: {e}", path.display()))?;
         if !bytes.starts_with(b"\x7fELF") {
             continue;
         }
         elf_files += 1;
-        let elf = goblin::elf::Elf::parse(&bytes).map_err(|e| format!("{}: {e}", path.display()))?;
-        for (kind, list) in [("RUNPATH", &elf.runpaths), ("RPATH", &elf.rpaths)] {
-            for value in list.iter() {
-                for entry in value.split(':') {
-                    if !(entry.starts_with("$ORIGIN") || entry.starts_with("${ORIGIN}")) {
-                        bad.push(format!("{} {kind} entry {entry:?} (in {value:?})", path.display()));
-                    }
-                }
+        let rel = path.strip_prefix(bundle).map_err(|e| e.to_string())?;
+        for (kind, _, value) in run_path_strings(&bytes).map_err(|e| format!("{}: {e}", path.display()))? {
+            for problem in run_path_problems(rel, &value) {
+                bad.push(format!("{} {kind} {problem} (in {value:?})", path.display()));
             }
         }
     }
     if !bad.is_empty() {
-        return Err(format!("bundle: run paths must be $ORIGIN-relative:\n{}", bad.join("\n")));
+        return Err(format!("bundle: run paths must be $ORIGIN-relative and stay inside the bundle:\n{}", bad.join("\n")));
     }
-    eprintln!("bundle check: {elf_files} ELF files, every run path $ORIGIN-relative");
+    eprintln!("bundle check: {elf_files} ELF files, every run path $ORIGIN-relative and inside the bundle");
     Ok(())
 }
 
@@ -403,6 +480,7 @@ fn dist(args: &[String]) -> Result<PathBuf, String> {
         let text = std::fs::read_to_string(&path).map_err(|e| format!("{}: {e}", path.display()))?;
         std::fs::write(profiles.join(path.file_name().unwrap()), bundle_profile(&text)).map_err(|e| e.to_string())?;
     }
+    confine_run_paths(&out)?;
     eprintln!("bundle: {}", out.display());
     Ok(out)
 }
@@ -750,6 +828,49 @@ fn soak(args: &[String]) -> Result<(), String> {
 
 #[cfg(test)]
 mod tests {
+    use std::path::Path;
+
+    /// The run-path rule on synthetic cases: the host at the bundle's top may
+    /// not reach `../lib` (the probe planted a libgcc_s.so.1 there), a plugin
+    /// one directory down may; nothing may be empty or absolute.
+    #[test]
+    fn run_paths_must_stay_inside_the_bundle() {
+        let problems = |rel: &str, value: &str| super::run_path_problems(Path::new(rel), value);
+        assert!(problems("tts", "$ORIGIN:$ORIGIN/lib").is_empty());
+        assert_eq!(problems("tts", "$ORIGIN:$ORIGIN/lib:$ORIGIN/../lib"), ["entry \"$ORIGIN/../lib\" leads outside the bundle"]);
+        assert!(problems("plugins/libtts_backend_cpu.so", "$ORIGIN:$ORIGIN/lib:$ORIGIN/../lib").is_empty());
+        assert!(problems("lib/libggml.so.0", "${ORIGIN}:${ORIGIN}/../lib").is_empty());
+        assert_eq!(problems("plugins/x.so", "$ORIGIN/../../lib").len(), 1);
+        assert_eq!(problems("plugins/x.so", "$ORIGIN/./lib/../../..").len(), 1);
+        assert_eq!(problems("tts", "$ORIGIN/lib/../lib").len(), 0);
+        assert_eq!(problems("tts", ":$ORIGIN"), ["entry \"\" is not $ORIGIN-relative"]);
+        assert_eq!(problems("tts", "/usr/lib:$ORIGINAL"), ["entry \"/usr/lib\" is not $ORIGIN-relative", "entry \"$ORIGINAL\" is not $ORIGIN-relative"]);
+    }
+
+    /// The dist step rewrites an escaping run path in place, and the check
+    /// then passes; on the unrewritten copy the check fails. The ELF file is
+    /// this test's own executable, linked with the workspace's run path.
+    #[test]
+    fn dist_confines_the_host_binary_and_the_check_sees_it() {
+        let exe = std::env::current_exe().unwrap();
+        let bytes = std::fs::read(&exe).unwrap();
+        let strings = super::run_path_strings(&bytes).unwrap();
+        assert!(strings.iter().any(|(_, _, v)| v.contains("$ORIGIN/../lib")), "{strings:?}");
+        let dir = tempfile::tempdir().unwrap();
+        std::fs::copy(&exe, dir.path().join("tts")).unwrap();
+        let e = super::check_run_paths(dir.path()).unwrap_err();
+        assert!(e.contains("entry \"$ORIGIN/../lib\" leads outside the bundle"), "{e}");
+        super::confine_run_paths(dir.path()).unwrap();
+        super::check_run_paths(dir.path()).unwrap();
+        let after = super::run_path_strings(&std::fs::read(dir.path().join("tts")).unwrap()).unwrap();
+        assert_eq!(after.iter().map(|(_, _, v)| v.as_str()).collect::<Vec<_>>(), ["$ORIGIN:$ORIGIN/lib"]);
+        // One directory down the same file keeps its ../lib.
+        std::fs::create_dir(dir.path().join("plugins")).unwrap();
+        std::fs::copy(&exe, dir.path().join("plugins/x")).unwrap();
+        super::confine_run_paths(dir.path()).unwrap();
+        let kept = super::run_path_strings(&std::fs::read(dir.path().join("plugins/x")).unwrap()).unwrap();
+        assert!(kept.iter().any(|(_, _, v)| v == "$ORIGIN:$ORIGIN/lib:$ORIGIN/../lib"), "{kept:?}");
+    }
     /// The Metal kit: its patches applied to the pinned tree, a build.sh that
     /// names the macOS steps and, run anywhere else, stops at once saying so.
     #[test]

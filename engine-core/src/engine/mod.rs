@@ -15,17 +15,39 @@ mod report;
 
 pub use report::{BackendReport, DeviceReport, DevicesReport, OptionGroup, OptionRow, OptionsReport, PluginReport, ProbeReport, Selection};
 
-/// Plugin directories: the profile's, else `<exe dir>/plugins` when it exists,
-/// else the executable's own directory (a development build tree).
-pub fn plugin_dirs(profile: &Profile, exe: Option<&Path>) -> Vec<PathBuf> {
+/// The environment variable naming plugin directories (`:`-separated, as
+/// `PATH`; empty entries are ignored rather than read as the working directory).
+pub const PLUGIN_PATH_ENV: &str = "TTS_PLUGIN_PATH";
+
+/// Where code is loaded from (docs/reliability.md, "Trust model"), the first
+/// that is given: `command_line` (`--plugin-dir`), [`PLUGIN_PATH_ENV`], the
+/// profile's `[plugins] dirs` only when `trust_profile` (the user's explicit
+/// opt-in), else the bundle's own `<exe dir>/plugins`, or the executable's
+/// directory in a development build tree. A profile naming plugin
+/// directories without the opt-in is refused: a profile is data, and may
+/// come from anyone.
+pub fn plugin_dirs(profile: &Profile, exe: Option<&Path>, command_line: &[PathBuf], trust_profile: bool) -> Result<Vec<PathBuf>, EngineError> {
+    if !profile.plugin_dirs.is_empty() && !trust_profile {
+        return fail(format!(
+            "{}: [plugins] dirs would load code from {}; a profile is not trusted to name code: pass --trust-profile-plugins to allow it, or give the directory with --plugin-dir or {PLUGIN_PATH_ENV}",
+            profile.origin(),
+            profile.plugin_dirs.iter().map(|d| d.display().to_string()).collect::<Vec<_>>().join(", ")
+        ));
+    }
+    if !command_line.is_empty() {
+        return Ok(command_line.to_vec());
+    }
+    if let Some(value) = std::env::var_os(PLUGIN_PATH_ENV).filter(|v| !v.is_empty()) {
+        return Ok(std::env::split_paths(&value).filter(|p| !p.as_os_str().is_empty()).collect());
+    }
     if !profile.plugin_dirs.is_empty() {
-        return profile.plugin_dirs.clone();
+        return Ok(profile.plugin_dirs.clone());
     }
     let Some(dir) = exe.and_then(Path::parent) else {
-        return vec![PathBuf::from(".")];
+        return fail("cannot find the plugin directory: the path of the tts executable is unknown; pass --plugin-dir");
     };
     let bundled = dir.join("plugins");
-    vec![if bundled.is_dir() { bundled } else { dir.to_path_buf() }]
+    Ok(vec![if bundled.is_dir() { bundled } else { dir.to_path_buf() }])
 }
 
 struct OpenBackend {
@@ -345,7 +367,18 @@ impl Engine {
             RResult::RErr(e) => return fail(e.to_string()),
         };
         let info = model.info();
-        Ok(ModelSession { model, _handle: handle, options, specs, backend: backend.name.clone(), device: device.name.to_string(), info, resolution })
+        let model_files = self.profile.model_files.clone();
+        Ok(ModelSession {
+            model,
+            _handle: handle,
+            options,
+            specs,
+            model_files,
+            backend: backend.name.clone(),
+            device: device.name.to_string(),
+            info,
+            resolution,
+        })
     }
 }
 
@@ -357,6 +390,8 @@ pub struct ModelSession {
     options: OptionList,
     /// The model plugin's option specs, for per-request overrides.
     specs: Vec<crate::abi::OptionSpec>,
+    /// The model files the session was loaded from.
+    model_files: Vec<PathBuf>,
     pub backend: String,
     pub device: String,
     pub info: LoadedModelInfo,
@@ -427,6 +462,31 @@ impl ModelSession {
         }
     }
 
+    /// The files this session reads: its model files and every non-empty
+    /// string or path option (a voice, a reference recording, a noise file,
+    /// a draws directory; a built-in voice name names no file and is
+    /// skipped when compared), as (what, path) for error messages.
+    pub fn input_paths(&self) -> Vec<(String, PathBuf)> {
+        let mut inputs: Vec<(String, PathBuf)> = self.model_files.iter().map(|p| ("model file".to_string(), p.clone())).collect();
+        for option in self.options.iter() {
+            let kind = self.specs.iter().find(|s| s.key == option.0).map(|s| s.kind);
+            if let (Some(crate::abi::OptionKind::Path | crate::abi::OptionKind::Str), crate::abi::OptionValue::Str(v)) = (kind, &option.1) {
+                if !v.is_empty() {
+                    inputs.push((format!("{} file", option.0), PathBuf::from(v.as_str())));
+                }
+            }
+        }
+        inputs
+    }
+
+    /// Refuses `out` when it is one of this session's inputs or of `extra`
+    /// (a reference recording, a text file): [`crate::output::refuse_input_as_output`].
+    pub fn refuse_input_as_output(&self, out: &Path, extra: &[(String, PathBuf)]) -> Result<(), EngineError> {
+        let mut inputs = self.input_paths();
+        inputs.extend_from_slice(extra);
+        crate::output::refuse_input_as_output(out, &inputs).map_err(EngineError)
+    }
+
     /// The model plugin's options: key, kind, default and help.
     pub fn option_specs(&self) -> &[crate::abi::OptionSpec] {
         &self.specs
@@ -455,6 +515,7 @@ impl ModelSession {
     /// ([`crate::output`]: no partial file, no link followed). Returns the
     /// stage timings.
     pub fn save_voice(&mut self, reference: &Path, out: &Path) -> Result<Vec<(String, f64)>, EngineError> {
+        self.refuse_input_as_output(out, &[("reference".to_string(), reference.to_path_buf())])?;
         let output = self.clone_voice(reference)?;
         crate::output::write_file(out, &output.voice).map_err(|e| EngineError(format!("{}: {e}", out.display())))?;
         Ok(output.timings.iter().map(|t| (t.stage.to_string(), t.ms)).collect())

@@ -22,9 +22,10 @@ pub mod caps {
     pub const VOICE_FILE: u64 = 16 << 20;
     /// A `.npy` of noise or recorded draws (a 120 s Supertonic chunk's noise is ~3 MB).
     pub const NPY: u64 = 256 << 20;
-    /// A reference recording (the first 60 s are decoded; 60 s of 8-channel
-    /// 32-bit audio at 192 kHz is 369 MB).
-    pub const AUDIO: u64 = 1 << 30;
+    /// A reference recording: no cap on the file, since it is decoded as a
+    /// stream and reading stops after the first 60 s of audio (a two-hour
+    /// recording is taken, its first minute used).
+    pub const AUDIO: u64 = u64::MAX;
     /// A profile (~2 KB).
     pub const PROFILE: u64 = 1 << 20;
     /// A text file (a whole book is ~1 MB).
