@@ -72,6 +72,26 @@ fn chatterbox_non_finite_weights_are_refused_naming_the_tensor() {
     assert_refused(plugins.path(), dir.path(), &[t3, bad_s3], &[], "s3-inf.gguf: tensor 'hift.conv_post.weight' holds ");
 }
 
+/// An F32 matrix value beyond F16's range (65504) becomes infinity where
+/// `f16_weights = "on"` stores the matrix as F16: refused at load, saying so.
+#[test]
+fn a_weight_that_overflows_f16_storage_is_refused() {
+    let plugins = plugins_with(&["cpu"], &["supertonic"]);
+    let dir = tempfile::tempdir().unwrap();
+    let bad = crafted(dir.path(), "wide.gguf", &supertonic_fixture(), |e| {
+        e.fill_f32("voc.head2.weight", 1e5).unwrap();
+    });
+    let profile = profile_on(dir.path(), "cpu", &[bad]);
+    let mut body = std::fs::read_to_string(&profile).unwrap();
+    body.push_str("[policies]\nf16_weights = \"on\"\n");
+    std::fs::write(&profile, body).unwrap();
+    let out = dir.path().join("o.wav");
+    let o = synth(&profile, plugins.path(), "Hello there.", &out, &[]);
+    assert_one_line_error(&o, "wide.gguf: tensor 'voc.head2.weight' holds ");
+    assert!(stderr(&o).contains(" once stored as f16 (it is f32 in the file: a value beyond the smaller type's range)"), "{}", stderr(&o));
+    assert!(!out.exists());
+}
+
 /// Finite weights so large that a stage overflows pass the load check; the
 /// stage's output check names the stage.
 #[test]

@@ -295,7 +295,7 @@ impl Supertonic {
             let g = cache.get_or_build(ids.len(), || self.build_graph("the text encoder", |b| text_encoder::build(b, &self.hp.te, sd, st, ids.len())))?;
             g.set_i32("text_ids", ids)?;
             g.set_f32("style_ttl", &voice.style_ttl)?;
-            Ok(finite::check_stage("the text encoder", g.compute_and_get_f32(&self.backend, "text_emb")?)?)
+            finite::check_stage("the text encoder", g.compute_and_get_f32(&self.backend, "text_emb")?)
         })();
         self.graphs.text_encoder = cache;
         result
@@ -350,7 +350,7 @@ impl Supertonic {
         let result = (|| -> Result<_> {
             let g = cache.get_or_build(latent_len, || self.build_graph("the vocoder", |b| vocoder::build(b, &self.hp, self.vocoder_prelu, latent_len)))?;
             g.set_f32("latent", latent)?;
-            Ok(finite::check_stage("the vocoder", g.compute_and_get_f32(&self.backend, "wav")?)?)
+            finite::check_stage("the vocoder", g.compute_and_get_f32(&self.backend, "wav")?)
         })();
         self.graphs.vocoder = cache;
         result

@@ -203,7 +203,7 @@ impl VoiceEncoderGraphs {
         let graph =
             self.slot.get_or_build(partials, || compute_graph(backend, weights, policy, max_nodes(hp), "the voice encoder", |b| build(&b, hp, partials)))?;
         graph.set_f32(MELS, batch)?;
-        Ok(engine_core::model_kit::finite::check_stage("the voice encoder", graph.compute_and_get_f32(backend, EMBEDDINGS)?)?)
+        engine_core::model_kit::finite::check_stage("the voice encoder", graph.compute_and_get_f32(backend, EMBEDDINGS)?)
     }
 }
 

@@ -177,7 +177,7 @@ impl S3Gen {
         })?;
         graph.set_f32(campplus::FBANK, &time_first)?;
         graph.set_f32(campplus::SEGMENT_SCALE, &scale)?;
-        Ok(engine_core::model_kit::finite::check_stage("CAMPPlus", graph.compute_and_get_f32(&self.backend, campplus::XVECTOR)?)?)
+        engine_core::model_kit::finite::check_stage("CAMPPlus", graph.compute_and_get_f32(&self.backend, campplus::XVECTOR)?)
     }
 
     /// The S3Tokenizer up to FSQ's projection on a log mel
@@ -205,7 +205,7 @@ impl S3Gen {
         })?;
         graph.set_f32(s3tokenizer::MEL, &mel.data)?;
         graph.set_i32(s3tokenizer::POSITIONS, &(0..tokens as i32).collect::<Vec<_>>())?;
-        Ok(engine_core::model_kit::finite::check_stage("the S3Tokenizer", graph.compute_and_get_f32(&self.backend, s3tokenizer::PROJECTION)?)?)
+        engine_core::model_kit::finite::check_stage("the S3Tokenizer", graph.compute_and_get_f32(&self.backend, s3tokenizer::PROJECTION)?)
     }
 
     /// Runs the flow encoder over `tokens` (prompt tokens first).
@@ -293,7 +293,7 @@ impl S3Gen {
         if self.hp.meanflow {
             set(cfm::R_EMB, &cfm::time_embedding(c.in_channels, c.time_scale, r))?;
         }
-        Ok(engine_core::model_kit::finite::check_stage("the CFM", graph.compute_and_get_f32(&self.backend, cfm::VELOCITY)?)?)
+        engine_core::model_kit::finite::check_stage("the CFM", graph.compute_and_get_f32(&self.backend, cfm::VELOCITY)?)
     }
 
     /// The decoder's `steps + 1` time points: uniform for meanflow, the
@@ -342,7 +342,7 @@ impl S3Gen {
             })
         })?;
         graph.set_f32(hift::MEL, mel)?;
-        Ok(engine_core::model_kit::finite::check_stage("HiFT's F0 predictor", graph.compute_and_get_f32(&self.backend, hift::F0)?)?)
+        engine_core::model_kit::finite::check_stage("HiFT's F0 predictor", graph.compute_and_get_f32(&self.backend, hift::F0)?)
     }
 
     /// The excitation for `f0` with the given random draws.
