@@ -675,6 +675,7 @@ const FUZZ_TARGETS: &[(&str, &[&str])] = &[
     ("audio_input", &[]),
     ("voice_file", &[]),
     ("supertonic_style", &[]),
+    ("server_request", &[]),
 ];
 
 fn host_triple() -> Result<String, String> {
