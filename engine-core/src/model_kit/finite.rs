@@ -18,17 +18,24 @@ use ggml_sys::Type;
 pub fn count_non_finite(ty: Type, bytes: &[u8]) -> Option<usize> {
     use ggml_sys::{TYPE_BF16, TYPE_F16, TYPE_F32, TYPE_Q4_0, TYPE_Q8_0};
     // A value is NaN or infinite exactly when its exponent bits are all ones.
-    let half = |c: &[u8], exp: u16| u16::from_le_bytes([c[0], c[1]]) & exp == exp;
+    let f16 = |c: [u8; 2]| u16::from_le_bytes(c) & 0x7c00 == 0x7c00;
     Some(match ty {
-        t if t == TYPE_F32 => bytes.chunks_exact(4).filter(|c| u32::from_le_bytes([c[0], c[1], c[2], c[3]]) & 0x7f80_0000 == 0x7f80_0000).count(),
-        t if t == TYPE_F16 => bytes.chunks_exact(2).filter(|c| half(c, 0x7c00)).count(),
-        t if t == TYPE_BF16 => bytes.chunks_exact(2).filter(|c| half(c, 0x7f80)).count(),
+        t if t == TYPE_F32 => count::<4>(bytes, |c| u32::from_le_bytes(*c) & 0x7f80_0000 == 0x7f80_0000),
+        t if t == TYPE_F16 => count::<2>(bytes, |c| f16(*c)),
+        t if t == TYPE_BF16 => count::<2>(bytes, |c| u16::from_le_bytes(*c) & 0x7f80 == 0x7f80),
         // `block_q8_0` is an f16 scale and 32 i8 quants; `block_q4_0` an f16
         // scale and 16 bytes of 4-bit quants.
-        t if t == TYPE_Q8_0 => bytes.chunks_exact(34).filter(|c| half(c, 0x7c00)).count(),
-        t if t == TYPE_Q4_0 => bytes.chunks_exact(18).filter(|c| half(c, 0x7c00)).count(),
+        t if t == TYPE_Q8_0 => count::<34>(bytes, |c| f16([c[0], c[1]])),
+        t if t == TYPE_Q4_0 => count::<18>(bytes, |c| f16([c[0], c[1]])),
         _ => return None,
     })
+}
+
+/// How many `S`-byte items of `bytes` are `bad`. Summed as u32 over blocks
+/// of 2^20 items, a form the compiler vectorises (a `filter().count()` ran
+/// F16 at less than half the speed).
+fn count<const S: usize>(bytes: &[u8], bad: impl Fn(&[u8; S]) -> bool + Copy) -> usize {
+    bytes.chunks(S << 20).map(|block| block.chunks_exact(S).map(|c| bad(c.try_into().expect("S bytes")) as u32).sum::<u32>() as usize).sum()
 }
 
 /// `Ok` when every value of tensor `name` (stored as `ty`) is finite; else
@@ -95,6 +102,12 @@ mod tests {
         let bf16: Vec<u8> = v.iter().flat_map(|x| ((x.to_bits() >> 16) as u16).to_le_bytes()).collect();
         assert_eq!(count_non_finite(TYPE_BF16, &bf16), Some(3));
         assert_eq!(count_non_finite(TYPE_I32, &[0xff; 8]), None, "integers are never non-finite");
+        // Counted across the 2^20-item blocks of the sum.
+        let mut many = vec![0u8; 2 * ((2 << 20) + 3)];
+        for at in [0, (1 << 20) - 1, 1 << 20, (2 << 20) + 2] {
+            many[2 * at..2 * at + 2].copy_from_slice(&0x7e00u16.to_le_bytes());
+        }
+        assert_eq!(count_non_finite(TYPE_F16, &many), Some(4));
     }
 
     #[test]
