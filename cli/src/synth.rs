@@ -20,7 +20,7 @@ pub enum Format {
     Pcm16,
     /// raw 32-bit float little-endian samples, mono
     F32,
-    /// 16-bit FLAC (to stdout: written whole when synthesis ends)
+    /// 16-bit FLAC (streamed too; the sizes and checksum are filled in at the end where the output can seek)
     Flac,
 }
 
@@ -111,121 +111,198 @@ pub struct Written {
     pub reader_gone: bool,
 }
 
-/// Synthesizes `text` into `out` (`-`: stdout, streamed piece by piece; FLAC
-/// whole at the end) as `format`. A file is complete only when synthesis ends
-/// (never partial, never written through a planted link: `engine_core::output`);
-/// WAV and raw audio go into its temporary piece by piece, so memory does not
-/// grow with the length of the text.
+/// Synthesizes `text` into `out` (`-`: stdout) as `format`, piece by piece as
+/// the model produces them, so memory does not grow with the length of the
+/// text. A file is complete only when synthesis ends (a temporary renamed
+/// over it: never partial, never written through a planted link;
+/// `engine_core::output`), and gets the one-shot audio; stdout gets the
+/// streaming pieces (FLAC: the one-shot audio too).
 pub fn synthesize(session: &mut ModelSession, text: &str, out: &Path, format: Format, progress: &Progress) -> Result<Written, String> {
-    let to_stdout = out == Path::new("-");
-    if to_stdout && format != Format::Flac {
-        return stream_to_stdout(session, text, format, progress);
+    let one_shot: Vec<(String, String)> = ONE_SHOT_PIECES
+        .iter()
+        .filter(|(key, _)| session.option_specs().iter().any(|s| s.key.as_str() == *key))
+        .map(|(k, v)| (k.to_string(), v.to_string()))
+        .collect();
+    if out == Path::new("-") {
+        let mut stdout = std::fs::File::from(std::io::stdout().as_fd().try_clone_to_owned().map_err(|e| format!("stdout: {e}"))?);
+        let overrides = if format == Format::Flac { &one_shot[..] } else { &[] };
+        let target = Target { what: "stdout", reader_may_go: true, sizes_must_fit: false };
+        return stream_into(&mut stdout, session, text, overrides, format, progress, &target).map_err(|e| e.message);
     }
-    if format != Format::Flac {
-        return stream_to_file(session, text, out, format, progress);
-    }
-    // FLAC is encoded whole (flacenc takes the whole signal): it holds the
-    // audio, 4 bytes a sample plus the encoded stream, until the end.
-    let output = session.synthesize(text).map_err(|e| e.0)?;
-    let (samples, rate) = (output.samples.as_slice(), output.sample_rate);
-    progress.audio(samples.len() as f64 / rate.max(1) as f64);
-    let bytes = engine_core::audio::encode_flac(samples, rate)?;
-    let mut reader_gone = false;
-    if to_stdout {
-        match std::io::stdout().lock().write_all(&bytes) {
-            Err(e) if e.kind() == std::io::ErrorKind::BrokenPipe => reader_gone = true,
-            other => other.map_err(|e| format!("writing to stdout: {e}"))?,
+    let what = out.display().to_string();
+    let mut written = None;
+    // A synthesis error is reported as it is, not as an error of the file.
+    let mut failure = None;
+    let result = engine_core::output::write_file_with(out, |file| {
+        let target = Target { what: &what, reader_may_go: false, sizes_must_fit: true };
+        match stream_into(file, session, text, &one_shot, format, progress, &target) {
+            Ok(w) => {
+                written = Some(w);
+                Ok(())
+            }
+            Err(e) => {
+                failure = Some(e.message);
+                Err(engine_core::output::WriteError::Other(String::new()))
+            }
         }
-    } else {
-        engine_core::output::write_file(out, &bytes).map_err(|e| format!("{}: {e}", out.display()))?;
+    });
+    match (result, failure, written) {
+        (Err(_), Some(e), _) => Err(e),
+        (Err(e), None, _) => Err(format!("{}: {e}", out.display())),
+        (Ok(()), _, Some(w)) => Ok(w),
+        (Ok(()), _, None) => Err(format!("{}: nothing was written", out.display())),
     }
-    Ok(Written { seconds: samples.len() as f64 / rate.max(1) as f64, sample_rate: rate, reader_gone })
 }
 
 /// Options that make a model's streamed pieces join to exactly its one-shot
 /// samples, where the model has them: Supertonic's first-chunk cut off
 /// (`stream_first_chars = 0`), Chatterbox's pieces per text chunk rather than
-/// per speech-token hop (`stream_tokens = 0`). A file gets the one-shot audio.
+/// per speech-token hop (`stream_tokens = 0`).
 const ONE_SHOT_PIECES: &[(&str, &str)] = &[("stream_first_chars", "0"), ("stream_tokens", "0")];
 
-/// WAV or raw audio into the output file as the model produces it (through
-/// `engine_core::output::write_file_with`: a temporary renamed when complete,
-/// or a FIFO or character device in place). A WAV's header is written first
-/// with unknown sizes and rewritten with the real ones at the end where the
-/// file can seek.
-fn stream_to_file(session: &mut ModelSession, text: &str, out: &Path, format: Format, progress: &Progress) -> Result<Written, String> {
-    let overrides: Vec<(String, String)> = ONE_SHOT_PIECES
-        .iter()
-        .filter(|(key, _)| session.option_specs().iter().any(|s| s.key.as_str() == *key))
-        .map(|(k, v)| (k.to_string(), v.to_string()))
-        .collect();
-    let (mut data_bytes, mut rate) = (0u64, 0u32);
-    // A synthesis error is reported as it is, not as an error of the file.
-    let mut failure: Option<String> = None;
-    let written = engine_core::output::write_file_with(out, |file| {
-        use engine_core::output::WriteError;
-        let start = file.stream_position().ok();
-        let (mut buffer, mut started) = (Vec::new(), false);
-        let streamed = session.synthesize_streaming_with(text, &overrides, |piece, piece_rate| {
-            buffer.clear();
-            if !started && format == Format::Wav {
-                buffer.extend_from_slice(&wav_header(piece_rate, None));
-            }
-            started = true;
-            let header = buffer.len();
-            raw(format).encode(piece, &mut buffer);
-            data_bytes += (buffer.len() - header) as u64;
-            progress.audio(data_bytes as f64 / format.bytes_per_sample() / piece_rate as f64);
-            file.write_all(&buffer).map_err(|e| EngineError(format!("writing {}: {e}", out.display())))?;
-            Ok(true)
-        });
-        let summary = match streamed {
-            Ok(s) => s,
-            Err(e) => {
-                failure = Some(e.0);
-                return Err(WriteError::Other(String::new()));
-            }
-        };
-        for t in summary.timings.iter() {
-            tracing::debug!(stage = %t.stage, ms = t.ms, "stage timing");
+/// Where [`stream_into`] writes.
+struct Target<'a> {
+    /// For messages: `stdout` or the output's name.
+    what: &'a str,
+    /// A reader that goes away (a broken pipe) stops the synthesis quietly.
+    reader_may_go: bool,
+    /// A WAV longer than its 32-bit sizes can say is an error (a file), not
+    /// a stream of unknown length (stdout).
+    sizes_must_fit: bool,
+}
+
+struct StreamError {
+    message: String,
+}
+
+/// Pieces as bytes of `format`: the header before the first (WAV with
+/// unknown sizes, FLAC with unknown totals), then each piece's audio.
+enum Encoder {
+    Raw(RawFormat),
+    Wav,
+    Flac(Option<Box<engine_core::audio::FlacStream>>),
+}
+
+impl Encoder {
+    fn new(format: Format) -> Encoder {
+        match format {
+            Format::Wav => Encoder::Wav,
+            Format::Flac => Encoder::Flac(None),
+            other => Encoder::Raw(raw(other)),
         }
-        rate = summary.sample_rate;
-        if format == Format::Wav {
-            let Ok(size) = u32::try_from(data_bytes) else {
-                return Err(WriteError::Other(format!(
-                    "{:.0} s of audio is more than a WAV file holds (4 GiB of samples); use --format flac, pcm16 or f32",
-                    data_bytes as f64 / 2.0 / rate.max(1) as f64
-                )));
-            };
-            if !started {
-                // No audio at all: still a valid, empty WAV.
-                file.write_all(&wav_header(rate, Some(0)))?;
-            } else if let Some(start) = start.filter(|_| file.metadata().is_ok_and(|m| m.is_file())) {
-                let end = file.stream_position()?;
-                file.seek(SeekFrom::Start(start))?;
-                file.write_all(&wav_header(rate, Some(size)))?;
-                file.seek(SeekFrom::Start(end))?;
+    }
+
+    fn piece(&mut self, piece: &[f32], rate: u32, first: bool, out: &mut Vec<u8>) -> Result<(), String> {
+        match self {
+            Encoder::Raw(f) => f.encode(piece, out),
+            Encoder::Wav => {
+                if first {
+                    out.extend_from_slice(&wav_header(rate, None));
+                }
+                RawFormat::Pcm16.encode(piece, out);
+            }
+            Encoder::Flac(stream) => {
+                if stream.is_none() {
+                    let s = engine_core::audio::FlacStream::new(rate)?;
+                    out.extend_from_slice(&s.header()?);
+                    *stream = Some(Box::new(s));
+                }
+                stream.as_mut().expect("started").push(piece, out)?;
             }
         }
         Ok(())
-    });
-    match (written, failure) {
-        (Err(_), Some(e)) => return Err(e),
-        (Err(e), None) => return Err(format!("{}: {e}", out.display())),
-        (Ok(()), _) => {}
     }
-    Ok(Written { seconds: data_bytes as f64 / format.bytes_per_sample() / rate.max(1) as f64, sample_rate: rate, reader_gone: false })
-}
 
-impl Format {
-    /// Bytes per sample of the audio data (WAV and FLAC hold 16-bit PCM).
-    fn bytes_per_sample(self) -> f64 {
-        if self == Format::F32 {
-            4.0
-        } else {
-            2.0
+    /// The stream's last bytes into `out` (a whole empty stream when no piece
+    /// came), and the header with the real sizes for an output that can seek
+    /// back to where the stream started (None: nothing to rewrite, or the
+    /// sizes do not fit).
+    fn finish(self, rate: u32, samples: u64, out: &mut Vec<u8>) -> Result<Option<Vec<u8>>, String> {
+        match self {
+            Encoder::Raw(_) => Ok(None),
+            Encoder::Wav => {
+                let size = u32::try_from(samples * 2).ok();
+                if samples == 0 {
+                    out.extend_from_slice(&wav_header(rate, Some(0)));
+                    return Ok(None);
+                }
+                Ok(size.map(|s| wav_header(rate, Some(s)).to_vec()))
+            }
+            Encoder::Flac(stream) => {
+                let stream = match stream {
+                    Some(s) => *s,
+                    None => {
+                        let s = engine_core::audio::FlacStream::new(rate)?;
+                        out.extend_from_slice(&s.header()?);
+                        s
+                    }
+                };
+                stream.finish(out).map(Some)
+            }
         }
     }
+}
+
+/// Synthesizes `text` (with `overrides`) into `file` as `format`, each piece
+/// written as it arrives. Where `file` is a regular file, the header is
+/// rewritten at the end with the real sizes (a pipe keeps the streaming one).
+fn stream_into(
+    file: &mut std::fs::File,
+    session: &mut ModelSession,
+    text: &str,
+    overrides: &[(String, String)],
+    format: Format,
+    progress: &Progress,
+    target: &Target<'_>,
+) -> Result<Written, StreamError> {
+    let what = target.what;
+    let fail = |message: String| StreamError { message };
+    let io = |e: std::io::Error| fail(format!("writing {what}: {e}"));
+    let start = file.stream_position().ok();
+    let (mut samples, mut reader_gone, mut encoder) = (0u64, false, Encoder::new(format));
+    let mut buffer = Vec::new();
+    let summary = session
+        .synthesize_streaming_with(text, overrides, |piece, rate| {
+            buffer.clear();
+            encoder.piece(piece, rate, samples == 0, &mut buffer).map_err(EngineError)?;
+            samples += piece.len() as u64;
+            progress.audio(samples as f64 / rate as f64);
+            match file.write_all(&buffer) {
+                Ok(()) => Ok(true),
+                Err(e) if target.reader_may_go && e.kind() == std::io::ErrorKind::BrokenPipe => {
+                    reader_gone = true;
+                    Ok(false)
+                }
+                Err(e) => Err(EngineError(format!("writing {what}: {e}"))),
+            }
+        })
+        .map_err(|e| fail(e.0))?;
+    for t in summary.timings.iter() {
+        tracing::debug!(stage = %t.stage, ms = t.ms, "stage timing");
+    }
+    let rate = summary.sample_rate;
+    let written = Written { seconds: samples as f64 / rate.max(1) as f64, sample_rate: rate, reader_gone };
+    if reader_gone {
+        return Ok(written);
+    }
+    buffer.clear();
+    let header = encoder.finish(rate, samples, &mut buffer).map_err(fail)?;
+    match file.write_all(&buffer) {
+        Err(e) if target.reader_may_go && e.kind() == std::io::ErrorKind::BrokenPipe => return Ok(Written { reader_gone: true, ..written }),
+        other => other.map_err(io)?,
+    }
+    if format == Format::Wav && samples > 0 && header.is_none() && target.sizes_must_fit {
+        return Err(fail(format!("{:.0} s of audio is more than a WAV file holds (4 GiB of samples); use --format flac, pcm16 or f32", written.seconds)));
+    }
+    if let (Some(header), Some(start)) = (header, start) {
+        if file.metadata().is_ok_and(|m| m.is_file()) {
+            let end = file.stream_position().map_err(io)?;
+            file.seek(SeekFrom::Start(start)).map_err(io)?;
+            file.write_all(&header).map_err(io)?;
+            file.seek(SeekFrom::Start(end)).map_err(io)?;
+        }
+    }
+    Ok(written)
 }
 
 fn raw(format: Format) -> RawFormat {
@@ -233,49 +310,4 @@ fn raw(format: Format) -> RawFormat {
         Format::F32 => RawFormat::F32,
         _ => RawFormat::Pcm16,
     }
-}
-
-/// Each piece to stdout as it arrives (the WAV header first). When stdout is
-/// a regular file (`> a.wav`) the header is rewritten at the end with the
-/// real sizes; a pipe keeps the streaming header. A reader that goes away
-/// stops the synthesis quietly.
-fn stream_to_stdout(session: &mut ModelSession, text: &str, format: Format, progress: &Progress) -> Result<Written, String> {
-    let mut stdout = std::fs::File::from(std::io::stdout().as_fd().try_clone_to_owned().map_err(|e| format!("stdout: {e}"))?);
-    let (mut data_bytes, mut reader_gone, mut started) = (0u64, false, false);
-    let mut buffer = Vec::new();
-    let summary = session
-        .synthesize_streaming(text, |piece, rate| {
-            buffer.clear();
-            if !started && format == Format::Wav {
-                buffer.extend_from_slice(&wav_header(rate, None));
-            }
-            started = true;
-            let header = buffer.len();
-            raw(format).encode(piece, &mut buffer);
-            data_bytes += (buffer.len() - header) as u64;
-            progress.audio(data_bytes as f64 / format.bytes_per_sample() / rate as f64);
-            match stdout.write_all(&buffer) {
-                Ok(()) => Ok(true),
-                Err(e) if e.kind() == std::io::ErrorKind::BrokenPipe => {
-                    reader_gone = true;
-                    Ok(false)
-                }
-                Err(e) => Err(EngineError(format!("writing to stdout: {e}"))),
-            }
-        })
-        .map_err(|e| e.0)?;
-    if format == Format::Wav && !reader_gone {
-        if !started {
-            // No audio at all: still a valid, empty WAV.
-            stdout.write_all(&wav_header(summary.sample_rate, Some(0))).map_err(|e| format!("writing to stdout: {e}"))?;
-        } else if stdout.metadata().is_ok_and(|m| m.is_file()) {
-            if let Ok(size) = u32::try_from(data_bytes) {
-                let end = stdout.stream_position().map_err(|e| format!("stdout: {e}"))?;
-                stdout.seek(SeekFrom::Start(end - data_bytes - 44)).map_err(|e| format!("stdout: {e}"))?;
-                stdout.write_all(&wav_header(summary.sample_rate, Some(size))).map_err(|e| format!("writing to stdout: {e}"))?;
-                stdout.seek(SeekFrom::Start(end)).map_err(|e| format!("stdout: {e}"))?;
-            }
-        }
-    }
-    Ok(Written { seconds: data_bytes as f64 / format.bytes_per_sample() / summary.sample_rate.max(1) as f64, sample_rate: summary.sample_rate, reader_gone })
 }

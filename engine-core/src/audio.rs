@@ -112,9 +112,125 @@ pub fn encode_flac(samples: &[f32], sample_rate: u32) -> Result<Vec<u8>, String>
     Ok(sink.as_slice().to_vec())
 }
 
+/// Mono 16-bit FLAC encoded as the samples arrive, frame by frame: the same
+/// bytes as [`encode_flac`] without holding the signal. [`FlacStream::header`]
+/// starts the stream with the totals unknown (what a stream can say before its
+/// end); [`FlacStream::finish`] gives the header with the real totals, the same
+/// length, for an output that can seek back to its start.
+pub struct FlacStream {
+    config: flacenc::error::Verified<flacenc::config::Encoder>,
+    info: flacenc::component::StreamInfo,
+    block: usize,
+    pending: Vec<i32>,
+    framebuf: (flacenc::source::FrameBuf, flacenc::source::Context),
+}
+
+fn flac_error(e: impl std::fmt::Display) -> String {
+    format!("encoding FLAC: {e}")
+}
+
+impl FlacStream {
+    pub fn new(sample_rate: u32) -> Result<Self, String> {
+        use flacenc::error::Verify;
+        check_samples(&[], sample_rate)?;
+        let config = flacenc::config::Encoder::default().into_verified().map_err(|(_, e)| flac_error(e))?;
+        let block = config.block_size;
+        let mut info = flacenc::component::StreamInfo::new(sample_rate as usize, 1, 16).map_err(flac_error)?;
+        info.set_block_sizes(block, block).map_err(flac_error)?;
+        let framebuf = (flacenc::source::FrameBuf::with_size(1, block).map_err(flac_error)?, flacenc::source::Context::new(16, 1));
+        Ok(FlacStream { config, info, block, pending: Vec::with_capacity(block), framebuf })
+    }
+
+    /// `fLaC` and the stream information block, as `info` says.
+    fn header_of(info: flacenc::component::StreamInfo) -> Result<Vec<u8>, String> {
+        use flacenc::component::BitRepr;
+        let mut sink = flacenc::bitsink::ByteSink::new();
+        flacenc::component::Stream::with_stream_info(info).write(&mut sink).map_err(flac_error)?;
+        Ok(sink.as_slice().to_vec())
+    }
+
+    /// The stream's start with frame sizes, sample count and checksum unknown (0).
+    pub fn header(&self) -> Result<Vec<u8>, String> {
+        let mut info = self.info.clone();
+        info.set_frame_sizes(0, 0).map_err(flac_error)?;
+        Self::header_of(info)
+    }
+
+    /// Adds `samples`; the frames they complete are appended to `out`.
+    pub fn push(&mut self, samples: &[f32], out: &mut Vec<u8>) -> Result<(), String> {
+        for s in samples {
+            self.pending.push(pcm16(*s) as i32);
+            if self.pending.len() == self.block {
+                self.encode_pending(out)?;
+            }
+        }
+        Ok(())
+    }
+
+    fn encode_pending(&mut self, out: &mut Vec<u8>) -> Result<(), String> {
+        use flacenc::component::BitRepr;
+        use flacenc::source::Fill;
+        self.framebuf.fill_interleaved(&self.pending).map_err(flac_error)?;
+        self.pending.clear();
+        let number = self.framebuf.1.current_frame_number().unwrap_or(0);
+        let frame = flacenc::encode_fixed_size_frame(&self.config, &self.framebuf.0, number, &self.info).map_err(flac_error)?;
+        self.info.update_frame_info(&frame);
+        let mut sink = flacenc::bitsink::ByteSink::new();
+        frame.write(&mut sink).map_err(flac_error)?;
+        out.extend_from_slice(sink.as_slice());
+        Ok(())
+    }
+
+    /// Appends the last, shorter frame to `out`; returns the header with the
+    /// real totals (as long as [`FlacStream::header`]).
+    pub fn finish(mut self, out: &mut Vec<u8>) -> Result<Vec<u8>, String> {
+        if !self.pending.is_empty() {
+            self.encode_pending(out)?;
+        }
+        let (_, context) = &self.framebuf;
+        self.info.set_md5_digest(&context.md5_digest());
+        self.info.set_total_samples(context.total_samples());
+        // As encode_flac: the block size as both bounds.
+        self.info.set_block_sizes(self.block, self.block).map_err(flac_error)?;
+        if context.total_samples() == 0 {
+            self.info.set_frame_sizes(0, 0).map_err(flac_error)?;
+        }
+        Self::header_of(self.info)
+    }
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    #[test]
+    fn flac_streamed_in_pieces_is_the_whole_encoding() {
+        let mut x = 7u32;
+        let samples: Vec<f32> = (0..30011)
+            .map(|_| {
+                x = x.wrapping_mul(1664525).wrapping_add(1013904223);
+                (x >> 8) as f32 / 16777216.0 - 0.5
+            })
+            .collect();
+        let whole = encode_flac(&samples, 44100).unwrap();
+        let mut stream = FlacStream::new(44100).unwrap();
+        let start = stream.header().unwrap();
+        let mut body = Vec::new();
+        for piece in samples.chunks(997) {
+            stream.push(piece, &mut body).unwrap();
+        }
+        let header = stream.finish(&mut body).unwrap();
+        assert_eq!(header.len(), start.len());
+        assert_eq!([&header[..], &body[..]].concat(), whole, "the same bytes");
+        // Before the end, the header is a valid stream start with unknown totals.
+        assert_eq!(&start[..12], &whole[..12], "fLaC, the block header, the block sizes");
+        assert_eq!(&start[12..18], &[0; 6], "frame sizes unknown");
+        // No samples at all: still a whole, empty stream.
+        let empty = FlacStream::new(24000).unwrap();
+        let mut body = Vec::new();
+        let header = empty.finish(&mut body).unwrap();
+        assert!(body.is_empty() && header.starts_with(b"fLaC"));
+    }
 
     #[test]
     fn the_wav_header_is_the_one_hound_writes() {
