@@ -115,6 +115,26 @@ pub fn choose_platform(platforms: &[ClPlatform], wanted: &str) -> Result<usize, 
     Ok(i)
 }
 
+/// The platform choice of the first open in this process (None inside: ggml's
+/// own choice), with the option value that gave it.
+static FIRST_PLATFORM: std::sync::Mutex<Option<(Option<usize>, String)>> = std::sync::Mutex::new(None);
+
+/// Records the first choice; a later one must be the same platform, since ggml
+/// would keep the first.
+fn same_platform_as_first(first: &mut Option<(Option<usize>, String)>, chosen: Option<usize>, wanted: &str) -> Result<(), String> {
+    match first {
+        None => {
+            *first = Some((chosen, wanted.to_string()));
+            Ok(())
+        }
+        Some((earlier, _)) if *earlier == chosen => Ok(()),
+        Some((_, earlier_wanted)) => Err(format!(
+            "platform \"{wanted}\": this process already opened OpenCL with platform \"{earlier_wanted}\", and ggml's OpenCL module keeps the platform it \
+             started with; run profiles that choose different OpenCL platforms in separate processes"
+        )),
+    }
+}
+
 struct OpenCl;
 
 impl BackendFlavor for OpenCl {
@@ -129,12 +149,20 @@ extern "C" fn open(req: &BackendOpenRequest) -> RResult<BackendSessionBox, RStri
         // The profile picks the platform; ggml's own variables, inherited from
         // the environment, could end the process when they name nothing.
         std::env::remove_var("GGML_OPENCL_DEVICE");
-        match backend_kit::option_str(req, "platform") {
-            wanted if wanted.is_empty() => std::env::remove_var("GGML_OPENCL_PLATFORM"),
-            wanted => {
-                let index = choose_platform(&platforms, &wanted).map_err(backend_kit::option_error)?;
-                std::env::set_var("GGML_OPENCL_PLATFORM", index.to_string());
-            }
+        let wanted = backend_kit::option_str(req, "platform");
+        let chosen = match wanted.as_str() {
+            "" => None,
+            w => Some(choose_platform(&platforms, w).map_err(backend_kit::option_error)?),
+        };
+        // ggml reads its platform variable once per process, when the module
+        // first lists devices: a second profile in this process (`tts
+        // compare`, a server with several models) that chose another platform
+        // would silently run on the first one's.
+        let mut first = FIRST_PLATFORM.lock().unwrap_or_else(|p| p.into_inner());
+        same_platform_as_first(&mut first, chosen, &wanted).map_err(backend_kit::option_error)?;
+        match chosen {
+            None => std::env::remove_var("GGML_OPENCL_PLATFORM"),
+            Some(index) => std::env::set_var("GGML_OPENCL_PLATFORM", index.to_string()),
         }
         let devices: Vec<ClDevice> = platforms.into_iter().flat_map(|p| p.devices).collect();
         let (registry, mut facts) = engine_core::load_plugin_module!(req)?;
@@ -166,6 +194,22 @@ mod tests {
         assert_eq!(adreno.refusal(), None);
         let mali = device("Mali-G715", "ARM", true, "cl_khr_fp16");
         assert_eq!(mali.refusal().unwrap(), "not an Adreno or Intel GPU (the only devices ggml's OpenCL backend admits)");
+    }
+
+    #[test]
+    fn a_second_profile_choosing_another_platform_is_refused() {
+        let mut first = None;
+        assert_eq!(same_platform_as_first(&mut first, Some(1), "Intel"), Ok(()));
+        assert_eq!(same_platform_as_first(&mut first, Some(1), "Intel(R) OpenCL"), Ok(()), "another name for the same platform");
+        assert_eq!(
+            same_platform_as_first(&mut first, Some(0), "pocl").unwrap_err(),
+            "platform \"pocl\": this process already opened OpenCL with platform \"Intel\", and ggml's OpenCL module keeps the platform it started \
+             with; run profiles that choose different OpenCL platforms in separate processes"
+        );
+        assert!(same_platform_as_first(&mut first, None, "").is_err(), "ggml's own choice may differ from the first profile's");
+        let mut unset = None;
+        assert_eq!(same_platform_as_first(&mut unset, None, ""), Ok(()));
+        assert!(same_platform_as_first(&mut unset, Some(0), "pocl").is_err());
     }
 
     #[test]
