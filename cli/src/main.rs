@@ -254,11 +254,14 @@ enum Command {
         /// Longest input, in characters (longer: 413).
         #[arg(long, default_value_t = 4096)]
         max_input_chars: usize,
-        /// Seconds a connection may take to send a request's head, counted
-        /// from its opening or its previous response (so also the keep-alive
-        /// idle time).
+        /// Seconds a connection may take to send a request's head, from its
+        /// first byte (a new connection's first head: from the opening).
         #[arg(long, value_name = "SECONDS", default_value_t = 10.0, value_parser = parse_seconds)]
         header_timeout: f64,
+        /// Seconds a kept-alive connection may wait between a response and
+        /// the next request.
+        #[arg(long, value_name = "SECONDS", default_value_t = 30.0, value_parser = parse_seconds)]
+        idle_timeout: f64,
         /// Seconds a speech request's body may take to arrive (longer: 408).
         #[arg(long, value_name = "SECONDS", default_value_t = 30.0, value_parser = parse_seconds)]
         body_timeout: f64,
@@ -551,6 +554,7 @@ fn run(cli: Cli) -> Result<(), String> {
             voices_dir,
             max_input_chars,
             header_timeout,
+            idle_timeout,
             body_timeout,
             max_connections,
             shutdown_grace,
@@ -595,6 +599,7 @@ fn run(cli: Cli) -> Result<(), String> {
             }
             let limits = serve::Limits {
                 header_timeout: std::time::Duration::from_secs_f64(header_timeout),
+                idle_timeout: std::time::Duration::from_secs_f64(idle_timeout),
                 body_timeout: std::time::Duration::from_secs_f64(body_timeout),
                 max_connections,
                 shutdown_grace: std::time::Duration::from_secs_f64(shutdown_grace),

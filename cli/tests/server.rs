@@ -626,7 +626,7 @@ fn health_answers_within_a_second_while_2000_half_open_connections_are_held() {
 
 #[test]
 fn timeouts_close_silent_slow_and_idle_connections() {
-    let server = Server::start(&["--header-timeout", "1", "--body-timeout", "1"]);
+    let server = Server::start(&["--header-timeout", "1", "--idle-timeout", "1", "--body-timeout", "1"]);
     let connect = |what: &'static str| {
         let mut s = std::net::TcpStream::connect(server.address()).unwrap();
         match what {
@@ -651,6 +651,56 @@ fn timeouts_close_silent_slow_and_idle_connections() {
             _ => assert!(response.is_empty(), "{what}: {}", String::from_utf8_lossy(&response)),
         }
     }
+}
+
+/// One response with a Content-Length, read without waiting for the close.
+fn read_response(stream: &mut std::net::TcpStream) -> Vec<u8> {
+    stream.set_read_timeout(Some(Duration::from_secs(30))).unwrap();
+    let mut got = Vec::new();
+    let mut byte = [0u8; 1];
+    while !got.ends_with(b"\r\n\r\n") {
+        assert_eq!(stream.read(&mut byte).unwrap(), 1, "closed mid-head: {}", String::from_utf8_lossy(&got));
+        got.push(byte[0]);
+    }
+    let head = String::from_utf8_lossy(&got).to_ascii_lowercase();
+    let length: usize = head.lines().find_map(|l| l.strip_prefix("content-length:")).unwrap().trim().parse().unwrap();
+    let mut body = vec![0u8; length];
+    stream.read_exact(&mut body).unwrap();
+    got.extend(body);
+    got
+}
+
+#[test]
+fn the_idle_and_header_timeouts_are_separate() {
+    // A 1 s header timeout does not cut a kept-alive connection that waits
+    // 3 s between requests...
+    let server = Server::start(&["--header-timeout", "1", "--idle-timeout", "300"]);
+    let mut kept = std::net::TcpStream::connect(server.address()).unwrap();
+    let mut slow = std::net::TcpStream::connect(server.address()).unwrap();
+    write!(kept, "GET /health HTTP/1.1\r\nHost: x\r\n\r\n").unwrap();
+    assert_eq!(status_of(&read_response(&mut kept)), Some(200));
+    write!(slow, "GET /health HTTP/1.1\r\nHost: x\r\n").unwrap();
+    std::thread::sleep(Duration::from_secs(3));
+    write!(kept, "GET /health HTTP/1.1\r\nHost: x\r\n\r\n").unwrap();
+    assert_eq!(status_of(&read_response(&mut kept)), Some(200), "the idle connection was closed by the header timeout");
+    // ...while a head sent slowly is cut by it.
+    assert!(read_until_closed(&mut slow, Duration::from_secs(30)).1, "half a head outlived a 1 s header timeout");
+    drop(server);
+
+    // A 1 s idle timeout closes a kept-alive connection while a half-sent
+    // head, under a 300 s header timeout, stays open.
+    let server = Server::start(&["--header-timeout", "300", "--idle-timeout", "1"]);
+    let mut idle = std::net::TcpStream::connect(server.address()).unwrap();
+    let mut slow = std::net::TcpStream::connect(server.address()).unwrap();
+    write!(slow, "GET /health HTTP/1.1\r\nHost: x\r\n").unwrap();
+    write!(idle, "GET /health HTTP/1.1\r\nHost: x\r\n\r\n").unwrap();
+    assert_eq!(status_of(&read_response(&mut idle)), Some(200));
+    let started = Instant::now();
+    assert!(read_until_closed(&mut idle, Duration::from_secs(30)).1, "an idle connection outlived a 1 s idle timeout");
+    println!("idle connection closed {:?} after its response (1 s idle timeout)", started.elapsed());
+    slow.set_nonblocking(true).unwrap();
+    let still_open = matches!(slow.read(&mut [0u8; 16]), Err(e) if e.kind() == std::io::ErrorKind::WouldBlock);
+    assert!(still_open, "half a head was closed by the idle timeout");
 }
 
 #[test]

@@ -1,15 +1,21 @@
-//! The accept loop under the router: a cap on open connections, hyper's
-//! header timeout on each, and a drain bounded by the grace period. axum's own
-//! `serve` has neither timeouts nor a cap, so a few thousand clients that send
-//! nothing could hold every descriptor (docs/server.md, "Limits").
+//! The accept loop under the router: a cap on open connections, a watchdog
+//! with header and keep-alive idle timeouts on each, and a drain bounded by
+//! the grace period. axum's own `serve` has neither timeouts nor a cap, so a
+//! few thousand clients that send nothing could hold every descriptor
+//! (docs/server.md, "Limits").
 
 use super::api::AppState;
 use super::Limits;
+use axum::body::Body;
 use axum::Router;
+use http_body_util::BodyExt;
 use hyper_util::rt::{TokioIo, TokioTimer};
 use hyper_util::service::TowerToHyperService;
-use std::sync::Arc;
-use std::time::Duration;
+use std::pin::Pin;
+use std::sync::{Arc, Mutex};
+use std::task::{Context, Poll};
+use std::time::{Duration, Instant};
+use tokio::io::{AsyncRead, AsyncWrite, ReadBuf};
 use tokio::net::{TcpListener, TcpStream};
 use tokio::sync::{watch, Semaphore};
 use tokio::task::JoinSet;
@@ -18,10 +24,126 @@ use tokio::task::JoinSet;
 /// request head must fit, and bodies stream through it.
 const READ_BUFFER: usize = 64 << 10;
 
+/// Where one connection stands, for its watchdog: hyper alone cannot tell a
+/// kept-alive connection waiting for its next request (the idle timeout) from
+/// one sending a head slowly (the header timeout): its one timer runs from the
+/// end of the previous response.
+struct Activity {
+    state: Mutex<ActivityState>,
+}
+
+struct ActivityState {
+    /// Requests under way (head read, response not yet sent whole).
+    busy: usize,
+    /// When the connection last had no request under way.
+    idle_since: Instant,
+    /// When the head of the next request began: the first byte after the
+    /// connection went idle (a new connection counts from its opening).
+    head_since: Option<Instant>,
+}
+
+impl Activity {
+    fn new() -> Arc<Activity> {
+        let now = Instant::now();
+        Arc::new(Activity { state: Mutex::new(ActivityState { busy: 0, idle_since: now, head_since: Some(now) }) })
+    }
+
+    fn lock(&self) -> std::sync::MutexGuard<'_, ActivityState> {
+        self.state.lock().unwrap_or_else(|e| e.into_inner())
+    }
+
+    /// Bytes arrived.
+    fn read(&self) {
+        let mut s = self.lock();
+        if s.busy == 0 && s.head_since.is_none() {
+            s.head_since = Some(Instant::now());
+        }
+    }
+
+    /// A request's head is in; the request is under way until the returned
+    /// guard (kept by its response body) is dropped.
+    fn begin(self: &Arc<Self>) -> Busy {
+        let mut s = self.lock();
+        s.busy += 1;
+        s.head_since = None;
+        Busy(self.clone())
+    }
+
+    /// Which timeout, if any, has run out.
+    fn expired(&self, limits: &Limits) -> Option<&'static str> {
+        let s = self.lock();
+        match (s.busy, s.head_since) {
+            (0, Some(t)) if t.elapsed() >= limits.header_timeout => Some("header"),
+            (0, None) if s.idle_since.elapsed() >= limits.idle_timeout => Some("idle"),
+            _ => None,
+        }
+    }
+}
+
+struct Busy(Arc<Activity>);
+
+impl Drop for Busy {
+    fn drop(&mut self) {
+        let mut s = self.0.lock();
+        s.busy = s.busy.saturating_sub(1);
+        if s.busy == 0 {
+            s.idle_since = Instant::now();
+            s.head_since = None;
+        }
+    }
+}
+
+/// The client's socket, telling its [`Activity`] when bytes arrive.
+struct Watched {
+    io: TcpStream,
+    activity: Arc<Activity>,
+}
+
+impl AsyncRead for Watched {
+    fn poll_read(mut self: Pin<&mut Self>, cx: &mut Context<'_>, buf: &mut ReadBuf<'_>) -> Poll<std::io::Result<()>> {
+        let before = buf.filled().len();
+        let polled = Pin::new(&mut self.io).poll_read(cx, buf);
+        if matches!(polled, Poll::Ready(Ok(()))) && buf.filled().len() > before {
+            self.activity.read();
+        }
+        polled
+    }
+}
+
+impl AsyncWrite for Watched {
+    fn poll_write(mut self: Pin<&mut Self>, cx: &mut Context<'_>, buf: &[u8]) -> Poll<std::io::Result<usize>> {
+        Pin::new(&mut self.io).poll_write(cx, buf)
+    }
+
+    fn poll_write_vectored(mut self: Pin<&mut Self>, cx: &mut Context<'_>, bufs: &[std::io::IoSlice<'_>]) -> Poll<std::io::Result<usize>> {
+        Pin::new(&mut self.io).poll_write_vectored(cx, bufs)
+    }
+
+    fn is_write_vectored(&self) -> bool {
+        self.io.is_write_vectored()
+    }
+
+    fn poll_flush(mut self: Pin<&mut Self>, cx: &mut Context<'_>) -> Poll<std::io::Result<()>> {
+        Pin::new(&mut self.io).poll_flush(cx)
+    }
+
+    fn poll_shutdown(mut self: Pin<&mut Self>, cx: &mut Context<'_>) -> Poll<std::io::Result<()>> {
+        Pin::new(&mut self.io).poll_shutdown(cx)
+    }
+}
+
+/// How often a connection's watchdog looks: a quarter of the shorter
+/// timeout, within 20 ms..=1 s.
+fn tick(limits: &Limits) -> Duration {
+    (limits.header_timeout.min(limits.idle_timeout) / 4).clamp(Duration::from_millis(20), Duration::from_secs(1))
+}
+
 /// Serves until SIGINT or SIGTERM, then drains within `limits.shutdown_grace`.
 pub async fn serve(listener: TcpListener, app: Router, state: Arc<AppState>, limits: Limits) {
     let mut http = hyper::server::conn::http1::Builder::new();
-    http.timer(TokioTimer::new()).header_read_timeout(limits.header_timeout).max_buf_size(READ_BUFFER);
+    // hyper's own header timer (from the end of the previous response) stays
+    // as a backstop behind the watchdog, which enforces the two timeouts.
+    http.timer(TokioTimer::new()).header_read_timeout(limits.header_timeout + limits.idle_timeout).max_buf_size(READ_BUFFER);
     let permits = Arc::new(Semaphore::new(limits.max_connections));
     let (stop, stopping) = watch::channel(false);
     let mut connections = JoinSet::new();
@@ -48,19 +170,49 @@ pub async fn serve(listener: TcpListener, app: Router, state: Arc<AppState>, lim
                     continue;
                 };
                 let _ = stream.set_nodelay(true);
-                let connection = http.serve_connection(TokioIo::new(stream), TowerToHyperService::new(app.clone()));
+                let activity = Activity::new();
+                let service = {
+                    let (router, activity) = (TowerToHyperService::new(app.clone()), activity.clone());
+                    hyper::service::service_fn(move |request| {
+                        let busy = activity.begin();
+                        let response = hyper::service::Service::call(&router, request);
+                        async move {
+                            let response = response.await?;
+                            // Busy until hyper drops the body, its last byte sent.
+                            Ok::<_, std::convert::Infallible>(response.map(move |body| {
+                                Body::new(body.map_frame(move |frame| {
+                                    let _busy = &busy;
+                                    frame
+                                }))
+                            }))
+                        }
+                    })
+                };
+                let connection = http.serve_connection(TokioIo::new(Watched { io: stream, activity: activity.clone() }), service);
                 let (mut stopping, state) = (stopping.clone(), state.clone());
                 connections.spawn(async move {
                     let _permit = permit;
                     state.metrics.connections.inc();
                     tokio::pin!(connection);
-                    tokio::select! {
-                        _ = connection.as_mut() => {}
-                        _ = stopping.changed() => {
-                            // No more requests on this connection; the one
-                            // under way (if any) may finish.
-                            connection.as_mut().graceful_shutdown();
-                            let _ = connection.await;
+                    let mut watchdog = tokio::time::interval(tick(&limits));
+                    watchdog.set_missed_tick_behavior(tokio::time::MissedTickBehavior::Delay);
+                    loop {
+                        tokio::select! {
+                            _ = connection.as_mut() => break,
+                            _ = watchdog.tick() => {
+                                if let Some(which) = activity.expired(&limits) {
+                                    // Dropping the connection closes the socket.
+                                    tracing::debug!("closing a connection: its {which} timeout ran out");
+                                    break;
+                                }
+                            }
+                            _ = stopping.changed() => {
+                                // No more requests on this connection; the one
+                                // under way (if any) may finish.
+                                connection.as_mut().graceful_shutdown();
+                                let _ = connection.as_mut().await;
+                                break;
+                            }
                         }
                     }
                     state.metrics.connections.dec();

@@ -33,10 +33,12 @@ pub struct ServeOptions {
 /// What one client may hold of the server, and for how long.
 #[derive(Debug, Clone, Copy)]
 pub struct Limits {
-    /// From a connection's opening, or the end of its previous response, to
-    /// the end of the next request's head: both the time to send a header
-    /// and the keep-alive idle time.
+    /// For a request's head, from its first byte (a new connection's first
+    /// head: from the opening).
     pub header_timeout: Duration,
+    /// Between a response's end and the first byte of the next request on a
+    /// kept-alive connection.
+    pub idle_timeout: Duration,
     /// For a speech request's whole body, from the end of its head.
     pub body_timeout: Duration,
     /// Connections open at once; more are answered 503 and closed.
