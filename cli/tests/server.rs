@@ -34,7 +34,13 @@ impl Server {
     /// Supertonic as `supertonic` and the tone model set to panic as `broken`,
     /// one CPU thread each, with `extra` flags.
     fn start(extra: &[&str]) -> Server {
-        let plugins = plugins_with(&["cpu"], &["supertonic"]);
+        Server::start_with(&[], extra)
+    }
+
+    /// [`Server::start`] with more profiles: (name, the `[model]` and
+    /// `[synthesis]` tables) after the CPU backend's.
+    fn start_with(more: &[(&str, String)], extra: &[&str]) -> Server {
+        let plugins = plugins_with(&["cpu"], &["supertonic", "chatterbox"]);
         std::fs::copy(common::artifacts().join("libtts_test_tone.so"), plugins.path().join("libtts_model_tone.so")).unwrap();
         let dir = tempfile::tempdir().unwrap();
         let cpu = "[backend]\nprefer = [\"cpu\"]\nfallback = false\n[backends.cpu]\nthreads = 1\n";
@@ -51,6 +57,10 @@ impl Server {
         for (flag, value) in [("--profile", &supertonic), ("--profile", &broken), ("--plugin-dir", &plugins.path().to_path_buf()), ("--voices-dir", &voices)] {
             args.push(flag.into());
             args.push(value.display().to_string());
+        }
+        for (name, body) in more {
+            args.push("--profile".into());
+            args.push(profile(dir.path(), name, &format!("{cpu}{body}")).display().to_string());
         }
         args.extend(extra.iter().map(|s| s.to_string()));
         let mut child =
@@ -118,13 +128,13 @@ impl Server {
     /// reads nothing: once the socket buffers fill, the worker waits on this
     /// client for as long as it stays connected.
     fn unread_request(&self) -> std::net::TcpStream {
-        self.unread_request_as("pcm")
+        self.unread_request_as("supertonic", "pcm")
     }
 
-    /// [`Server::unread_request`] in `format`.
-    fn unread_request_as(&self, format: &str) -> std::net::TcpStream {
+    /// [`Server::unread_request`] to `model` in `format`.
+    fn unread_request_as(&self, model: &str, format: &str) -> std::net::TcpStream {
         let address = self.address();
-        let body = json!({"model": "supertonic", "input": "Go.\n\n".repeat(8000), "response_format": format}).to_string();
+        let body = json!({"model": model, "input": "Go.\n\n".repeat(8000), "response_format": format}).to_string();
         let mut stream = std::net::TcpStream::connect(&address).unwrap();
         write!(
             stream,
@@ -560,7 +570,7 @@ fn the_key_is_checked_before_the_body_and_the_scheme_in_any_case() {
     // Unauthenticated requests announcing 80 KB and sending half: each gets
     // its 401 at once, without the server waiting for (or holding) the rest.
     // Before, every body was read whole before the key was looked at.
-    const CLIENTS: usize = 1500;
+    const CLIENTS: usize = 3000;
     allow_open_files(CLIENTS as libc::rlim_t + 512);
     let before = server.rss_mib();
     let half = vec![b'x'; 40 << 10];
@@ -744,7 +754,7 @@ fn sigterm_closes_half_open_connections_after_the_grace_period() {
 fn every_format_cancels_when_its_client_leaves() {
     let server = Server::start(&[]);
     for (i, format) in ["flac", "mp3", "wav", "pcm"].into_iter().enumerate() {
-        let mut stream = server.unread_request_as(format);
+        let mut stream = server.unread_request_as("supertonic", format);
         let mut first = [0u8; 256];
         let n = stream.read(&mut first).unwrap();
         assert!(String::from_utf8_lossy(&first[..n]).starts_with("HTTP/1.1 200"), "{format}: {}", String::from_utf8_lossy(&first[..n]));
@@ -755,6 +765,36 @@ fn every_format_cancels_when_its_client_leaves() {
         server.wait_for_metric("tts_busy_workers{model=\"supertonic\"} 0");
     }
     assert_eq!(server.speech(json!({"model": "supertonic", "input": "Still here.", "response_format": "flac"})).0, 200);
+}
+
+/// Both ways a model delivers audio cancel: streamed pieces (Supertonic's
+/// short first piece, Chatterbox's speech-token hops) and one piece per text
+/// chunk (`stream_first_chars = 0`, `stream_tokens = 0`), in FLAC (nothing
+/// sent until the end) and WAV.
+#[test]
+fn both_stream_modes_cancel_when_the_client_leaves() {
+    let supertonic = format!("[model]\nfiles = [\"{}\"]\n", supertonic_fixture().display());
+    let turbo: Vec<String> = common::chatterbox_fixture().iter().map(|p| format!("\"{}\"", p.display())).collect();
+    let turbo = format!("[model]\nfiles = [{}]\n[synthesis]\nmax_chars = 30\nmax_new_tokens = 12\n", turbo.join(", "));
+    let server = Server::start_with(
+        &[
+            ("supertonic-chunks", format!("{supertonic}[synthesis]\nstream_first_chars = 0\n")),
+            ("turbo-hops", turbo.clone()),
+            ("turbo-chunks", format!("{turbo}stream_tokens = 0\n")),
+        ],
+        &[],
+    );
+    for model in ["supertonic", "supertonic-chunks", "turbo-hops", "turbo-chunks"] {
+        for (i, format) in ["flac", "wav"].into_iter().enumerate() {
+            let mut stream = server.unread_request_as(model, format);
+            let mut first = [0u8; 256];
+            let n = stream.read(&mut first).unwrap();
+            assert!(String::from_utf8_lossy(&first[..n]).starts_with("HTTP/1.1 200"), "{model} {format}: {}", String::from_utf8_lossy(&first[..n]));
+            drop(stream);
+            server.wait_for_metric(&format!("tts_cancelled_syntheses_total{{model=\"{model}\"}} {}", i + 1));
+            server.wait_for_metric(&format!("tts_busy_workers{{model=\"{model}\"}} 0"));
+        }
+    }
 }
 
 #[test]
