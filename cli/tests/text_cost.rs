@@ -3,7 +3,7 @@
 //! every cut and become one chunk whose attention grew with the square of its
 //! length (4,000 marks: 20 s and 1.79 GB). Both families, through the CLI,
 //! with the tiny committed fixtures on the CPU; peak RSS is the child's own
-//! (`wait4`), time its wall time.
+//! (`VmHWM`), time its wall time.
 
 mod common;
 
@@ -20,11 +20,19 @@ struct Measured {
     stderr: String,
 }
 
+/// The peak resident memory (`VmHWM`) of a live process, MiB; None once it
+/// has exited.
+fn vm_hwm_mib(pid: u32) -> Option<f64> {
+    let status = std::fs::read_to_string(format!("/proc/{pid}/status")).ok()?;
+    let kib: f64 = status.lines().find_map(|l| l.strip_prefix("VmHWM:"))?.trim().trim_end_matches("kB").trim().parse().ok()?;
+    Some(kib / 1024.0)
+}
+
 /// Runs `tts args`, its stdout read to the end, or only its first `read_at_most`
-/// bytes before the pipe is closed (the reader goes away), and reaps it with
-/// `wait4` for its own peak RSS. Killed (and failing) after `limit`.
-// `wait4` reaps the child, which clippy cannot see.
-#[allow(clippy::zombie_processes)]
+/// bytes before the pipe is closed (the reader goes away). Its peak RSS is its
+/// own `VmHWM`, read every 2 ms while it runs (`wait4`'s `ru_maxrss` would
+/// include the test process's size from before the exec). Killed (and
+/// failing) after `limit`.
 fn measure(args: &[&str], read_at_most: Option<usize>, limit: Duration) -> Measured {
     use std::io::Read;
     let dir = tempfile::tempdir().unwrap();
@@ -39,7 +47,6 @@ fn measure(args: &[&str], read_at_most: Option<usize>, limit: Duration) -> Measu
         .spawn()
         .unwrap();
     let start = Instant::now();
-    let pid = child.id() as libc::pid_t;
     let pipe = child.stdout.take().unwrap();
     let reader = std::thread::spawn(move || {
         let mut bytes = Vec::new();
@@ -50,14 +57,13 @@ fn measure(args: &[&str], read_at_most: Option<usize>, limit: Duration) -> Measu
         .unwrap();
         bytes // the pipe is closed here
     });
-    let (status, usage) = loop {
-        let mut status = 0;
-        // SAFETY: a plain wait4 on our own child with valid out-pointers.
-        let mut usage: libc::rusage = unsafe { std::mem::zeroed() };
-        let r = unsafe { libc::wait4(pid, &mut status, libc::WNOHANG, &mut usage) };
-        assert!(r >= 0, "wait4: {}", std::io::Error::last_os_error());
-        if r == pid {
-            break (status, usage);
+    let mut peak = 0f64;
+    let status = loop {
+        if let Some(hwm) = vm_hwm_mib(child.id()) {
+            peak = peak.max(hwm);
+        }
+        if let Some(status) = child.try_wait().unwrap() {
+            break status;
         }
         if start.elapsed() > limit {
             let _ = child.kill();
@@ -68,9 +74,8 @@ fn measure(args: &[&str], read_at_most: Option<usize>, limit: Duration) -> Measu
     };
     let seconds = start.elapsed().as_secs_f64();
     let stdout = reader.join().unwrap();
-    let code = libc::WIFEXITED(status).then(|| libc::WEXITSTATUS(status));
-    // ru_maxrss is in KiB on Linux.
-    Measured { code, seconds, peak_rss_mib: usage.ru_maxrss as f64 / 1024.0, stdout, stderr: std::fs::read_to_string(&err_path).unwrap() }
+    assert!(peak > 0.0, "no reading of the child's memory");
+    Measured { code: status.code(), seconds, peak_rss_mib: peak, stdout, stderr: std::fs::read_to_string(&err_path).unwrap() }
 }
 
 /// `tts` on `family`'s fixture synthesising `text` to `out` (`-`: stdout).
@@ -231,13 +236,6 @@ impl Drop for KillOnDrop {
     }
 }
 
-/// The server's peak resident memory (`VmHWM`), MiB.
-fn peak_rss_of(pid: u32) -> f64 {
-    let status = std::fs::read_to_string(format!("/proc/{pid}/status")).unwrap();
-    let kib: f64 = status.lines().find_map(|l| l.strip_prefix("VmHWM:")).unwrap().trim().trim_end_matches("kB").trim().parse().unwrap();
-    kib / 1024.0
-}
-
 /// `tts serve` shares the engine path: one request of `a` + 4,000 marks (8 KB)
 /// took the server to 1.8 GB. Now its peak RSS stays where a request of
 /// 4,000 plain letters left it.
@@ -291,9 +289,9 @@ fn the_server_pays_no_more_for_marks_than_for_letters() {
         bytes.len()
     };
     speak(&"a".repeat(4000));
-    let after_letters = peak_rss_of(pid);
+    let after_letters = vm_hwm_mib(pid).unwrap();
     let marks_audio = speak(&format!("a{}", "\u{301}".repeat(4000)));
-    let after_marks = peak_rss_of(pid);
+    let after_marks = vm_hwm_mib(pid).unwrap();
     drop(child);
     eprintln!("server peak RSS: {after_letters:.1} MiB after 4000 letters, {after_marks:.1} MiB after 4000 marks ({marks_audio} bytes of WAV)");
     assert!(after_marks <= after_letters + 8.0, "the marks raised the server's peak RSS from {after_letters:.1} to {after_marks:.1} MiB");

@@ -258,9 +258,11 @@ pub fn chunk_text(text: &str, max_len: usize) -> Vec<String> {
 
 /// The most characters a chunk may have after [`normalize`], which may
 /// lengthen text: NFKD up to 18 code points for one (U+FDFA), `@` to ` at `.
-/// Ordinary text stays well within it (Hangul, three jamo a syllable, at most
-/// triples a sentence); a chunk beyond it is cut between words.
-pub const MAX_NORMALIZED_CHARS: usize = 2 * MAX_SENTENCE_CHARS;
+/// A chunk beyond it is cut between words, so no input makes a chunk longer
+/// than the longest sentence spoken whole, with the full stop normalisation
+/// may add. The official chunks (300 characters; Hangul, at most three jamo a
+/// syllable, 900) stay within it.
+pub const MAX_NORMALIZED_CHARS: usize = MAX_SENTENCE_CHARS + 1;
 
 /// `chunk` into `out`, cut between words (or clusters, or code points) until
 /// every piece normalises to at most [`MAX_NORMALIZED_CHARS`] characters.
