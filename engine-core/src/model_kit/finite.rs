@@ -72,10 +72,12 @@ pub fn check_stage(stage: &str, values: Vec<f32>) -> Result<Vec<f32>> {
 
 /// [`check_stage`] on borrowed values.
 pub fn check_values(stage: &str, values: &[f32]) -> Result<()> {
-    if values.iter().all(|v| v.is_finite()) {
+    // Counted as the weights are (see `count`): `all(is_finite)` stops early
+    // but does not vectorise, and ran at a third of the speed.
+    let bad: usize = values.chunks(1 << 20).map(|block| block.iter().map(|v| !v.is_finite() as u32).sum::<u32>() as usize).sum();
+    if bad == 0 {
         return Ok(());
     }
-    let bad = values.iter().filter(|v| !v.is_finite()).count();
     Err(Error::msg(format!(
         "{stage} produced {bad} non-finite values (NaN or infinity) of {}; the model file or an input (voice, noise) holds values out of range",
         values.len()
