@@ -72,6 +72,27 @@ fn chatterbox_non_finite_weights_are_refused_naming_the_tensor() {
     assert_refused(plugins.path(), dir.path(), &[t3, bad_s3], &[], "s3-inf.gguf: tensor 'hift.conv_post.weight' holds ");
 }
 
+/// A BF16 weight (the Multilingual S3Gen converted with
+/// `--decoder-weights bf16`) with one NaN, written into a copy's data
+/// section: refused at load like an F32 one.
+#[test]
+fn a_bf16_weight_with_one_nan_is_refused() {
+    let plugins = plugins_with(&["cpu"], &["chatterbox"]);
+    let dir = tempfile::tempdir().unwrap();
+    let mtl = repo().join("tests/fixtures/chatterbox/mtl-tiny");
+    let bad = dir.path().join("s3gen-bf16-nan.gguf");
+    std::fs::copy(mtl.join("s3gen-bf16-decoder.gguf"), &bad).unwrap();
+    let name = "cfm.down_blocks.0.0.res_conv.weight";
+    let info = GgufFile::open(&bad).unwrap().tensors().into_iter().find(|t| t.name == name).unwrap();
+    assert_eq!(info.ty, ggml_sys::TYPE_BF16);
+    let mut bytes = std::fs::read(&bad).unwrap();
+    // The third value: a quiet NaN in bfloat16.
+    bytes[info.offset + 4..info.offset + 6].copy_from_slice(&0x7fc0u16.to_le_bytes());
+    std::fs::write(&bad, bytes).unwrap();
+    let want = format!("s3gen-bf16-nan.gguf: tensor '{name}' holds 1 non-finite values (NaN or infinity) of ");
+    assert_refused(plugins.path(), dir.path(), &[mtl.join("t3-mtl.gguf"), bad], &["language=en"], &want);
+}
+
 /// An F32 matrix value beyond F16's range (65504) becomes infinity where
 /// `f16_weights = "on"` stores the matrix as F16: refused at load, saying so.
 #[test]
