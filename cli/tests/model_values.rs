@@ -93,6 +93,18 @@ fn a_bf16_weight_with_one_nan_is_refused() {
     assert_refused(plugins.path(), dir.path(), &[mtl.join("t3-mtl.gguf"), bad], &["language=en"], &want);
 }
 
+/// A duration predictor driven to 0 s (its exp underflows) gave a WAV of 0
+/// samples; now it is an error naming the stage.
+#[test]
+fn a_duration_shorter_than_one_sample_is_an_error() {
+    let plugins = plugins_with(&["cpu"], &["supertonic"]);
+    let dir = tempfile::tempdir().unwrap();
+    let bad = crafted(dir.path(), "short.gguf", &supertonic_fixture(), |e| {
+        e.fill_f32("dp.pred.1.bias", -200.0).unwrap();
+    });
+    assert_refused(plugins.path(), dir.path(), &[bad], &[], "the duration predictor gave 0 s for a chunk of 12 characters, less than one sample;");
+}
+
 /// An F32 matrix value beyond F16's range (65504) becomes infinity where
 /// `f16_weights = "on"` stores the matrix as F16: refused at load, saying so.
 #[test]
