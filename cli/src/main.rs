@@ -425,6 +425,7 @@ fn open_engine_with(common: &Common, profile: Option<&std::path::Path>, everythi
 /// The profiles named on the command line, as inputs an output must not replace.
 fn input_profiles(common: &Common) -> Vec<(String, PathBuf)> {
     common.profiles.iter().map(|p| ("profile".to_string(), p.clone())).collect()
+}
 
 /// Writes to stdout; a reader that went away (`| head`) is not an error.
 fn write_stdout(text: &str) -> Result<(), String> {
