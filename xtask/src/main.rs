@@ -132,6 +132,7 @@ fn test(extra: &[String]) -> Result<(), String> {
     build_all(false)?;
     build_abi_5_1_fixture()?;
     openai_client()?;
+    converter_python()?;
     check_bundle()?;
     run_tests(extra)
 }
@@ -160,6 +161,29 @@ fn openai_client() -> Result<(), String> {
         }
     }
     std::env::set_var("TTS_OPENAI_PYTHON", &python);
+    Ok(())
+}
+
+/// The converter's Python tests (`tools/chatterbox/tests`) need `tokenizers`,
+/// `gguf` and numpy, pinned as tools/chatterbox/README.md pins them, in
+/// `target/converter-venv`; `models/chatterbox/tests/converter.rs` runs them
+/// and, once this has installed them, fails rather than skips without them.
+const CONVERTER_PACKAGES: [&str; 3] = ["tokenizers==0.22.2", "gguf==0.19.0", "numpy==1.26.4"];
+
+fn converter_python() -> Result<(), String> {
+    let venv = root().join("target/converter-venv");
+    let python = venv.join("bin/python");
+    let ready = || Command::new(&python).args(["-c", "import tokenizers, gguf, numpy"]).status().is_ok_and(|s| s.success());
+    if !ready() {
+        let installed = run(Command::new("python3").args(["-m", "venv"]).arg(&venv))
+            .and_then(|()| run(Command::new(venv.join("bin/pip")).args(["install", "-q", "--disable-pip-version-check"]).args(CONVERTER_PACKAGES)));
+        if let Err(e) = installed {
+            eprintln!("xtask: the converter's Python packages could not be installed ({e}); its test will report itself skipped");
+            return Ok(());
+        }
+    }
+    std::env::set_var("TTS_CHATTERBOX_PYTHON", &python);
+    std::env::set_var("TTS_REQUIRE_CONVERTER_PYTHON", "1");
     Ok(())
 }
 

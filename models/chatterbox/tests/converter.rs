@@ -3,7 +3,8 @@
 //! loader: every id a T3 tokenizer can produce is below the text vocabulary.
 //! They need a Python with the `tokenizers` package: `TTS_CHATTERBOX_PYTHON`,
 //! else the venv of tools/chatterbox/README.md; without one the test reports
-//! itself skipped.
+//! itself skipped, unless `TTS_REQUIRE_CONVERTER_PYTHON` is set (`cargo xtask
+//! test` sets it once it has installed them).
 
 use std::path::{Path, PathBuf};
 use std::process::Command;
@@ -20,6 +21,9 @@ fn python() -> Option<PathBuf> {
 #[test]
 fn converter_refuses_tokenizer_ids_beyond_the_text_vocabulary() {
     let Some(python) = python() else {
+        // `cargo xtask test` installs the packages and sets this: there a
+        // missing Python is a failure, not a skip.
+        assert!(std::env::var_os("TTS_REQUIRE_CONVERTER_PYTHON").is_none(), "TTS_REQUIRE_CONVERTER_PYTHON is set but no Python with `tokenizers` was found");
         eprintln!("skipped: no Python with `tokenizers` (set TTS_CHATTERBOX_PYTHON or create target/chatterbox-venv)");
         return;
     };
