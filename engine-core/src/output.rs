@@ -15,8 +15,11 @@
 //! - One of this process's own descriptors named by path (`/dev/stdout`,
 //!   `/dev/fd/N`, `/proc/self/fd/N`, or a link to one) is written through that
 //!   descriptor: at its offset, so `> x.wav` gets the whole output from byte 0
-//!   (the file is then cut at its end) and `>> x.wav` gets it appended.
-//! - FIFOs and character devices, and anything under `/dev` or `/proc`, are
+//!   (the file is then cut at its end) and `>> x.wav` gets it appended
+//!   (through a new open of the same file, the caller's flags left alone).
+//! - FIFOs and character devices, and anything in a system tree (the file
+//!   system mounted at `/dev`, procfs, sysfs and the kernel's other file
+//!   systems; not separate mounts below `/dev` such as `/dev/shm`), are
 //!   written in place (a regular file truncated first), never replaced, and no
 //!   file is created there; block devices, sockets and directories are refused.
 //! - The temporary is removed when writing fails, when the writer panics (it is
@@ -48,11 +51,49 @@ enum Target {
     Descriptor(i32),
 }
 
-/// Trees of the system's own nodes: nothing there is ever renamed over or created.
+/// Trees of the system's own nodes, where nothing is ever renamed over or
+/// created, decided for the directory that holds `path`: a file system of the
+/// kernel's own (procfs, sysfs, devpts, cgroup, debugfs, ...) wherever it is
+/// mounted, and the file system mounted at `/dev`. That one is known by being
+/// `/dev` and not by its type, since devtmpfs reports itself as tmpfs (and a
+/// container's /dev is a plain tmpfs): a directory under `/dev` on the same
+/// device as `/dev` is in it, a separate mount below it (the tmpfs at
+/// `/dev/shm`) is an ordinary file system. Where the directory does not
+/// exist, the names decide (`/dev`, `/proc`, `/sys`).
 fn in_system_tree(path: &Path) -> bool {
-    let system = |p: &Path| p.starts_with("/dev") || p.starts_with("/proc");
     let parent = path.parent().filter(|p| !p.as_os_str().is_empty()).unwrap_or(Path::new("."));
-    system(path) || fs::canonicalize(parent).is_ok_and(|p| system(&p))
+    let Ok(dir) = fs::canonicalize(parent) else {
+        return ["/dev", "/proc", "/sys"].iter().any(|t| path.starts_with(t));
+    };
+    let device = |p: &Path| fs::metadata(p).map(|m| m.dev()).ok();
+    kernel_file_system(&dir) || (dir.starts_with("/dev") && device(&dir).is_some() && device(&dir) == device(Path::new("/dev")))
+}
+
+/// Whether `dir` is on a file system whose entries are the kernel's objects.
+fn kernel_file_system(dir: &Path) -> bool {
+    use std::os::unix::ffi::OsStrExt;
+    let Ok(c) = std::ffi::CString::new(dir.as_os_str().as_bytes()) else {
+        return false;
+    };
+    let mut st: libc::statfs = unsafe { std::mem::zeroed() };
+    // SAFETY: `c` is a valid C string and `st` a writable statfs.
+    if unsafe { libc::statfs(c.as_ptr(), &mut st) } != 0 {
+        return false;
+    }
+    // The magic numbers are 32-bit; libc's types for them differ by target.
+    let magic = st.f_type as u32;
+    [
+        libc::PROC_SUPER_MAGIC as u32,
+        libc::SYSFS_MAGIC as u32,
+        libc::DEVPTS_SUPER_MAGIC as u32,
+        libc::CGROUP_SUPER_MAGIC as u32,
+        libc::CGROUP2_SUPER_MAGIC as u32,
+        libc::DEBUGFS_MAGIC as u32,
+        libc::TRACEFS_MAGIC as u32,
+        libc::SECURITYFS_MAGIC as u32,
+        libc::BPF_FS_MAGIC as u32,
+    ]
+    .contains(&magic)
 }
 
 /// The descriptor of this process that `path` names (`/proc/<own pid>/fd/N`,
@@ -219,9 +260,13 @@ fn write_in_place(path: &Path, write: impl FnOnce(&mut File) -> Result<(), Write
 /// Writes through this process's descriptor `fd` (named by `path`) where a
 /// shell redirection meant: `> x.wav` from its offset, 0, the file cut after
 /// the output so no older bytes trail it; `>> x.wav` at its end. A regular
-/// file stays seekable for `write` (a WAV header rewritten at the end): for
-/// an appending descriptor the append flag is lifted while writing, since it
-/// would send the rewritten header to the end too.
+/// file stays seekable for `write` (a WAV header rewritten at the end). An
+/// appending descriptor's open file description is the caller's (the shell's,
+/// shared with every process that inherited it), so its flags are left alone:
+/// the file is opened again through `/proc/self/fd/N`, which gives a new
+/// description without `O_APPEND`, and written from the end it had when the
+/// run began (`pwrite` would not do: Linux appends on an `O_APPEND`
+/// descriptor whatever the offset).
 fn write_descriptor(fd: i32, path: &Path, write: impl FnOnce(&mut File) -> Result<(), WriteError>) -> Result<(), String> {
     use std::io::{Seek, SeekFrom};
     let failed = |e: String| format!("writing output {} (descriptor {fd}): {e}", path.display());
@@ -241,14 +286,15 @@ fn write_descriptor(fd: i32, path: &Path, write: impl FnOnce(&mut File) -> Resul
     }
     let appending = kind.is_file() && flags & libc::O_APPEND != 0;
     if appending {
+        // Neither created nor truncated: the same file, a description of our own.
+        file = OpenOptions::new()
+            .write(true)
+            .custom_flags(libc::O_NOCTTY)
+            .open(format!("/proc/self/fd/{fd}"))
+            .map_err(|e| failed(format!("opening the appended file again without O_APPEND: {e}")))?;
         file.seek(SeekFrom::End(0)).map_err(|e| failed(e.to_string()))?;
-        unsafe { libc::fcntl(fd, libc::F_SETFL, flags & !libc::O_APPEND) };
     }
-    let result = write(&mut file).and_then(|()| file.flush().map_err(WriteError::Io));
-    if appending {
-        unsafe { libc::fcntl(fd, libc::F_SETFL, flags) };
-    }
-    result.map_err(|e| match e {
+    write(&mut file).and_then(|()| file.flush().map_err(WriteError::Io)).map_err(|e| match e {
         WriteError::Io(e) => failed(e.to_string()),
         WriteError::Other(e) => e,
     })?;
@@ -495,10 +541,16 @@ mod tests {
         // `>> x.wav`: appended, the header rewrite included (the append flag
         // would move it to the end).
         let appending = OpenOptions::new().append(true).open(&target).unwrap();
+        let flags = |fd: i32| unsafe { libc::fcntl(fd, libc::F_GETFL) };
+        let before = flags(appending.as_raw_fd());
+        assert_ne!(before & libc::O_APPEND, 0);
         let link2 = dir.path().join("append.wav");
         symlink(format!("/proc/self/fd/{}", appending.as_raw_fd()), &link2).unwrap();
         write_file_with(&link2, |f| {
             use std::io::Seek;
+            // The caller's description keeps O_APPEND while the output is
+            // written (another writer sharing it still appends).
+            assert_eq!(flags(appending.as_raw_fd()), before, "the caller's flags are left alone");
             let start = f.stream_position()?;
             f.write_all(b"HDR?data")?;
             f.seek(SeekFrom::Start(start))?;
@@ -508,6 +560,10 @@ mod tests {
         })
         .unwrap();
         assert_eq!(fs::read(&target).unwrap(), b"againHDR!data");
+        assert_eq!(flags(appending.as_raw_fd()), before, "and afterwards");
+        // The caller's appends still go to the end.
+        (&appending).write_all(b"+").unwrap();
+        assert_eq!(fs::read(&target).unwrap(), b"againHDR!data+");
         assert_eq!(names(dir.path()), vec!["append.wav", "out.wav", "x.wav"]);
     }
 
@@ -522,6 +578,35 @@ mod tests {
         let e = write_file(&link, b"x").unwrap_err();
         assert!(e.contains("tts creates no files under /dev or /proc"), "{e}");
         assert!(fs::symlink_metadata(&link).unwrap().file_type().is_symlink());
+    }
+
+    /// `/dev` itself and the kernel's file systems are system trees; the
+    /// separate tmpfs at `/dev/shm` is not, so a new file can be written there.
+    /// Nothing is written under /dev except one uniquely named file in
+    /// /dev/shm, removed at the end.
+    #[test]
+    fn dev_shm_takes_new_files_but_dev_does_not() {
+        assert!(in_system_tree(Path::new("/dev/tts-no-such-output.wav")));
+        assert!(classify(Path::new("/dev/tts-no-such-output.wav")).is_err(), "decided without creating anything");
+        assert!(in_system_tree(Path::new("/proc/self/tts-no-such-output.wav")));
+        for kernel in ["/sys/kernel", "/dev/pts"] {
+            if Path::new(kernel).is_dir() {
+                assert!(in_system_tree(&Path::new(kernel).join("tts-no-such-output.wav")), "{kernel}");
+            }
+        }
+        let dir = tempfile::tempdir().unwrap();
+        assert!(!in_system_tree(&dir.path().join("o.wav")));
+        let shm = Path::new("/dev/shm");
+        let separate = fs::metadata(shm).ok().map(|m| m.dev()) != fs::metadata("/dev").ok().map(|m| m.dev());
+        if !shm.is_dir() || !separate || !writable(shm) {
+            eprintln!("skipped: /dev/shm is absent, not a separate mount or not writable here; the /dev/shm half of this test did not run");
+            return;
+        }
+        let name = tempfile::Builder::new().prefix(".tts-output-test-").suffix(".wav").tempfile_in(shm).unwrap().into_temp_path();
+        fs::remove_file(&name).unwrap();
+        write_file(&name, b"audio").unwrap();
+        assert_eq!(fs::read(&name).unwrap(), b"audio");
+        // `name` is removed as it drops.
     }
 
     #[test]
