@@ -8,8 +8,8 @@ use std::io::{IsTerminal, Read, Seek, SeekFrom, Write};
 use std::os::fd::AsFd;
 use std::path::Path;
 
-/// The most text read from a file or stdin (a whole book is ~1 MB).
-const MAX_TEXT_BYTES: u64 = 16 << 20;
+/// The most text read from a file or stdin: the cap every text input shares.
+const MAX_TEXT_BYTES: u64 = engine_core::model_kit::files::caps::TEXT;
 
 /// Audio encodings `--format` names.
 #[derive(Debug, Clone, Copy, PartialEq, Eq, ValueEnum)]

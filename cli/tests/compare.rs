@@ -202,17 +202,25 @@ fn each_side_gets_the_vulkan_device_its_own_profile_allows() {
         )
     };
     let (hardware_only, software_too) = (profile("hardware-only", false), profile("software-too", true));
-    // What each profile resolves alone, in a process of its own (this machine
-    // has lavapipe and no GPU: the CPU, and lavapipe).
+    // What each profile resolves alone, in a process of its own: the
+    // expectation for its side of the comparison (with lavapipe and no GPU,
+    // the CPU and lavapipe).
     let alone = |p: &Path| {
         let o = run(&["devices", "--json", "--profile", p.to_str().unwrap(), "--plugin-dir", plugins.path().to_str().unwrap()]);
         assert!(o.status.success(), "{}", stderr(&o));
         let report: serde_json::Value = serde_json::from_slice(&o.stdout).unwrap();
         (report["selected"]["backend"].as_str().unwrap().to_string(), report["selected"]["device_name"].as_str().unwrap().to_string())
     };
-    let (cpu, lavapipe) = (alone(&hardware_only), alone(&software_too));
-    assert_eq!((cpu.0.as_str(), lavapipe.0.as_str()), ("cpu", "vulkan"));
-    for (a, b, want_a, want_b) in [(&hardware_only, &software_too, &cpu, &lavapipe), (&software_too, &hardware_only, &lavapipe, &cpu)] {
+    let (hardware, software) = (alone(&hardware_only), alone(&software_too));
+    if hardware == software {
+        // Each side still must match its own profile, but the defect (side B
+        // falling back to the CPU) only shows where the two differ.
+        eprintln!(
+            "note: both profiles resolve to {} {} here; the case that found the defect needs a software Vulkan device (lavapipe) and no GPU",
+            hardware.0, hardware.1
+        );
+    }
+    for (a, b, want_a, want_b) in [(&hardware_only, &software_too, &hardware, &software), (&software_too, &hardware_only, &software, &hardware)] {
         let o = compare(dir.path(), plugins.path(), a, b, &[]);
         assert!(o.status.success(), "{}", stderr(&o));
         let report: serde_json::Value = serde_json::from_slice(&std::fs::read(dir.path().join("report.json")).unwrap()).unwrap();

@@ -8,7 +8,7 @@
 mod common;
 
 use common::*;
-use ggml_sys::gguf::{GgufEditor, GgufFile};
+use ggml_sys::gguf::GgufFile;
 use std::path::{Path, PathBuf};
 use std::process::Output;
 
@@ -18,15 +18,6 @@ fn synth(profile: &Path, plugins: &Path, text: &str, out: &Path, sets: &[&str]) 
         args.extend_from_slice(&["--set", s]);
     }
     run(&args)
-}
-
-/// A copy of `source` in `dir` as `name`, with `edit` applied.
-fn crafted(dir: &Path, name: &str, source: &Path, edit: impl FnOnce(&mut GgufEditor)) -> PathBuf {
-    let path = dir.join(name);
-    let mut e = GgufEditor::open(source).unwrap();
-    edit(&mut e);
-    e.write(&path).unwrap();
-    path
 }
 
 /// Runs `files` on the CPU and asserts the one-line error `want`, no output.

@@ -171,3 +171,12 @@ pub fn dir_names(dir: &Path) -> Vec<String> {
     v.sort();
     v
 }
+
+/// A copy of the model file `source` in `dir` as `name`, with `edit` applied.
+pub fn crafted(dir: &Path, name: &str, source: &Path, edit: impl FnOnce(&mut ggml_sys::gguf::GgufEditor)) -> PathBuf {
+    let path = dir.join(name);
+    let mut e = ggml_sys::gguf::GgufEditor::open(source).unwrap();
+    edit(&mut e);
+    e.write(&path).unwrap();
+    path
+}

@@ -462,18 +462,32 @@ impl ModelSession {
         }
     }
 
-    /// The files this session reads: its model files and every non-empty
-    /// string or path option (a voice, a reference recording, a noise file,
-    /// a draws directory; a built-in voice name names no file and is
-    /// skipped when compared), as (what, path) for error messages.
+    /// The files this session reads, as (what, path) for error messages: its
+    /// model files, every non-empty path option (a voice file, a reference
+    /// recording, a noise file, a draws directory), and a string `voice`
+    /// option that is not one of the model's built-in voices (the catalog's
+    /// contract: `voice` is a built-in name or a voice file). Other string
+    /// options (a language, a mode) are words, never opened as files, so a
+    /// file that happens to share the word is not an input.
     pub fn input_paths(&self) -> Vec<(String, PathBuf)> {
+        use crate::abi::{OptionKind, OptionValue};
         let mut inputs: Vec<(String, PathBuf)> = self.model_files.iter().map(|p| ("model file".to_string(), p.clone())).collect();
+        let mut built_in: Option<Vec<String>> = None;
         for option in self.options.iter() {
-            let kind = self.specs.iter().find(|s| s.key == option.0).map(|s| s.kind);
-            if let (Some(crate::abi::OptionKind::Path | crate::abi::OptionKind::Str), crate::abi::OptionValue::Str(v)) = (kind, &option.1) {
-                if !v.is_empty() {
-                    inputs.push((format!("{} file", option.0), PathBuf::from(v.as_str())));
+            let OptionValue::Str(v) = &option.1 else { continue };
+            if v.is_empty() {
+                continue;
+            }
+            let file = match self.specs.iter().find(|s| s.key == option.0).map(|s| s.kind) {
+                Some(OptionKind::Path) => true,
+                Some(OptionKind::Str) if option.0.as_str() == "voice" => {
+                    let names = built_in.get_or_insert_with(|| self.catalog().voices.iter().map(|n| n.to_string()).collect());
+                    !names.iter().any(|n| n == v.as_str())
                 }
+                _ => false,
+            };
+            if file {
+                inputs.push((format!("{} file", option.0), PathBuf::from(v.as_str())));
             }
         }
         inputs
