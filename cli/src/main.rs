@@ -265,9 +265,15 @@ enum Command {
         /// Seconds a speech request's body may take to arrive (longer: 408).
         #[arg(long, value_name = "SECONDS", default_value_t = 30.0, value_parser = parse_seconds)]
         body_timeout: f64,
-        /// Connections open at once; more are answered 503 and closed.
-        #[arg(long, value_name = "N", default_value_t = 4096)]
-        max_connections: usize,
+        /// Seconds a response may wait for the client to take its next piece
+        /// of audio; past it the synthesis is cancelled and the connection
+        /// closed, freeing the worker for others.
+        #[arg(long, value_name = "SECONDS", default_value_t = 30.0, value_parser = parse_seconds)]
+        send_timeout: f64,
+        /// Connections open at once; more are answered 503 and closed
+        /// [default: 4096, or what the hard open-file limit leaves].
+        #[arg(long, value_name = "N")]
+        max_connections: Option<usize>,
         /// Seconds a drain (SIGTERM, Ctrl-C) waits for open connections
         /// before it closes them and exits.
         #[arg(long, value_name = "SECONDS", default_value_t = 20.0, value_parser = parse_seconds)]
@@ -557,6 +563,7 @@ fn run(cli: Cli) -> Result<(), String> {
             header_timeout,
             idle_timeout,
             body_timeout,
+            send_timeout,
             max_connections,
             shutdown_grace,
             set,
@@ -567,7 +574,7 @@ fn run(cli: Cli) -> Result<(), String> {
             if workers == 0 || queue == 0 {
                 return Err("--workers and --queue must be at least 1".into());
             }
-            if max_connections == 0 {
+            if max_connections == Some(0) {
                 return Err("--max-connections must be at least 1".into());
             }
             // `--api-key "$KEY"` with KEY unset, or TTS_API_KEY set empty,
@@ -602,11 +609,21 @@ fn run(cli: Cli) -> Result<(), String> {
                 header_timeout: std::time::Duration::from_secs_f64(header_timeout),
                 idle_timeout: std::time::Duration::from_secs_f64(idle_timeout),
                 body_timeout: std::time::Duration::from_secs_f64(body_timeout),
-                max_connections,
+                send_timeout: std::time::Duration::from_secs_f64(send_timeout),
+                max_connections: max_connections.unwrap_or(tts_serve_api::DEFAULT_MAX_CONNECTIONS),
                 shutdown_grace: std::time::Duration::from_secs_f64(shutdown_grace),
             };
-            let options =
-                serve::ServeOptions { listen: std::net::SocketAddr::new(host, port), workers, queue, api_key, voices_dir, max_input_chars, set, limits };
+            let options = serve::ServeOptions {
+                listen: std::net::SocketAddr::new(host, port),
+                workers,
+                queue,
+                api_key,
+                voices_dir,
+                max_input_chars,
+                set,
+                max_connections_default: max_connections.is_none(),
+                limits,
+            };
             serve::run(sources, options, cli.quiet)
         }
         Some(Command::Completions { shell }) => {

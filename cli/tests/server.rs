@@ -554,7 +554,6 @@ fn an_empty_api_key_is_refused_and_an_open_address_without_one_warns() {
     // fails and nothing listens) without a key: the warning comes first.
     let out = common::run(&[&base[..], &["--host", "192.0.2.1"]].concat());
     let err = common::stderr(&out);
-    println!("{err}");
     assert_eq!(out.status.code(), Some(1), "{err}");
     assert!(err.contains("listening on 192.0.2.1:0 with no API key"), "{err}");
     assert!(err.lines().last().unwrap().starts_with("error: binding 192.0.2.1:0"), "{err}");
@@ -812,4 +811,76 @@ fn unspeakable_input_is_the_requests_fault_and_every_error_is_json() {
     assert_eq!((status, e["type"].as_str()), (405, Some("invalid_request_error")), "{e}");
     let r = Server::agent().delete(format!("{}/health", server.base)).call().unwrap();
     assert_eq!(r.status().as_u16(), 405);
+}
+
+#[test]
+fn a_client_that_never_reads_is_cut_off_after_the_send_timeout() {
+    let server = Server::start(&["--workers", "1", "--send-timeout", "1"]);
+    // Hundreds of MB of WAV (the format that fills the kernel's buffers
+    // fastest) to a client that reads nothing: once they are full the worker
+    // waits on it. Before, it waited as long as the client stayed connected,
+    // and every other request with it.
+    let mut stalled = server.unread_request_as("supertonic", "wav");
+    server.wait_for_metric("tts_busy_workers{model=\"supertonic\"} 1");
+    let asked = Instant::now();
+    let agent: ureq::Agent = ureq::Agent::config_builder().http_status_as_error(false).timeout_global(Some(Duration::from_secs(60))).build().into();
+    let request = agent.post(format!("{}/v1/audio/speech", server.base)).header("Authorization", format!("Bearer {KEY}"));
+    let mut response = request
+        .send_json(json!({"model": "supertonic", "input": "Hi.", "response_format": "wav"}))
+        .expect("the second request was not served within 60 s (hang guard; a 1 s send timeout)");
+    let served = asked.elapsed();
+    assert_eq!(response.status().as_u16(), 200);
+    assert!(!response.body_mut().read_to_vec().unwrap().is_empty());
+    server.wait_for_metric("tts_cancelled_syntheses_total{model=\"supertonic\"} 1");
+    // The stalled connection is closed (what the kernel buffered still arrives first).
+    let (got, closed) = read_until_closed(&mut stalled, Duration::from_secs(30));
+    assert!(closed, "the stalled connection is still open");
+    assert_eq!(status_of(&got), Some(200));
+    println!("a client that never reads, 1 s send timeout: the next request served after {served:?}; {} B reached the stalled client", got.len());
+}
+
+/// Runs `tts` with the hard and soft limits on open files set to `limit`,
+/// until it exits or prints a line starting with `until`; its stderr so far.
+fn run_with_open_files(args: &[&str], limit: libc::rlim_t, until: &str) -> (Option<i32>, String) {
+    use std::os::unix::process::CommandExt;
+    let mut command = Command::new(tts());
+    command.args(args).env_remove("TTS_LOG").env_remove("TTS_API_KEY").stdout(Stdio::null()).stderr(Stdio::piped());
+    // SAFETY: setrlimit is async-signal-safe and touches only the child.
+    unsafe {
+        command.pre_exec(move || match libc::setrlimit(libc::RLIMIT_NOFILE, &libc::rlimit { rlim_cur: limit, rlim_max: limit }) {
+            0 => Ok(()),
+            _ => Err(std::io::Error::last_os_error()),
+        });
+    }
+    let mut child = command.spawn().unwrap();
+    let mut err = String::new();
+    for line in BufReader::new(child.stderr.take().unwrap()).lines() {
+        let line = line.unwrap();
+        err.push_str(&line);
+        err.push('\n');
+        if line.starts_with(until) {
+            let _ = child.kill();
+            let _ = child.wait();
+            return (None, err);
+        }
+    }
+    (child.wait().unwrap().code(), err)
+}
+
+#[test]
+fn the_default_connection_cap_fits_a_hard_open_file_limit_of_1024() {
+    let plugins = plugins_with(&["cpu"], &["supertonic"]);
+    let dir = tempfile::tempdir().unwrap();
+    let p = profile(dir.path(), "supertonic", &format!("[backend]\nprefer = [\"cpu\"]\n[model]\nfiles = [\"{}\"]\n", supertonic_fixture().display()));
+    let (p, plugins) = (p.display().to_string(), plugins.path().display().to_string());
+    let base = ["serve", "--profile", &p, "--plugin-dir", &plugins, "--port", "0"];
+    // Before, the default of 4096 connections refused to start under it.
+    let (code, err) = run_with_open_files(&base, 1024, "listening on");
+    assert_eq!(code, None, "{err}");
+    assert!(err.contains("the hard open-file limit is 1024: serving at most 768 connections instead of the default 4096"), "{err}");
+    // A number the user chose that does not fit is still refused, in one line.
+    let (code, err) = run_with_open_files(&[&base[..], &["--max-connections", "1000"]].concat(), 1024, "listening on");
+    assert_eq!(code, Some(1), "{err}");
+    assert_eq!(err.lines().count(), 1, "{err}");
+    assert!(err.starts_with("error: --max-connections 1000 needs 1256 open files, and the hard limit is 1024"), "{err}");
 }

@@ -198,8 +198,67 @@ pub fn is_text_error(message: &str) -> bool {
     ["text is empty", "unsupported characters for this model", "nothing speakable remains", "nothing to speak"].iter().any(|m| message.contains(m))
 }
 
+/// `--max-connections` when the command line does not set it.
+pub const DEFAULT_MAX_CONNECTIONS: usize = 4096;
+
+/// Open files kept beyond one per connection: the listener, stdio, model and
+/// plugin files, the runtime's own.
+pub const FD_RESERVE: u64 = 256;
+
+/// How many connections to serve under the hard open-file limit `hard`
+/// (None: unlimited), with `requested` the `--max-connections` the user set
+/// (None: the default). The default shrinks to what the limit leaves, with a
+/// warning naming both numbers (many hosts have a hard limit of 4096, which
+/// the default plus the reserve exceeds); a number the user chose that does
+/// not fit is an error, since serving fewer would silently break it.
+pub fn connection_cap(requested: Option<usize>, hard: Option<u64>) -> Result<(usize, Option<String>), String> {
+    let want = requested.unwrap_or(DEFAULT_MAX_CONNECTIONS);
+    let needed = (want as u64).saturating_add(FD_RESERVE);
+    let Some(hard) = hard.filter(|&h| h < needed) else {
+        return Ok((want, None));
+    };
+    if requested.is_some() {
+        return Err(format!(
+            "--max-connections {want} needs {needed} open files, and the hard limit is {hard} (lower --max-connections or raise `ulimit -Hn`)"
+        ));
+    }
+    match usize::try_from(hard - FD_RESERVE.min(hard)).unwrap_or(usize::MAX) {
+        0 => Err(format!("the hard open-file limit is {hard}, and the server keeps {FD_RESERVE} open files for itself: none are left for connections (raise `ulimit -Hn`)")),
+        cap => Ok((
+            cap,
+            Some(format!(
+                "the hard open-file limit is {hard}: serving at most {cap} connections instead of the default {DEFAULT_MAX_CONNECTIONS} (raise `ulimit -Hn` or set --max-connections)"
+            )),
+        )),
+    }
+}
+
 #[cfg(test)]
 mod tests {
+
+    #[test]
+    fn the_default_connection_cap_shrinks_to_the_hard_limit_and_a_chosen_one_does_not() {
+        // Unlimited, or room enough: as asked, no warning.
+        assert_eq!(connection_cap(None, None), Ok((4096, None)));
+        assert_eq!(connection_cap(None, Some(4352)), Ok((4096, None)));
+        assert_eq!(connection_cap(Some(10_000), None), Ok((10_000, None)));
+        assert_eq!(connection_cap(Some(3840), Some(4096)), Ok((3840, None)));
+        // The default under a hard limit of 4096 (before: refused to start).
+        let (cap, warning) = connection_cap(None, Some(4096)).unwrap();
+        assert_eq!(cap, 3840);
+        let warning = warning.unwrap();
+        assert!(warning.contains("4096") && warning.contains("3840") && !warning.contains('\n'), "{warning}");
+        assert_eq!(connection_cap(None, Some(257)).unwrap().0, 1);
+        // A limit that leaves nothing, and a chosen number that does not fit: one line each.
+        for (requested, hard, want) in [
+            (None, 256, "none are left"),
+            (None, 0, "none are left"),
+            (Some(3841), 4096, "--max-connections 3841 needs 4097 open files, and the hard limit is 4096"),
+        ] {
+            let e = connection_cap(requested, Some(hard)).unwrap_err();
+            assert!(e.contains(want) && !e.contains('\n'), "{e}");
+        }
+    }
     use super::*;
 
     #[test]

@@ -1,6 +1,6 @@
 //! The accept loop under the router: a cap on open connections, a watchdog
-//! with header and keep-alive idle timeouts on each, and a drain bounded by
-//! the grace period. axum's own `serve` has neither timeouts nor a cap, so a
+//! with header, keep-alive idle and send timeouts on each, and a drain
+//! bounded by the grace period. axum's own `serve` has neither timeouts nor a cap, so a
 //! few thousand clients that send nothing could hold every descriptor
 //! (docs/server.md, "Limits").
 
@@ -40,12 +40,15 @@ struct ActivityState {
     /// When the head of the next request began: the first byte after the
     /// connection went idle (a new connection counts from its opening).
     head_since: Option<Instant>,
+    /// Since when the socket has taken nothing of a write (the client reads
+    /// nothing and the kernel's buffers are full).
+    stalled_since: Option<Instant>,
 }
 
 impl Activity {
     fn new() -> Arc<Activity> {
         let now = Instant::now();
-        Arc::new(Activity { state: Mutex::new(ActivityState { busy: 0, idle_since: now, head_since: Some(now) }) })
+        Arc::new(Activity { state: Mutex::new(ActivityState { busy: 0, idle_since: now, head_since: Some(now), stalled_since: None }) })
     }
 
     fn lock(&self) -> std::sync::MutexGuard<'_, ActivityState> {
@@ -57,6 +60,16 @@ impl Activity {
         let mut s = self.lock();
         if s.busy == 0 && s.head_since.is_none() {
             s.head_since = Some(Instant::now());
+        }
+    }
+
+    /// A write was tried: `took` whether the socket took any of it.
+    fn wrote(&self, took: bool) {
+        let mut s = self.lock();
+        match (took, s.stalled_since) {
+            (true, _) => s.stalled_since = None,
+            (false, None) => s.stalled_since = Some(Instant::now()),
+            (false, Some(_)) => {}
         }
     }
 
@@ -73,6 +86,10 @@ impl Activity {
     fn expired(&self, limits: &Limits) -> Option<&'static str> {
         let s = self.lock();
         match (s.busy, s.head_since) {
+            // A response under way that the client has not read from for the
+            // send timeout: its worker gave up on it (or is about to), and the
+            // connection would otherwise stay open as long as the client does.
+            (1.., _) if s.stalled_since.is_some_and(|t| t.elapsed() >= limits.send_timeout) => Some("send"),
             (0, Some(t)) if t.elapsed() >= limits.header_timeout => Some("header"),
             (0, None) if s.idle_since.elapsed() >= limits.idle_timeout => Some("idle"),
             _ => None,
@@ -110,13 +127,27 @@ impl AsyncRead for Watched {
     }
 }
 
+impl Watched {
+    fn note(&self, polled: &Poll<std::io::Result<usize>>) {
+        match polled {
+            Poll::Ready(Ok(n)) => self.activity.wrote(*n > 0),
+            Poll::Pending => self.activity.wrote(false),
+            Poll::Ready(Err(_)) => {}
+        }
+    }
+}
+
 impl AsyncWrite for Watched {
     fn poll_write(mut self: Pin<&mut Self>, cx: &mut Context<'_>, buf: &[u8]) -> Poll<std::io::Result<usize>> {
-        Pin::new(&mut self.io).poll_write(cx, buf)
+        let polled = Pin::new(&mut self.io).poll_write(cx, buf);
+        self.note(&polled);
+        polled
     }
 
     fn poll_write_vectored(mut self: Pin<&mut Self>, cx: &mut Context<'_>, bufs: &[std::io::IoSlice<'_>]) -> Poll<std::io::Result<usize>> {
-        Pin::new(&mut self.io).poll_write_vectored(cx, bufs)
+        let polled = Pin::new(&mut self.io).poll_write_vectored(cx, bufs);
+        self.note(&polled);
+        polled
     }
 
     fn is_write_vectored(&self) -> bool {
@@ -132,10 +163,10 @@ impl AsyncWrite for Watched {
     }
 }
 
-/// How often a connection's watchdog looks: a quarter of the shorter
+/// How often a connection's watchdog looks: a quarter of the shortest
 /// timeout, within 20 ms..=1 s.
 fn tick(limits: &Limits) -> Duration {
-    (limits.header_timeout.min(limits.idle_timeout) / 4).clamp(Duration::from_millis(20), Duration::from_secs(1))
+    (limits.header_timeout.min(limits.idle_timeout).min(limits.send_timeout) / 4).clamp(Duration::from_millis(20), Duration::from_secs(1))
 }
 
 /// Serves until SIGINT or SIGTERM, then drains within `limits.shutdown_grace`.

@@ -27,6 +27,9 @@ pub struct ServeOptions {
     pub max_input_chars: usize,
     /// Synthesis options over every profile's `[synthesis]` (`--set`).
     pub set: Vec<(String, String)>,
+    /// `limits.max_connections` is the default, not the user's choice: it
+    /// shrinks to fit the open-file limit instead of refusing to start.
+    pub max_connections_default: bool,
     pub limits: Limits,
 }
 
@@ -41,15 +44,14 @@ pub struct Limits {
     pub idle_timeout: Duration,
     /// For a speech request's whole body, from the end of its head.
     pub body_timeout: Duration,
+    /// For the client to take the next piece of a response: past it the
+    /// synthesis is cancelled, its worker freed and the connection closed.
+    pub send_timeout: Duration,
     /// Connections open at once; more are answered 503 and closed.
     pub max_connections: usize,
     /// How long a drain waits for open connections before closing them.
     pub shutdown_grace: Duration,
 }
-
-/// Descriptors kept beyond one per connection: the listener, stdio, model
-/// and plugin files, the runtime's own.
-const FD_RESERVE: libc::rlim_t = 256;
 
 /// A profile to serve: the model id requests name, and its opened engine.
 pub struct ModelSource {
@@ -68,7 +70,8 @@ pub fn run(sources: Vec<ModelSource>, options: ServeOptions, quiet: bool) -> Res
     if api_key.is_none() && !options.listen.ip().is_loopback() {
         tracing::warn!("listening on {} with no API key: anyone who can reach this address may use the server (set --api-key or TTS_API_KEY)", options.listen);
     }
-    raise_fd_limit((options.limits.max_connections as libc::rlim_t).saturating_add(FD_RESERVE))?;
+    let mut limits = options.limits;
+    limits.max_connections = fit_fd_limit(limits.max_connections, options.max_connections_default)?;
     let listener = std::net::TcpListener::bind(options.listen).map_err(|e| format!("binding {}: {e}", options.listen))?;
     listener.set_nonblocking(true).map_err(|e| format!("{}: {e}", options.listen))?;
     let address = listener.local_addr().map_err(|e| e.to_string())?;
@@ -79,13 +82,12 @@ pub fn run(sources: Vec<ModelSource>, options: ServeOptions, quiet: bool) -> Res
         api_key,
         voices_dir: options.voices_dir.clone(),
         max_input_chars: options.max_input_chars,
-        body_timeout: options.limits.body_timeout,
+        body_timeout: limits.body_timeout,
     });
     let runtime = tokio::runtime::Builder::new_multi_thread().worker_threads(2).enable_all().build().map_err(|e| format!("starting the runtime: {e}"))?;
     let server = {
         let state = state.clone();
         let app = api::router(state.clone());
-        let limits = options.limits;
         runtime.spawn(async move {
             let listener = tokio::net::TcpListener::from_std(listener).map_err(|e| e.to_string())?;
             connection::serve(listener, app, state, limits).await;
@@ -109,7 +111,7 @@ pub fn run(sources: Vec<ModelSource>, options: ServeOptions, quiet: bool) -> Res
             languages: catalog.languages.iter().map(|l| l.to_string()).collect(),
             options: first.option_specs().iter().map(|s| s.key.to_string()).collect(),
             sample_rate: first.info.sample_rate,
-            pool: pool::Pool::start(&source.id, sessions, options.queue, state.metrics.clone())?,
+            pool: pool::Pool::start(&source.id, sessions, options.queue, limits.send_timeout, runtime.handle().clone(), state.metrics.clone())?,
         };
         served.insert(source.id.clone(), model);
     }
@@ -133,28 +135,30 @@ pub fn run(sources: Vec<ModelSource>, options: ServeOptions, quiet: bool) -> Res
     outcome
 }
 
-/// Raises the soft limit on open descriptors to `needed` when it is lower:
-/// each connection holds one, and at the limit `accept` fails for everyone,
-/// `/health` included. Refused when the hard limit is lower.
-fn raise_fd_limit(needed: libc::rlim_t) -> Result<(), String> {
+/// The connection cap that fits the hard limit on open descriptors
+/// (`tts_serve_api::connection_cap`: the default shrinks with a warning, a
+/// chosen number that does not fit is refused), with the soft limit raised
+/// to match: each connection holds one descriptor, and at the limit `accept`
+/// fails for everyone, `/health` included.
+fn fit_fd_limit(max_connections: usize, default: bool) -> Result<usize, String> {
     let mut limit = libc::rlimit { rlim_cur: 0, rlim_max: 0 };
     // SAFETY: getrlimit and setrlimit write and read the struct given.
     if unsafe { libc::getrlimit(libc::RLIMIT_NOFILE, &mut limit) } != 0 {
         return Err(format!("reading the open-file limit: {}", std::io::Error::last_os_error()));
     }
+    let hard = (limit.rlim_max != libc::RLIM_INFINITY).then_some(limit.rlim_max);
+    let (cap, warning) = tts_serve_api::connection_cap((!default).then_some(max_connections), hard)?;
+    if let Some(w) = warning {
+        tracing::warn!("{w}");
+    }
+    let needed: libc::rlim_t = (cap as u64).saturating_add(tts_serve_api::FD_RESERVE);
     if limit.rlim_cur != libc::RLIM_INFINITY && limit.rlim_cur < needed {
-        if limit.rlim_max != libc::RLIM_INFINITY && limit.rlim_max < needed {
-            return Err(format!(
-                "--max-connections needs {needed} open files, and the hard limit is {} (lower --max-connections or raise `ulimit -Hn`)",
-                limit.rlim_max
-            ));
-        }
         limit.rlim_cur = needed;
         if unsafe { libc::setrlimit(libc::RLIMIT_NOFILE, &limit) } != 0 {
             return Err(format!("raising the open-file limit to {needed}: {}", std::io::Error::last_os_error()));
         }
     }
-    Ok(())
+    Ok(cap)
 }
 
 /// Waits for SIGINT or SIGTERM, then marks the server as draining.

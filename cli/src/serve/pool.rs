@@ -8,7 +8,7 @@ use engine_core::engine::{EngineError, ModelSession};
 use std::panic::AssertUnwindSafe;
 use std::sync::Arc;
 use std::thread::JoinHandle;
-use std::time::Instant;
+use std::time::{Duration, Instant};
 use tokio::sync::mpsc;
 
 pub struct Job {
@@ -61,16 +61,51 @@ pub struct Pool {
     workers: Vec<JoinHandle<()>>,
 }
 
+/// How a worker hands events to the request waiting for them.
+#[derive(Clone)]
+struct Sender {
+    /// Longest wait for room in a job's event channel.
+    timeout: Duration,
+    /// The server's runtime, whose timer bounds that wait.
+    runtime: tokio::runtime::Handle,
+}
+
+impl Sender {
+    /// Sends `event` to the job's request; false when the client has gone,
+    /// or has not taken audio for the send timeout: a client that never
+    /// reads would otherwise hold this worker (with `--workers 1`, the
+    /// model) for as long as it stays connected.
+    fn send(&self, job: &Job, event: Event) -> bool {
+        // The timer is made inside `block_on`: it needs the runtime's context.
+        match self.runtime.block_on(async { tokio::time::timeout(self.timeout, job.events.send(event)).await }) {
+            Ok(sent) => sent.is_ok(),
+            Err(_) => {
+                tracing::debug!("the client took no audio for {} s; cancelling its synthesis", self.timeout.as_secs_f64());
+                false
+            }
+        }
+    }
+}
+
 impl Pool {
-    /// One worker thread per session, all fed from a queue of `queue` jobs.
-    pub fn start(id: &str, sessions: Vec<ModelSession>, queue: usize, metrics: Arc<Metrics>) -> Result<Pool, String> {
+    /// One worker thread per session, all fed from a queue of `queue` jobs;
+    /// each waits at most `send_timeout` for its client to take audio.
+    pub fn start(
+        id: &str,
+        sessions: Vec<ModelSession>,
+        queue: usize,
+        send_timeout: Duration,
+        runtime: tokio::runtime::Handle,
+        metrics: Arc<Metrics>,
+    ) -> Result<Pool, String> {
         let (jobs, receiver) = crossbeam_channel::bounded::<Job>(queue);
+        let sender = Sender { timeout: send_timeout, runtime };
         let mut workers = Vec::new();
         for (i, session) in sessions.into_iter().enumerate() {
-            let (receiver, metrics, model) = (receiver.clone(), metrics.clone(), id.to_string());
+            let (receiver, metrics, model, sender) = (receiver.clone(), metrics.clone(), id.to_string(), sender.clone());
             let worker = std::thread::Builder::new()
                 .name(format!("tts-{id}-{i}"))
-                .spawn(move || work(&model, session, receiver, &metrics))
+                .spawn(move || work(&model, session, receiver, &sender, &metrics))
                 .map_err(|e| format!("starting a worker for {id}: {e}"))?;
             workers.push(worker);
         }
@@ -92,7 +127,7 @@ impl Pool {
     }
 }
 
-fn work(id: &str, mut session: ModelSession, jobs: crossbeam_channel::Receiver<Job>, metrics: &Metrics) {
+fn work(id: &str, mut session: ModelSession, jobs: crossbeam_channel::Receiver<Job>, sender: &Sender, metrics: &Metrics) {
     let label = metrics::model(id);
     for job in jobs.iter() {
         metrics.queue_depth.get_or_create(&label).dec();
@@ -102,7 +137,7 @@ fn work(id: &str, mut session: ModelSession, jobs: crossbeam_channel::Receiver<J
             continue;
         }
         metrics.busy_workers.get_or_create(&label).inc();
-        let outcome = std::panic::catch_unwind(AssertUnwindSafe(|| synthesize(&mut session, &job, metrics, &label)));
+        let outcome = std::panic::catch_unwind(AssertUnwindSafe(|| synthesize(&mut session, &job, sender, metrics, &label)));
         metrics.busy_workers.get_or_create(&label).dec();
         let last = match outcome {
             Ok(event) => event,
@@ -112,14 +147,14 @@ fn work(id: &str, mut session: ModelSession, jobs: crossbeam_channel::Receiver<J
             }
         };
         if let Some(event) = last {
-            let _ = job.events.blocking_send(event);
+            sender.send(&job, event);
         }
     }
 }
 
 /// Runs one job, sending audio as it is encoded; returns the last event to
-/// send (None when the client has gone).
-fn synthesize(session: &mut ModelSession, job: &Job, metrics: &Metrics, label: &metrics::ModelLabel) -> Option<Event> {
+/// send (None when the client has gone or stalled).
+fn synthesize(session: &mut ModelSession, job: &Job, sender: &Sender, metrics: &Metrics, label: &metrics::ModelLabel) -> Option<Event> {
     let mut encoder = Encoder::new(job.format);
     let (mut started, mut gone, mut samples) = (false, false, 0u64);
     let result = session.synthesize_streaming_with(&job.text, &job.overrides, |piece, rate| {
@@ -135,7 +170,7 @@ fn synthesize(session: &mut ModelSession, job: &Job, metrics: &Metrics, label: &
         if !started {
             metrics.first_audio.get_or_create(label).observe(job.received.elapsed().as_secs_f64());
         }
-        if (!started || !bytes.is_empty()) && job.events.blocking_send(Event::Audio(bytes)).is_err() {
+        if (!started || !bytes.is_empty()) && !sender.send(job, Event::Audio(bytes)) {
             gone = true;
             return Ok(false);
         }
@@ -150,9 +185,9 @@ fn synthesize(session: &mut ModelSession, job: &Job, metrics: &Metrics, label: &
         Ok(summary) => {
             metrics.audio_seconds.get_or_create(label).inc_by(samples as f64 / summary.sample_rate.max(1) as f64);
             match encoder.finish(summary.sample_rate) {
-                Ok(tail) if !tail.is_empty() || !started => match job.events.blocking_send(Event::Audio(tail)) {
-                    Ok(()) => Some(Event::Done),
-                    Err(_) => {
+                Ok(tail) if !tail.is_empty() || !started => match sender.send(job, Event::Audio(tail)) {
+                    true => Some(Event::Done),
+                    false => {
                         metrics.cancelled.get_or_create(label).inc();
                         None
                     }
