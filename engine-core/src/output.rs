@@ -58,15 +58,20 @@ enum Target {
 /// `/dev` and not by its type, since devtmpfs reports itself as tmpfs (and a
 /// container's /dev is a plain tmpfs): a directory under `/dev` on the same
 /// device as `/dev` is in it, a separate mount below it (the tmpfs at
-/// `/dev/shm`) is an ordinary file system. Where the directory does not
-/// exist, the names decide (`/dev`, `/proc`, `/sys`).
+/// `/dev/shm`) is an ordinary file system. Everything under `/proc` and
+/// `/sys` is a system tree by name as well, whatever is mounted there (the
+/// magic numbers above do not list every kernel file system, e.g.
+/// binfmt_misc under /proc/sys/fs). Where the directory does not exist, the
+/// names decide (`/dev`, `/proc`, `/sys`).
 fn in_system_tree(path: &Path) -> bool {
     let parent = path.parent().filter(|p| !p.as_os_str().is_empty()).unwrap_or(Path::new("."));
     let Ok(dir) = fs::canonicalize(parent) else {
         return ["/dev", "/proc", "/sys"].iter().any(|t| path.starts_with(t));
     };
     let device = |p: &Path| fs::metadata(p).map(|m| m.dev()).ok();
-    kernel_file_system(&dir) || (dir.starts_with("/dev") && device(&dir).is_some() && device(&dir) == device(Path::new("/dev")))
+    ["/proc", "/sys"].iter().any(|t| dir.starts_with(t))
+        || kernel_file_system(&dir)
+        || (dir.starts_with("/dev") && device(&dir).is_some() && device(&dir) == device(Path::new("/dev")))
 }
 
 /// Whether `dir` is on a file system whose entries are the kernel's objects.
@@ -589,7 +594,7 @@ mod tests {
         assert!(in_system_tree(Path::new("/dev/tts-no-such-output.wav")));
         assert!(classify(Path::new("/dev/tts-no-such-output.wav")).is_err(), "decided without creating anything");
         assert!(in_system_tree(Path::new("/proc/self/tts-no-such-output.wav")));
-        for kernel in ["/sys/kernel", "/dev/pts"] {
+        for kernel in ["/sys/kernel", "/dev/pts", "/proc/sys/fs/binfmt_misc"] {
             if Path::new(kernel).is_dir() {
                 assert!(in_system_tree(&Path::new(kernel).join("tts-no-such-output.wav")), "{kernel}");
             }

@@ -29,7 +29,7 @@ pub const PLUGIN_PATH_ENV: &str = "TTS_PLUGIN_PATH";
 pub fn plugin_dirs(profile: &Profile, exe: Option<&Path>, command_line: &[PathBuf], trust_profile: bool) -> Result<Vec<PathBuf>, EngineError> {
     if !profile.plugin_dirs.is_empty() && !trust_profile {
         return fail(format!(
-            "{}: [plugins] dirs would load code from {}; a profile is not trusted to name code: pass --trust-profile-plugins to allow it, or give the directory with --plugin-dir or {PLUGIN_PATH_ENV}",
+            "{}: [plugins] dirs would load code from {}; a profile is not trusted to name code: pass --trust-profile-plugins to allow it, or remove [plugins] dirs from the profile and give the directory with --plugin-dir or {PLUGIN_PATH_ENV}",
             profile.origin(),
             profile.plugin_dirs.iter().map(|d| d.display().to_string()).collect::<Vec<_>>().join(", ")
         ));
