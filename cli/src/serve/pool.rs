@@ -147,7 +147,12 @@ fn work(id: &str, mut session: ModelSession, jobs: crossbeam_channel::Receiver<J
             }
         };
         if let Some(event) = last {
-            sender.send(&job, event);
+            // All audio went out, but a client that stalled before taking the
+            // end did not get a whole response: that is a cancellation too.
+            let done = matches!(event, Event::Done);
+            if !sender.send(&job, event) && done {
+                metrics.cancelled.get_or_create(&label).inc();
+            }
         }
     }
 }
