@@ -203,15 +203,14 @@ impl FlacStream {
 mod tests {
     use super::*;
 
+    /// Deterministic samples in [-0.5, 0.5).
+    fn noise(n: usize, seed: u64) -> Vec<f32> {
+        crate::compare::grid_values(n, seed, 1024).into_iter().map(|v| v * 0.25).collect()
+    }
+
     #[test]
     fn flac_streamed_in_pieces_is_the_whole_encoding() {
-        let mut x = 7u32;
-        let samples: Vec<f32> = (0..30011)
-            .map(|_| {
-                x = x.wrapping_mul(1664525).wrapping_add(1013904223);
-                (x >> 8) as f32 / 16777216.0 - 0.5
-            })
-            .collect();
+        let samples = noise(30011, 7);
         let whole = encode_flac(&samples, 44100).unwrap();
         let mut stream = FlacStream::new(44100).unwrap();
         let start = stream.header().unwrap();
@@ -248,13 +247,7 @@ mod tests {
 
     #[test]
     fn flac_decodes_to_the_wavs_samples() {
-        let mut x = 1u32;
-        let samples: Vec<f32> = (0..48000)
-            .map(|_| {
-                x = x.wrapping_mul(1664525).wrapping_add(1013904223);
-                (x >> 8) as f32 / 16777216.0 - 0.5
-            })
-            .collect();
+        let samples = noise(48000, 1);
         let flac = encode_flac(&samples, 24000).unwrap();
         let dir = tempfile::tempdir().unwrap();
         let path = dir.path().join("t.flac");
