@@ -10,7 +10,7 @@
 
 use std::fs::File;
 use std::io::Read;
-use std::os::unix::fs::{FileTypeExt, OpenOptionsExt};
+use std::os::unix::fs::OpenOptionsExt;
 use std::path::Path;
 
 /// Caps per input kind: each far above what real use needs (the figure in
@@ -36,18 +36,8 @@ pub mod caps {
 fn kind_name(kind: std::fs::FileType) -> Option<&'static str> {
     if kind.is_file() {
         None
-    } else if kind.is_dir() {
-        Some("a directory")
-    } else if kind.is_fifo() {
-        Some("a FIFO")
-    } else if kind.is_char_device() {
-        Some("a character device")
-    } else if kind.is_block_device() {
-        Some("a block device")
-    } else if kind.is_socket() {
-        Some("a socket")
     } else {
-        Some("not a regular file")
+        Some(ggml_sys::gguf::non_regular_kind(kind).unwrap_or("not a regular file"))
     }
 }
 

@@ -6,32 +6,36 @@ use std::ffi::CString;
 use std::path::{Path, PathBuf};
 use std::ptr::NonNull;
 
+/// The kind of a directory, FIFO, device or socket as errors name it ("a
+/// FIFO"); `None` for a regular file (and any other kind).
+pub fn non_regular_kind(kind: std::fs::FileType) -> Option<&'static str> {
+    use std::os::unix::fs::FileTypeExt;
+    if kind.is_dir() {
+        Some("a directory")
+    } else if kind.is_fifo() {
+        Some("a FIFO")
+    } else if kind.is_char_device() {
+        Some("a character device")
+    } else if kind.is_block_device() {
+        Some("a block device")
+    } else if kind.is_socket() {
+        Some("a socket")
+    } else {
+        None
+    }
+}
+
 /// Refuses, with the real reason, a model path that is not a readable regular
 /// file: missing, a directory, a FIFO or device (which ggml would block on or
 /// misread), or unreadable.
 pub fn check_model_path(path: &Path) -> Result<()> {
-    use std::os::unix::fs::FileTypeExt;
     let shown = path.display();
     let meta = match std::fs::metadata(path) {
         Ok(m) => m,
         Err(e) if e.kind() == std::io::ErrorKind::NotFound => return err(format!("GGUF file {shown} does not exist")),
         Err(e) => return err(format!("cannot read GGUF file {shown}: {e}")),
     };
-    let kind = meta.file_type();
-    let what = if kind.is_dir() {
-        "a directory"
-    } else if kind.is_fifo() {
-        "a FIFO"
-    } else if kind.is_char_device() {
-        "a character device"
-    } else if kind.is_block_device() {
-        "a block device"
-    } else if kind.is_socket() {
-        "a socket"
-    } else {
-        ""
-    };
-    if !what.is_empty() {
+    if let Some(what) = non_regular_kind(meta.file_type()) {
         return err(format!("GGUF file {shown} is {what}, not a regular file"));
     }
     std::fs::File::open(path).map_err(|e| crate::Error::Msg(format!("cannot read GGUF file {shown}: {e}")))?;
