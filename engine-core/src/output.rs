@@ -71,7 +71,7 @@ fn in_system_tree(path: &Path) -> bool {
     let device = |p: &Path| fs::metadata(p).map(|m| m.dev()).ok();
     ["/proc", "/sys"].iter().any(|t| dir.starts_with(t))
         || kernel_file_system(&dir)
-        || (dir.starts_with("/dev") && device(&dir).is_some() && device(&dir) == device(Path::new("/dev")))
+        || (dir.starts_with("/dev") && device(&dir).is_some_and(|d| Some(d) == device(Path::new("/dev"))))
 }
 
 /// Whether `dir` is on a file system whose entries are the kernel's objects.
@@ -220,6 +220,17 @@ impl From<std::io::Error> for WriteError {
     }
 }
 
+impl WriteError {
+    /// The one-line message: a file error through `io` (which names the
+    /// output), the producer's as it is.
+    fn into_message(self, io: impl FnOnce(std::io::Error) -> String) -> String {
+        match self {
+            WriteError::Io(e) => io(e),
+            WriteError::Other(e) => e,
+        }
+    }
+}
+
 /// [`write_file`] with the content produced by `write` into the open file as
 /// it goes (a long synthesis need not hold its whole output in memory). The
 /// file is the temporary, or the FIFO or character device itself, positioned
@@ -254,10 +265,7 @@ fn write_in_place(path: &Path, write: impl FnOnce(&mut File) -> Result<(), Write
     if kind.is_file() {
         file.set_len(0).map_err(|e| format!("truncating output {shown}: {e}"))?;
     }
-    let failed = |e| match e {
-        WriteError::Io(e) => format!("writing output {}: {e}", path.display()),
-        WriteError::Other(e) => e,
-    };
+    let failed = |e: WriteError| e.into_message(|e| format!("writing output {}: {e}", path.display()));
     write(&mut file).map_err(failed)?;
     file.flush().map_err(|e| failed(WriteError::Io(e)))
 }
@@ -299,10 +307,7 @@ fn write_descriptor(fd: i32, path: &Path, write: impl FnOnce(&mut File) -> Resul
             .map_err(|e| failed(format!("opening the appended file again without O_APPEND: {e}")))?;
         file.seek(SeekFrom::End(0)).map_err(|e| failed(e.to_string()))?;
     }
-    write(&mut file).and_then(|()| file.flush().map_err(WriteError::Io)).map_err(|e| match e {
-        WriteError::Io(e) => failed(e.to_string()),
-        WriteError::Other(e) => e,
-    })?;
+    write(&mut file).and_then(|()| file.flush().map_err(WriteError::Io)).map_err(|e| e.into_message(|e| failed(e.to_string())))?;
     if kind.is_file() && !appending {
         let end = file.stream_position().map_err(|e| failed(e.to_string()))?;
         file.set_len(end).map_err(|e| failed(e.to_string()))?;
@@ -370,10 +375,7 @@ fn replace(
         .map_err(|e| format!("creating a temporary file in {} for {shown}: {e}", dir.display()))?;
     let registered = Registered::new(temp.path());
     let file: &mut File = temp.as_file_mut();
-    write(file).map_err(|e| match e {
-        WriteError::Io(e) => format!("writing {shown}: {e}"),
-        WriteError::Other(e) => e,
-    })?;
+    write(file).map_err(|e| e.into_message(|e| format!("writing {shown}: {e}")))?;
     file.set_permissions(fs::Permissions::from_mode(mode)).map_err(|e| format!("setting the permissions of {shown}: {e}"))?;
     if let Some((uid, gid)) = owner {
         // Keeps the owner of a replaced file where the process may (root).
