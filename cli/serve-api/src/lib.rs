@@ -28,6 +28,11 @@ impl ApiError {
         ApiError { status, message: message.into(), param: param.map(str::to_string), code }
     }
 
+    /// The 413 for a body over [`body_limit`].
+    pub fn body_too_large() -> ApiError {
+        ApiError::new(413, "the request body is too large", Some("input"), None)
+    }
+
     /// OpenAI's `type`: clients retry `server_error` (5xx) and 429, and give up
     /// on the rest.
     pub fn kind(&self) -> &'static str {
@@ -118,8 +123,10 @@ pub fn body_limit(max_input_chars: usize) -> usize {
 
 /// Parses and validates a speech request's body.
 pub fn parse_speech(body: &[u8], max_input_chars: usize) -> Result<SpeechRequest, ApiError> {
+    // The server's body reader stops at the same limit; this holds the
+    // function to it for any other caller (the fuzz target).
     if body.len() > body_limit(max_input_chars) {
-        return Err(ApiError::new(413, "the request body is too large", Some("input"), None));
+        return Err(ApiError::body_too_large());
     }
     let raw: RawRequest =
         serde_json::from_slice(body).map_err(|e| ApiError::new(400, format!("the request body is not valid JSON for this endpoint: {e}"), None, None))?;

@@ -174,7 +174,7 @@ async fn speech(State(state): State<Arc<AppState>>, headers: HeaderMap, body: Bo
 /// within the body timeout and the size limit.
 async fn read_body(state: &AppState, headers: &HeaderMap, body: Body) -> Result<Bytes, ApiError> {
     let limit = tts_serve_api::body_limit(state.max_input_chars);
-    let too_large = || error(413, "the request body is too large", Some("input"), None);
+    let too_large = ApiError::body_too_large;
     let declared = headers.get(header::CONTENT_LENGTH).and_then(|v| v.to_str().ok()).and_then(|v| v.parse::<u64>().ok());
     if declared.is_some_and(|n| n > limit as u64) {
         return Err(too_large());
