@@ -19,7 +19,7 @@ pub fn check_samples(samples: &[f32], sample_rate: u32) -> Result<(), String> {
             SAMPLE_RATE_RANGE.end()
         ));
     }
-    let bad = samples.iter().filter(|s| !s.is_finite()).count();
+    let bad = crate::model_kit::finite::count_non_finite_f32(samples);
     if bad > 0 {
         return Err(format!("the model produced {bad} non-finite samples (NaN or infinity) of {}; the model file may be corrupt", samples.len()));
     }
