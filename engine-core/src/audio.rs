@@ -96,20 +96,13 @@ pub fn encode_wav(samples: &[f32], sample_rate: u32) -> Result<Vec<u8>, String> 
 /// Encodes `samples` and writes them to `path` safely ([`crate::output::write_file`]).
 /// Mono 16-bit FLAC bytes (lossless over the same samples a WAV holds), through `flacenc`.
 pub fn encode_flac(samples: &[f32], sample_rate: u32) -> Result<Vec<u8>, String> {
-    use flacenc::component::BitRepr;
-    use flacenc::error::Verify;
     check_samples(samples, sample_rate)?;
-    let pcm: Vec<i32> = samples.iter().map(|s| pcm16(*s) as i32).collect();
-    let config = flacenc::config::Encoder::default().into_verified().map_err(|(_, e)| format!("encoding FLAC: {e}"))?;
-    let source = flacenc::source::MemSource::from_samples(&pcm, 1, 16, sample_rate as usize);
-    let mut stream = flacenc::encode_with_fixed_block_size(&config, source, config.block_size).map_err(|e| format!("encoding FLAC: {e}"))?;
-    // A fixed-blocksize stream states its block size as both bounds: the format
-    // leaves the shorter last block out of the minimum (flacenc counts it, and
-    // strict readers such as symphonia then refuse the stream).
-    stream.stream_info_mut().set_block_sizes(config.block_size, config.block_size).map_err(|e| format!("encoding FLAC: {e}"))?;
-    let mut sink = flacenc::bitsink::ByteSink::new();
-    stream.write(&mut sink).map_err(|e| format!("encoding FLAC: {e}"))?;
-    Ok(sink.as_slice().to_vec())
+    let mut stream = FlacStream::new(sample_rate)?;
+    let mut body = Vec::new();
+    stream.push(samples, &mut body)?;
+    let mut bytes = stream.finish_with(&mut body, false)?;
+    bytes.append(&mut body);
+    Ok(bytes)
 }
 
 /// Mono 16-bit FLAC encoded as the samples arrive, frame by frame: the same
@@ -183,16 +176,26 @@ impl FlacStream {
 
     /// Appends the last, shorter frame to `out`; returns the header with the
     /// real totals (as long as [`FlacStream::header`]).
-    pub fn finish(mut self, out: &mut Vec<u8>) -> Result<Vec<u8>, String> {
+    pub fn finish(self, out: &mut Vec<u8>) -> Result<Vec<u8>, String> {
+        self.finish_with(out, true)
+    }
+
+    /// [`FlacStream::finish`]; `zero_empty_frame_sizes` false leaves a stream
+    /// without frames with the frame sizes flacenc starts from (minimum
+    /// 0xFFFFFF, maximum 0), as [`encode_flac`] has always written it.
+    fn finish_with(mut self, out: &mut Vec<u8>, zero_empty_frame_sizes: bool) -> Result<Vec<u8>, String> {
         if !self.pending.is_empty() {
             self.encode_pending(out)?;
         }
         let (_, context) = &self.framebuf;
         self.info.set_md5_digest(&context.md5_digest());
         self.info.set_total_samples(context.total_samples());
-        // As encode_flac: the block size as both bounds.
+        // A fixed-blocksize stream states its block size as both bounds: the
+        // format leaves the shorter last block out of the minimum (flacenc
+        // counts it, and strict readers such as symphonia then refuse the
+        // stream).
         self.info.set_block_sizes(self.block, self.block).map_err(flac_error)?;
-        if context.total_samples() == 0 {
+        if zero_empty_frame_sizes && context.total_samples() == 0 {
             self.info.set_frame_sizes(0, 0).map_err(flac_error)?;
         }
         Self::header_of(self.info)
