@@ -203,9 +203,7 @@ impl Encoder {
             }
             Encoder::Flac(stream) => {
                 if stream.is_none() {
-                    let s = engine_core::audio::FlacStream::new(rate)?;
-                    out.extend_from_slice(&s.header()?);
-                    *stream = Some(Box::new(s));
+                    *stream = Some(Box::new(start_flac(rate, out)?));
                 }
                 stream.as_mut().expect("started").push(piece, out)?;
             }
@@ -231,16 +229,19 @@ impl Encoder {
             Encoder::Flac(stream) => {
                 let stream = match stream {
                     Some(s) => *s,
-                    None => {
-                        let s = engine_core::audio::FlacStream::new(rate)?;
-                        out.extend_from_slice(&s.header()?);
-                        s
-                    }
+                    None => start_flac(rate, out)?,
                 };
                 stream.finish(out).map(Some)
             }
         }
     }
+}
+
+/// A FLAC stream at `rate`, its header (totals unknown) appended to `out`.
+fn start_flac(rate: u32, out: &mut Vec<u8>) -> Result<engine_core::audio::FlacStream, String> {
+    let stream = engine_core::audio::FlacStream::new(rate)?;
+    out.extend_from_slice(&stream.header()?);
+    Ok(stream)
 }
 
 /// Synthesizes `text` (with `overrides`) into `file` as `format`, each piece
