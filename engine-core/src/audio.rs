@@ -12,6 +12,12 @@ pub const SAMPLE_RATE_RANGE: std::ops::RangeInclusive<u32> = 1000..=384_000;
 /// Refuses audio a WAV file cannot honestly hold: an out-of-range sample rate,
 /// or NaN / infinite samples (a corrupt model must not become silence).
 pub fn check_samples(samples: &[f32], sample_rate: u32) -> Result<(), String> {
+    check_sample_counts(sample_rate, || crate::model_kit::finite::count_non_finite_f32(samples), samples.len())
+}
+
+/// [`check_samples`] for audio counted as it went by: `non_finite` of `total`
+/// samples were NaN or infinite (asked only once the rate is in range).
+pub fn check_sample_counts(sample_rate: u32, non_finite: impl FnOnce() -> usize, total: usize) -> Result<(), String> {
     if !SAMPLE_RATE_RANGE.contains(&sample_rate) {
         return Err(format!(
             "the model reports a sample rate of {sample_rate} Hz (supported: {}..={} Hz); the model file may be corrupt",
@@ -19,9 +25,9 @@ pub fn check_samples(samples: &[f32], sample_rate: u32) -> Result<(), String> {
             SAMPLE_RATE_RANGE.end()
         ));
     }
-    let bad = crate::model_kit::finite::count_non_finite_f32(samples);
+    let bad = non_finite();
     if bad > 0 {
-        return Err(format!("the model produced {bad} non-finite samples (NaN or infinity) of {}; the model file may be corrupt", samples.len()));
+        return Err(format!("the model produced {bad} non-finite samples (NaN or infinity) of {total}; the model file may be corrupt"));
     }
     Ok(())
 }

@@ -1,8 +1,9 @@
 //! The response formats of `/v1/audio/speech`, encoded piece by piece as the
-//! model produces audio (FLAC alone is encoded whole at the end).
+//! model produces audio (FLAC alone is sent whole at the end: its header
+//! holds the totals).
 
 use engine_core::audio::resample::StreamResampler;
-use engine_core::audio::{wav_header, RawFormat};
+use engine_core::audio::{wav_header, FlacStream, RawFormat};
 
 /// OpenAI's `pcm` is 24 kHz 16-bit mono whatever the model's rate: clients
 /// play it without a header telling them otherwise.
@@ -21,7 +22,56 @@ enum State {
     Wav,
     Pcm(Option<Box<StreamResampler>>),
     Mp3(Option<Box<mp3lame_encoder::Encoder>>),
-    Flac(Vec<f32>),
+    Flac(Box<FlacBody>),
+}
+
+/// FLAC encoded as the pieces come, kept until the end: the frames so far,
+/// and what `finish` checks as [`engine_core::audio::encode_flac`] did over
+/// the whole signal.
+#[derive(Default)]
+struct FlacBody {
+    /// None before the first piece (or when the rate was refused).
+    stream: Option<FlacStream>,
+    frames: Vec<u8>,
+    samples: usize,
+    non_finite: usize,
+    /// The first encoder error, reported by `finish`.
+    error: Option<String>,
+}
+
+impl FlacBody {
+    fn push(&mut self, samples: &[f32], rate: u32) {
+        self.samples += samples.len();
+        self.non_finite += engine_core::model_kit::finite::count_non_finite_f32(samples);
+        if self.error.is_some() {
+            return;
+        }
+        if self.stream.is_none() {
+            match FlacStream::new(rate) {
+                Ok(s) => self.stream = Some(s),
+                Err(e) => return self.error = Some(e),
+            }
+        }
+        if let Err(e) = self.stream.as_mut().expect("set above").push(samples, &mut self.frames) {
+            self.error = Some(e);
+        }
+    }
+
+    /// The whole stream: the header with the real totals, then the frames.
+    fn finish(&mut self, rate: u32) -> Result<Vec<u8>, String> {
+        engine_core::audio::check_sample_counts(rate, || self.non_finite, self.samples)?;
+        if self.samples == 0 {
+            return engine_core::audio::encode_flac(&[], rate);
+        }
+        if let Some(e) = self.error.take() {
+            return Err(e);
+        }
+        let stream = self.stream.take().expect("samples came");
+        let mut frames = std::mem::take(&mut self.frames);
+        let mut out = stream.finish(&mut frames)?;
+        out.append(&mut frames);
+        Ok(out)
+    }
 }
 
 impl Encoder {
@@ -30,7 +80,7 @@ impl Encoder {
             ResponseFormat::Wav => State::Wav,
             ResponseFormat::Pcm => State::Pcm(None),
             ResponseFormat::Mp3 => State::Mp3(None),
-            ResponseFormat::Flac => State::Flac(Vec::new()),
+            ResponseFormat::Flac => State::Flac(Box::default()),
         };
         Encoder { state, started: false }
     }
@@ -62,7 +112,7 @@ impl Encoder {
                 out.reserve(mp3lame_encoder::max_required_buffer_size(samples.len()));
                 encoder.encode_to_vec(mp3lame_encoder::MonoPcm(samples), &mut out).map_err(|e| format!("MP3 encoding: {e:?}"))?;
             }
-            State::Flac(all) => all.extend_from_slice(samples),
+            State::Flac(flac) => flac.push(samples, rate),
         }
         Ok(out)
     }
@@ -86,7 +136,7 @@ impl Encoder {
                     e.flush_to_vec::<mp3lame_encoder::FlushGap>(&mut out).map_err(|e| format!("MP3 encoding: {e:?}"))?;
                 }
             }
-            State::Flac(all) => out = engine_core::audio::encode_flac(all, rate)?,
+            State::Flac(flac) => out = flac.finish(rate)?,
         }
         self.started = true;
         Ok(out)
@@ -164,6 +214,25 @@ mod tests {
                 assert!(worst <= 1.0 / 32768.0 + 1e-6, "FLAC holds 16-bit samples: {worst}");
             }
         }
+    }
+
+    #[test]
+    fn streamed_flac_is_encode_flac_over_the_whole_signal() {
+        for n in [0, 1, 999, 4096, 44_100] {
+            let samples = tone(44_100, n);
+            assert_eq!(encode(ResponseFormat::Flac, &samples, 44_100), engine_core::audio::encode_flac(&samples, 44_100).unwrap(), "{n} samples");
+        }
+        let mut bad = tone(24_000, 3000);
+        bad[5] = f32::NAN;
+        bad[2500] = f32::INFINITY;
+        let mut e = Encoder::new(ResponseFormat::Flac);
+        for piece in bad.chunks(1000) {
+            assert!(e.piece(piece, 24_000).unwrap().is_empty(), "FLAC sends nothing before the end");
+        }
+        assert_eq!(e.finish(24_000), engine_core::audio::encode_flac(&bad, 24_000));
+        let mut e = Encoder::new(ResponseFormat::Flac);
+        e.piece(&bad[..10], 10).unwrap();
+        assert_eq!(e.finish(10), engine_core::audio::encode_flac(&bad[..10], 10));
     }
 
     #[test]
