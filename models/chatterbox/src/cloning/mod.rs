@@ -78,10 +78,10 @@ pub fn t3_conditioning(t3: &mut impl VoiceEncoding, s3: &mut S3Gen, wav16k: &[f3
 
 /// Both conditionings from a reference at S3Gen's rate (24 kHz), after any
 /// loudness step: `prepare_conditionals` from its `librosa.load` on. The
-/// 16 kHz copy for T3 is `engine_core::audio::resample`'s (the reference
-/// uses soxr through librosa).
+/// 16 kHz copy for T3 is `librosa.resample`'s, through libsoxr as there
+/// (`tts_soxr`): its speech tokens round as the reference's do.
 pub fn conditionals(t3: &mut impl VoiceEncoding, s3: &mut S3Gen, wav: &[f32], timings: &mut Timings) -> Result<Voice> {
-    let wav16k = timings.time("clone.resample", || resample::resample(wav, s3.hp.hift.sample_rate, ENCODER_RATE))?;
+    let wav16k = timings.time("clone.resample", || tts_soxr::librosa_resample(wav, s3.hp.hift.sample_rate, ENCODER_RATE))?;
     let s3gen = s3gen_conditioning(s3, wav, timings)?;
     Ok(Voice { t3: t3_conditioning(t3, s3, &wav16k, timings)?, s3gen })
 }

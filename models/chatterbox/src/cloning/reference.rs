@@ -1,6 +1,7 @@
 //! A reference recording read as the reference pipelines read theirs:
 //! `librosa.load(path, sr=24000)` (any WAV, FLAC, MP3 or Ogg Vorbis; mixed to
-//! mono; resampled to S3Gen's rate), then the variant's own rules. Turbo and
+//! mono; resampled to S3Gen's rate by libsoxr's "HQ" recipe, as librosa does,
+//! sample for sample: `tts_soxr`), then the variant's own rules. Turbo and
 //! Nano (`ChatterboxTurboTTS.prepare_conditionals`) refuse a clip of 5 s or
 //! less and normalise it to −27 LUFS; Multilingual takes it as it is.
 //!
@@ -10,7 +11,7 @@
 //! clip whose peak is below [`SILENCE_DBFS`] is refused as silent (the
 //! reference's encoders would see nothing to embed).
 
-use engine_core::audio::{input, loudness, resample};
+use engine_core::audio::{input, loudness};
 use engine_core::model_kit::Result;
 use std::path::Path;
 
@@ -59,7 +60,7 @@ pub fn load(path: &Path, rate: u32, rules: &ReferenceRules) -> Result<Vec<f32>> 
     if clip.sample_rate < super::ENCODER_RATE {
         tracing::warn!("{shown}: recorded at {} Hz; the voice encoders listen up to 8 kHz, so the clone lacks what the recording lacks", clip.sample_rate);
     }
-    let mut wav = resample::resample(&clip.samples, clip.sample_rate, rate).map_err(|e| format!("{shown}: {e}"))?;
+    let mut wav = tts_soxr::librosa_resample(&clip.samples, clip.sample_rate, rate).map_err(|e| format!("{shown}: {e}"))?;
     let seconds = wav.len() as f64 / rate as f64;
     if seconds <= rules.longer_than_seconds {
         return Err(format!("{shown}: the recording is {seconds:.2} s long; this model needs a reference longer than {} s", rules.longer_than_seconds).into());
