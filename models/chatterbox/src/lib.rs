@@ -277,6 +277,19 @@ struct Plugin {
     model: Chatterbox,
 }
 
+/// The token streams a synthesis reports (`tts --print-tokens`, `tts
+/// compare`): the text ids T3 read and the speech tokens it produced, each one
+/// stream over all text chunks, since where two runs first differ is what a
+/// comparison reports.
+fn token_traces(text_ids: &[Vec<i32>], speech_tokens: &[Vec<u32>]) -> RVec<TokenTrace> {
+    // Tokenizer ids index the text vocabulary: never negative.
+    let ids: Vec<u32> = text_ids.iter().flatten().map(|&id| id as u32).collect();
+    RVec::from(vec![
+        TokenTrace { name: "text_ids".into(), tokens: ids.into() },
+        TokenTrace { name: "speech_tokens".into(), tokens: speech_tokens.concat().into() },
+    ])
+}
+
 extern "C" fn load(request: &ModelLoadRequest, handle: &BackendHandle) -> RResult<ModelBox, RString> {
     engine_core::logging::init_from_env();
     guarded("chatterbox", || {
@@ -297,13 +310,11 @@ impl Model for Plugin {
         guarded("chatterbox", || {
             let params = params_from_options(&request.options).map_err(|e| format!("chatterbox: {e}"))?;
             let s = self.model.synthesize(request.text.as_str(), &params).map_err(|e| format!("chatterbox: {e}"))?;
-            // One stream over all text chunks: where two runs first differ is what a comparison reports.
-            let speech_tokens = TokenTrace { name: "speech_tokens".into(), tokens: s.speech_tokens.concat().into() };
             Ok(SynthesisOutput {
                 samples: s.samples.into(),
                 sample_rate: self.model.sample_rate(),
                 timings: s.timings.into_stage_timings(),
-                tokens: RVec::from(vec![speech_tokens]),
+                tokens: token_traces(&s.text_ids, &s.speech_tokens),
             })
         })
     }
@@ -326,9 +337,8 @@ impl Model for Plugin {
             let params = params_from_options(&request.options).map_err(|e| format!("chatterbox: {e}"))?;
             let rate = self.model.sample_rate();
             let mut out = PieceSender::to_sink(sink, rate);
-            let (timings, tokens) = self.model.synthesize_streaming(request.text.as_str(), &params, &mut out).map_err(|e| format!("chatterbox: {e}"))?;
-            let speech_tokens = TokenTrace { name: "speech_tokens".into(), tokens: tokens.concat().into() };
-            Ok(out.summary(rate, timings.into_stage_timings(), RVec::from(vec![speech_tokens])))
+            let trace = self.model.synthesize_streaming(request.text.as_str(), &params, &mut out).map_err(|e| format!("chatterbox: {e}"))?;
+            Ok(out.summary(rate, trace.timings.into_stage_timings(), token_traces(&trace.text_ids, &trace.speech_tokens)))
         })
     }
 

@@ -182,6 +182,18 @@ pub struct Synthesis {
     pub timings: Timings,
     /// Speech tokens per chunk, as T3 produced them (before filtering).
     pub speech_tokens: Vec<Vec<u32>>,
+    /// Text ids per chunk, as T3 read them (one row: Multilingual's guidance
+    /// rows share them).
+    pub text_ids: Vec<Vec<i32>>,
+}
+
+/// What a streamed synthesis returns besides its audio.
+pub struct StreamedTrace {
+    pub timings: Timings,
+    /// Speech tokens per chunk synthesized.
+    pub speech_tokens: Vec<Vec<u32>>,
+    /// Text ids per chunk synthesized.
+    pub text_ids: Vec<Vec<i32>>,
 }
 
 pub struct Chatterbox {
@@ -333,20 +345,20 @@ impl Chatterbox {
 
     pub fn synthesize(&mut self, text: &str, params: &SynthesisParams) -> Result<Synthesis> {
         let mut samples = Vec::new();
-        let (timings, speech_tokens) = self.run(text, params, &mut PieceSender::collecting(&mut samples), 0)?;
-        Ok(Synthesis { samples, timings, speech_tokens })
+        let StreamedTrace { timings, speech_tokens, text_ids } = self.run(text, params, &mut PieceSender::collecting(&mut samples), 0)?;
+        Ok(Synthesis { samples, timings, speech_tokens, text_ids })
     }
 
     /// [`Self::synthesize`], handing audio to `out` as it is made, until
     /// `out` says stop: every `params.stream_tokens` speech tokens (the vocoder
     /// going on across them, `s3gen::stream`), or per text chunk when that is
     /// 0, holding back what the next piece still blends into. Returns the
-    /// stage timings and each chunk's speech tokens.
-    pub fn synthesize_streaming(&mut self, text: &str, params: &SynthesisParams, out: &mut PieceSender) -> Result<(Timings, Vec<Vec<u32>>)> {
+    /// stage timings and each chunk's text ids and speech tokens.
+    pub fn synthesize_streaming(&mut self, text: &str, params: &SynthesisParams, out: &mut PieceSender) -> Result<StreamedTrace> {
         self.run(text, params, out, params.stream_tokens)
     }
 
-    fn run(&mut self, text: &str, params: &SynthesisParams, out: &mut PieceSender, token_hop: usize) -> Result<(Timings, Vec<Vec<u32>>)> {
+    fn run(&mut self, text: &str, params: &SynthesisParams, out: &mut PieceSender, token_hop: usize) -> Result<StreamedTrace> {
         if text.trim().is_empty() {
             return Err("text is empty".into());
         }
@@ -394,7 +406,10 @@ impl Chatterbox {
         let steps: usize = speech_tokens.iter().map(|t| t.len().saturating_sub(1)).sum();
         let decode_ms = timings.get("t3.decode").unwrap_or(0.0);
         timings.add("t3.ms_per_token", decode_ms / steps.max(1) as f64);
-        Ok((timings, speech_tokens))
+        // The chunks a stopped stream never reached have no speech tokens; their ids are left out too.
+        let mut text_ids = encoded;
+        text_ids.truncate(speech_tokens.len());
+        Ok(StreamedTrace { timings, speech_tokens, text_ids })
     }
 
     /// One text chunk streamed as T3 generates: after `stream_first_tokens`
