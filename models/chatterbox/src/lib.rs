@@ -278,15 +278,15 @@ struct Plugin {
 }
 
 /// The token streams a synthesis reports (`tts --print-tokens`, `tts
-/// compare`): the text ids T3 read and the speech tokens it produced, each one
-/// stream over all text chunks, since where two runs first differ is what a
-/// comparison reports.
+/// compare`): the speech tokens T3 produced (first, as before text ids were
+/// reported) and the text ids it read, each one stream over all text chunks,
+/// since where two runs first differ is what a comparison reports.
 fn token_traces(text_ids: &[Vec<i32>], speech_tokens: &[Vec<u32>]) -> RVec<TokenTrace> {
     // Tokenizer ids index the text vocabulary: never negative.
     let ids: Vec<u32> = text_ids.iter().flatten().map(|&id| id as u32).collect();
     RVec::from(vec![
-        TokenTrace { name: "text_ids".into(), tokens: ids.into() },
         TokenTrace { name: "speech_tokens".into(), tokens: speech_tokens.concat().into() },
+        TokenTrace { name: "text_ids".into(), tokens: ids.into() },
     ])
 }
 
