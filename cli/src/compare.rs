@@ -49,8 +49,8 @@ pub struct Side {
     pub samples: usize,
     #[serde(skip)]
     pub output: Vec<f32>,
-    /// The model's token streams (Chatterbox: speech tokens), by name.
-    #[serde(skip)]
+    /// The model's token streams by name, every value (Chatterbox: the
+    /// speech tokens and the text ids).
     pub tokens: IndexMap<String, Vec<u32>>,
 }
 

@@ -8,6 +8,7 @@ mod options;
 mod serve;
 mod soak;
 mod synth;
+mod voice_show;
 mod voices;
 
 use clap::{Args, CommandFactory, FromArgMatches, Parser, Subcommand};
@@ -74,6 +75,10 @@ struct SynthArgs {
     /// Override a [synthesis] option, e.g. --set steps=8 (repeatable).
     #[arg(long = "set", value_name = "KEY=VALUE", value_parser = parse_key_value)]
     set: Vec<(String, String)>,
+    /// Print the model's token streams on stderr after synthesis (Chatterbox:
+    /// the speech tokens and the text ids), one line each; -v prints them too.
+    #[arg(long)]
+    print_tokens: bool,
 }
 
 /// Short forms of the common [synthesis] options: each is `--set KEY=VALUE`
@@ -202,7 +207,8 @@ enum Command {
         #[arg(long)]
         json: bool,
     },
-    /// Saved voices: `tts voice save --reference REC --out NAME.voice`.
+    /// Saved voices: `tts voice save --reference REC --out NAME.voice`;
+    /// `tts voice show NAME.voice` prints what one holds.
     Voice {
         #[command(subcommand)]
         action: VoiceCommand,
@@ -305,6 +311,16 @@ enum VoiceCommand {
         /// Override a [synthesis] option (repeatable).
         #[arg(long = "set", value_name = "KEY=VALUE", value_parser = parse_key_value)]
         set: Vec<(String, String)>,
+    },
+    /// What a voice file holds: a Chatterbox voice's variant, tensors (shape,
+    /// type, value statistics) and token ids; a Supertonic voice style's
+    /// arrays. Reads the file alone (no profile, no model).
+    Show {
+        /// The voice file (NAME.voice, or a voice style NAME.json).
+        file: PathBuf,
+        /// Print JSON instead of lines.
+        #[arg(long)]
+        json: bool,
     },
 }
 
@@ -539,6 +555,11 @@ fn run(cli: Cli) -> Result<(), String> {
             }
             Ok(())
         }
+        Some(Command::Voice { action: VoiceCommand::Show { file, json } }) => {
+            let summary = voice_show::read(&file)?;
+            let text = if json { serde_json::to_string_pretty(&summary).map_err(|e| e.to_string())? + "\n" } else { voice_show::render(&summary) };
+            write_stdout(&text)
+        }
         Some(Command::Voices { common, dir, json }) => {
             let engine = open_engine(&common, false)?;
             let session = engine.open_model(&[]).map_err(|e| e.to_string())?;
@@ -649,6 +670,10 @@ fn run(cli: Cli) -> Result<(), String> {
                 session.refuse_input_as_output(out, &extra).map_err(|e| e.to_string())?;
             }
             let written = synth::synthesize(&mut session, &text, out, args.format, &synth::Progress::new(cli.quiet))?;
+            // On stderr: stdout may be the audio.
+            if args.print_tokens || (cli.verbose > 0 && !cli.quiet) {
+                eprint!("{}", synth::token_lines(session.info.family.as_str(), &written.tokens));
+            }
             if !cli.quiet && out != std::path::Path::new("-") {
                 eprintln!("wrote {} ({:.2} s at {} Hz)", engine_core::logging::escape(&out.display().to_string()), written.seconds, written.sample_rate);
             }

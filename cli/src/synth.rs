@@ -2,6 +2,7 @@
 //! streamed to stdout as the model produces it.
 
 use clap::ValueEnum;
+use engine_core::abi::TokenTrace;
 use engine_core::audio::{wav_header, RawFormat};
 use engine_core::engine::{EngineError, ModelSession};
 use std::io::{IsTerminal, Read, Seek, SeekFrom, Write};
@@ -109,6 +110,23 @@ pub struct Written {
     pub sample_rate: u32,
     /// stdout's reader went away before the end; the synthesis stopped there.
     pub reader_gone: bool,
+    /// The model's token streams (Chatterbox: speech tokens and text ids).
+    pub tokens: Vec<TokenTrace>,
+}
+
+/// `--print-tokens`: one line per token stream, `text ids (12): 101 2 ...`
+/// (the stream's name with spaces for underscores), or one line saying that
+/// `family` reports none.
+pub fn token_lines(family: &str, tokens: &[TokenTrace]) -> String {
+    if tokens.is_empty() {
+        return format!("{family} has no token streams\n");
+    }
+    let mut s = String::new();
+    for t in tokens {
+        let values: Vec<String> = t.tokens.iter().map(u32::to_string).collect();
+        s += &format!("{} ({}): {}\n", t.name.replace('_', " "), values.len(), values.join(" "));
+    }
+    s
 }
 
 /// Synthesizes `text` into `out` (`-`: stdout) as `format`, piece by piece as
@@ -282,7 +300,8 @@ fn stream_into(
         tracing::debug!(stage = %t.stage, ms = t.ms, "stage timing");
     }
     let rate = summary.sample_rate;
-    let written = Written { seconds: samples as f64 / rate.max(1) as f64, sample_rate: rate, reader_gone };
+    let tokens = summary.tokens.to_vec();
+    let written = Written { seconds: samples as f64 / rate.max(1) as f64, sample_rate: rate, reader_gone, tokens };
     if reader_gone {
         return Ok(written);
     }

@@ -120,6 +120,20 @@ seed = 2
     assert!(i < 12, "{tokens}");
     let table = String::from_utf8_lossy(&o.stdout);
     assert!(table.contains(&format!("speech_tokens: differ from token {i} (A ")), "{table}");
+    // The report carries each side's token values: they part at the index the
+    // agreement names; the text ids, read before any draw, are the same.
+    let values = |side: &str, name: &str| -> Vec<u64> {
+        report[side]["tokens"][name].as_array().unwrap_or_else(|| panic!("{side}.tokens.{name} in {report}")).iter().map(|v| v.as_u64().unwrap()).collect()
+    };
+    let (sa, sb) = (values("a", "speech_tokens"), values("b", "speech_tokens"));
+    assert_eq!((sa.len() as u64, sb.len() as u64), (tokens["a_len"].as_u64().unwrap(), tokens["b_len"].as_u64().unwrap()));
+    assert_eq!(sa[..i], sb[..i]);
+    assert_ne!(sa.get(i), sb.get(i));
+    let text_ids = values("a", "text_ids");
+    assert!(!text_ids.is_empty());
+    assert_eq!(text_ids, values("b", "text_ids"));
+    let agreed = report["agreement"]["tokens"].as_array().unwrap().iter().find(|t| t["name"] == "text_ids").expect("text ids compared");
+    assert_eq!(agreed["identical"], true, "{agreed}");
     let o = compare(dir.path(), plugins.path(), &a, &b, &["--expect", "identical"]);
     assert_one_line_error(&o, "outputs are not identical");
 }
