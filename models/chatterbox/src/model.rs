@@ -29,7 +29,9 @@ use std::path::{Path, PathBuf};
 /// Random draws recorded from a reference run, injected instead of seeded
 /// ones (parity debugging): `t3_uniforms.npy` (one per speech token),
 /// `cfm_z.npy` (the initial Euler state, `(1, mel, frames)`), `sine_phase.npy`
-/// and `sine_noise.npy` (HiFT's source). Any file may be absent.
+/// and `sine_noise.npy` (HiFT's source, both or neither). Any other file
+/// may be absent. docs/models/chatterbox.md, "Recorded draws", describes
+/// each file and what it replaces.
 #[derive(Debug, Clone, Default)]
 pub struct RecordedDraws {
     pub t3_uniforms: Option<Vec<f32>>,
@@ -54,6 +56,64 @@ impl RecordedDraws {
             }
         };
         Ok(RecordedDraws { t3_uniforms: load("t3_uniforms")?, cfm_z: load("cfm_z")?, sine_phase: load("sine_phase")?, sine_noise: load("sine_noise")? })
+    }
+
+    /// The recorded initial Euler state as the CFM takes it (`[frame][mel]`),
+    /// if `cfm_z.npy` was recorded. A wrong length is told in frames and
+    /// tokens: the file fits one run's token count, and a run whose tokens
+    /// differ needs other frames.
+    fn cfm_z(&self, mel_ch: usize, frames: usize, prompt_frames: usize, speech_tokens: usize) -> Result<Option<Vec<f32>>> {
+        let Some(z) = &self.cfm_z else { return Ok(None) };
+        if z.len() % mel_ch != 0 {
+            return Err(format!("cfm_z.npy holds {} values, not whole mel frames of {mel_ch} channels (it is (1, {mel_ch}, frames))", z.len()).into());
+        }
+        let held = z.len() / mel_ch;
+        if held != frames {
+            return Err(format!(
+                "cfm_z.npy holds {held} mel frames; this synthesis needs {frames}: the voice prompt's {prompt_frames} and {} for {speech_tokens} speech tokens \
+                 (the token stream diverged earlier, or the voice differs: the recorded draws fit another run)",
+                frames - prompt_frames
+            )
+            .into());
+        }
+        Ok(Some(transpose(z, mel_ch, frames)))
+    }
+
+    /// The recorded source draws, if `sine_phase.npy` and `sine_noise.npy`
+    /// were recorded (one without the other is an error: the seeded draws
+    /// would silently replace both), the fundamental's phase zeroed as
+    /// SineGen does. `speech_frames` mel frames of `per_frame` samples each
+    /// come from `speech_tokens` tokens.
+    fn source_noise(&self, bands: usize, per_frame: usize, speech_frames: usize, speech_tokens: usize) -> Result<Option<SourceNoise>> {
+        let (phase, noise) = match (&self.sine_phase, &self.sine_noise) {
+            (None, None) => return Ok(None),
+            (Some(_), None) => return Err("sine_phase.npy is recorded without sine_noise.npy; the source takes both draws or neither".into()),
+            (None, Some(_)) => return Err("sine_noise.npy is recorded without sine_phase.npy; the source takes both draws or neither".into()),
+            (Some(p), Some(n)) => (p, n),
+        };
+        if phase.len() != bands {
+            return Err(format!(
+                "sine_phase.npy holds {} phases; this model's source has {bands} (the fundamental and {} harmonics): the recorded draws fit another model",
+                phase.len(),
+                bands - 1
+            )
+            .into());
+        }
+        if noise.len() % bands != 0 {
+            return Err(format!("sine_noise.npy holds {} values, not {bands} bands of whole samples (it is (1, {bands}, samples))", noise.len()).into());
+        }
+        let (held, samples) = (noise.len() / bands, speech_frames * per_frame);
+        if held != samples {
+            let held_frames = if held % per_frame == 0 { format!("{} mel frames", held / per_frame) } else { "not whole mel frames".into() };
+            return Err(format!(
+                "sine_noise.npy holds {held} samples per band ({held_frames} of {per_frame}); this synthesis needs {samples}: {speech_frames} mel frames for {speech_tokens} speech tokens \
+                 (the token stream diverged earlier: the recorded draws fit another run)"
+            )
+            .into());
+        }
+        let mut phase = phase.clone();
+        phase[0] = 0.0;
+        Ok(Some(SourceNoise { phase, noise: noise.clone() }))
     }
 }
 
@@ -493,23 +553,15 @@ impl Chatterbox {
         // The CFM's `cond`: the voice's mel over the prompt frames, zeros after.
         let mut cond = vec![0f32; frames * mel_ch];
         cond[..prompt_frames * mel_ch].copy_from_slice(&voice.s3gen.prompt_feat);
-        let z = match draws.and_then(|d| d.cfm_z.as_ref()) {
-            Some(z) if z.len() == frames * mel_ch => transpose(z, mel_ch, frames),
-            Some(z) => return Err(format!("recorded cfm_z has {} values, this chunk needs {}", z.len(), frames * mel_ch).into()),
+        let speech_tokens = speech.len() - voice.s3gen.prompt_token.len();
+        let z = match draws.map(|d| d.cfm_z(mel_ch, frames, prompt_frames, speech_tokens)).transpose()?.flatten() {
+            Some(z) => z,
             None => Xoshiro256::new(seed ^ 0x5EED_CF31).gaussians(frames * mel_ch),
         };
         let steps = params.cfm_steps.unwrap_or(s3.hp.n_timesteps);
-        let (harmonics, samples) = (s3.hp.hift.harmonics, (frames - prompt_frames) * s3.hp.hift.samples_per_frame());
-        let recorded_noise = match draws {
-            Some(RecordedDraws { sine_phase: Some(p), sine_noise: Some(n), .. }) => {
-                let mut phase = p.clone();
-                if let Some(first) = phase.first_mut() {
-                    *first = 0.0;
-                }
-                Some(SourceNoise { phase, noise: n.clone() })
-            }
-            _ => None,
-        };
+        let (harmonics, per_frame) = (s3.hp.hift.harmonics, s3.hp.hift.samples_per_frame());
+        let samples = (frames - prompt_frames) * per_frame;
+        let recorded_noise = draws.map(|d| d.source_noise(harmonics + 1, per_frame, frames - prompt_frames, speech_tokens)).transpose()?.flatten();
         let noise_seed = seed ^ 0x50_0C3E;
         // While a GPU integrates the CFM, the host draws HiFT's source noise
         // (the same draws either way); on the CPU backend it waits its turn.

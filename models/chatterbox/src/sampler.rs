@@ -352,7 +352,16 @@ impl UniformSource {
         match self {
             UniformSource::Seeded(rng) => Ok(rng.next_f32()),
             UniformSource::Recorded { values, next } => {
-                let v = values.get(*next).copied().ok_or_else(|| format!("the recorded draws ran out after {} tokens", values.len()))?;
+                // The file fits one run: a run that draws more tokens than it
+                // recorded has left that run's token stream (or its cap).
+                let v = values.get(*next).copied().ok_or_else(|| {
+                    format!(
+                        "t3_uniforms.npy holds {} uniforms, one per speech token; speech token {} has none \
+                         (the token stream diverged earlier, or max_new_tokens is above the recorded run's: the recorded draws fit another run)",
+                        values.len(),
+                        values.len() + 1
+                    )
+                })?;
                 *next += 1;
                 Ok(v)
             }
