@@ -22,7 +22,8 @@ use std::process::{exit, Command};
 
 /// The ggml build (CMake, patch, bindgen's libclang), Vulkan (glslc, headers,
 /// lavapipe), OpenCL (headers, the ICD loader, pocl; Python 3 embeds the
-/// kernels), and curl for the server tests.
+/// kernels), libsoxr (librosa's resampler, which Chatterbox's cloning links
+/// as a shared library; found with pkg-config), and curl for the server tests.
 const APT_PACKAGES: &[&str] = &[
     "cmake",
     "ninja-build",
@@ -37,6 +38,8 @@ const APT_PACKAGES: &[&str] = &[
     "ocl-icd-opencl-dev",
     "pocl-opencl-icd",
     "python3",
+    "pkg-config",
+    "libsoxr-dev",
     "curl",
 ];
 
@@ -281,6 +284,7 @@ fn check_bundle() -> Result<(), String> {
     let kit_module = format!("\"{}\"", bundle.join("plugins/libggml-cpu.so").display());
     devices(&[&base, &kit_module, "\"kind\": \"cpu\"", "\"kind\": \"software-gpu\""], &["\"policy_error\""])?;
     check_run_paths(&bundle)?;
+    check_needed_libraries(&bundle)?;
     check_bundle_profiles(&bundle)?;
     std::fs::remove_file(bundle.join("plugins/libtts_backend_vulkan.so")).map_err(|e| e.to_string())?;
     devices(&[&base, "no plugin file libtts_backend_vulkan.so", "\"backend\": \"cpu\""], &["software-gpu"])?;
@@ -504,9 +508,103 @@ fn dist(args: &[String]) -> Result<PathBuf, String> {
         let text = std::fs::read_to_string(&path).map_err(|e| format!("{}: {e}", path.display()))?;
         std::fs::write(profiles.join(path.file_name().unwrap()), bundle_profile(&text)).map_err(|e| e.to_string())?;
     }
+    bundle_shared_dependencies(&out)?;
     confine_run_paths(&out)?;
     eprintln!("bundle: {}", out.display());
     Ok(out)
+}
+
+/// Libraries every Linux system a bundle targets provides (the C and C++
+/// runtimes, OpenMP from the GCC runtime, the GPU drivers' loaders): a
+/// bundle relies on them instead of shipping them.
+const PLATFORM_LIBRARIES: &[&str] = &[
+    "libc.so.6",
+    "libm.so.6",
+    "libdl.so.2",
+    "librt.so.1",
+    "libpthread.so.0",
+    "ld-linux-x86-64.so.2",
+    "ld-linux-aarch64.so.1",
+    "libgcc_s.so.1",
+    "libstdc++.so.6",
+    "libgomp.so.1",
+    "libvulkan.so.1",
+    "libOpenCL.so.1",
+    "libcuda.so.1",
+];
+
+/// The sonames an ELF file asks the dynamic loader for (`DT_NEEDED`).
+fn needed_libraries(path: &Path) -> Result<Vec<String>, String> {
+    let bytes = std::fs::read(path).map_err(|e| format!("{}: {e}", path.display()))?;
+    if !bytes.starts_with(b"\x7fELF") {
+        return Ok(Vec::new());
+    }
+    let elf = goblin::elf::Elf::parse(&bytes).map_err(|e| format!("{}: {e}", path.display()))?;
+    Ok(elf.libraries.iter().map(|l| l.to_string()).collect())
+}
+
+/// Where this system's dynamic loader finds `soname` (`ldconfig -p`).
+fn system_library(soname: &str) -> Option<PathBuf> {
+    let out = Command::new("/sbin/ldconfig").arg("-p").output().ok()?;
+    String::from_utf8_lossy(&out.stdout).lines().find_map(|line| {
+        let (name, path) = line.trim().split_once(" => ")?;
+        (name.split_whitespace().next() == Some(soname)).then(|| PathBuf::from(path))
+    })
+}
+
+/// Copies into `lib/` every shared library a bundled file needs that is
+/// neither in the bundle nor a [`PLATFORM_LIBRARIES`] entry (libsoxr for
+/// Chatterbox's cloning), with what it needs in turn, and its Debian
+/// copyright file into `licenses/` (libsoxr is LGPL-2.1: shipped as the
+/// shared library it is, a user may replace it).
+fn bundle_shared_dependencies(bundle: &Path) -> Result<(), String> {
+    let lib = bundle.join("lib");
+    loop {
+        let mut missing = Vec::new();
+        for path in bundle_files(bundle)? {
+            for soname in needed_libraries(&path)? {
+                let shipped = lib.join(&soname).exists() || bundle.join("plugins").join(&soname).exists();
+                if !shipped && !PLATFORM_LIBRARIES.contains(&soname.as_str()) && !missing.contains(&soname) {
+                    missing.push(soname);
+                }
+            }
+        }
+        if missing.is_empty() {
+            return Ok(());
+        }
+        for soname in missing {
+            let found = system_library(&soname).ok_or_else(|| format!("bundle: a bundled file needs {soname}, which this system does not have"))?;
+            std::fs::copy(&found, lib.join(&soname)).map_err(|e| format!("{}: {e}", found.display()))?;
+            let real = std::fs::canonicalize(&found).unwrap_or(found);
+            let package = Command::new("dpkg-query").arg("-S").arg(&real).output().ok().filter(|o| o.status.success());
+            let package = package.and_then(|o| String::from_utf8_lossy(&o.stdout).split(':').next().map(str::to_string));
+            let copyright = package.map(|p| PathBuf::from(format!("/usr/share/doc/{p}/copyright"))).filter(|p| p.is_file());
+            let copyright = copyright.ok_or_else(|| format!("bundle: no license file found for {soname} ({})", real.display()))?;
+            let licenses = bundle.join("licenses");
+            std::fs::create_dir_all(&licenses).map_err(|e| e.to_string())?;
+            std::fs::copy(&copyright, licenses.join(format!("{soname}.copyright"))).map_err(|e| format!("{}: {e}", copyright.display()))?;
+            eprintln!("bundle: shipping {soname} from {} (license: licenses/{soname}.copyright)", real.display());
+        }
+    }
+}
+
+/// Every library a bundled ELF file needs is in the bundle or a platform
+/// library: a bundle copied to a bare system loads.
+fn check_needed_libraries(bundle: &Path) -> Result<(), String> {
+    let mut bad = Vec::new();
+    for path in bundle_files(bundle)? {
+        for soname in needed_libraries(&path)? {
+            let shipped = bundle.join("lib").join(&soname).exists() || bundle.join("plugins").join(&soname).exists();
+            if !shipped && !PLATFORM_LIBRARIES.contains(&soname.as_str()) {
+                bad.push(format!("{} needs {soname}", path.strip_prefix(bundle).unwrap_or(&path).display()));
+            }
+        }
+    }
+    if !bad.is_empty() {
+        return Err(format!("bundle: libraries neither shipped nor provided by the platform:\n{}", bad.join("\n")));
+    }
+    eprintln!("bundle check: every needed library is shipped or a platform library");
+    Ok(())
 }
 
 fn module_kit(args: &[String]) -> Result<PathBuf, String> {

@@ -5,6 +5,12 @@
 //! the length `librosa.resample` gives (44 100 samples at 44.1 → 24 kHz make
 //! 24 001).
 //!
+//! The server converts its output to a client's rate with this
+//! ([`StreamResampler`]). Model code that must see the samples a reference
+//! pipeline saw from `librosa.load` / `librosa.resample` uses `tts_soxr`
+//! instead: libsoxr itself, bit for bit, since a look-alike moves samples by
+//! ~1e-4 and that flips speech tokens.
+//!
 //! The filter is shaped like soxr's "HQ" recipe, which `librosa.load` uses:
 //! flat (< 0.01 dB) to 0.9 of the lower rate's Nyquist frequency, −2.1 dB at
 //! 0.95 (soxr: −2.8 dB), stopband from Nyquist on. A steeper filter would ring longer at a clip's
