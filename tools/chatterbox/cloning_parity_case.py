@@ -20,9 +20,15 @@ Output, in OUT_DIR:
   VARIANT/pipeline/   generate(text, audio_prompt_path=WAV) with recorded draws:
                       t3_uniforms, cfm_z, sine_phase, sine_noise, speech_tokens, wav, case.json
 
-Usage: cloning_parity_case.py TURBO_CKPT_DIR MTL_CKPT_DIR OUT_DIR  (the Chatterbox venv)
+Usage (the Chatterbox venv):
+  cloning_parity_case.py OUT_DIR --turbo TINY_TURBO_DIR --mtl TINY_MTL_DIR    the committed case
+  cloning_parity_case.py OUT_DIR --full [--turbo DIR] [--mtl DIR]             full-size official
+      checkpoints (make_fixtures.py --size full, make_mtl_fixtures.py --size full): the
+      conditionals only, T3 not loaded; models/chatterbox/tests/cloning_recording.rs's ignored
+      test reads them (TTS_CLONING_CASE)
 """
 
+import argparse
 import hashlib
 import io
 import json
@@ -184,10 +190,54 @@ def mtl_case(ckpt, files, out):
     return summary
 
 
+class FullSize:
+    """What `prepare_conditionals` reads of a model, for a full-size official checkpoint
+    directory (the VoiceEncoder and S3Gen weights; T3's hyperparameters as `from_local` sets
+    them): T3 itself is not needed to clone."""
+
+    def __init__(self, variant, ckpt):
+        from safetensors.torch import load_file
+        from chatterbox.models.s3gen import S3Gen
+        from chatterbox.models.t3.modules.t3_config import T3Config
+        from chatterbox.models.voice_encoder import VoiceEncoder
+        if variant == "mtl":
+            from chatterbox.mtl_tts import ChatterboxMultilingualTTS as tts_class
+            self.hp_t3, self.s3gen = T3Config.multilingual(), S3Gen(meanflow=False)
+            self.s3gen.load_state_dict(torch.load(ckpt / "s3gen.pt", weights_only=True), strict=False)
+        else:
+            from chatterbox.tts_turbo import ChatterboxTurboTTS as tts_class
+            self.hp_t3, self.s3gen = T3Config(text_tokens_dict_size=50276), S3Gen(meanflow=True)
+            self.hp_t3.speech_cond_prompt_len = 375  # as ChatterboxTurboTTS.from_local sets it
+            self.s3gen.load_state_dict(load_file(ckpt / "s3gen_meanflow.safetensors"), strict=True)
+        self.ve = VoiceEncoder()
+        if (ckpt / "ve.pt").exists():
+            self.ve.load_state_dict(torch.load(ckpt / "ve.pt", weights_only=True))
+        else:
+            self.ve.load_state_dict(load_file(ckpt / "ve.safetensors"))
+        self.s3gen.eval()
+        self.ve.eval()
+        self.tts_class, self.device, self.conds = tts_class, "cpu", None
+        self.t3 = type("T3", (), {"hp": self.hp_t3})()
+        self.ENC_COND_LEN, self.DEC_COND_LEN = tts_class.ENC_COND_LEN, tts_class.DEC_COND_LEN
+
+    def norm_loudness(self, wav, sr):
+        return self.tts_class.norm_loudness(self, wav, sr)
+
+    def prepare_conditionals(self, path):
+        self.tts_class.prepare_conditionals(self, path)
+
+
 def main() -> int:
-    turbo_ckpt, mtl_ckpt, out = Path(sys.argv[1]), Path(sys.argv[2]), Path(sys.argv[3])
+    ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    ap.add_argument("out", type=Path)
+    ap.add_argument("--turbo", type=Path, help="Turbo checkpoint directory")
+    ap.add_argument("--mtl", type=Path, help="Multilingual checkpoint directory")
+    ap.add_argument("--full", action="store_true",
+                    help="full-size official checkpoints: the conditionals only, into OUT (not committed)")
+    args = ap.parse_args()
+    out = args.out
     out.mkdir(parents=True, exist_ok=True)
-    torch.set_num_threads(1)
+    torch.set_num_threads(1 if not args.full else 2)
     torch.use_deterministic_algorithms(True)
 
     pcm = recording_pcm()
@@ -211,9 +261,14 @@ def main() -> int:
             "mp3_sha256": sha256(files["mp3"].read_bytes()), "librosa_load_24k": loads,
             "reference": f"chatterbox-tts 0.1.7, librosa {librosa.__version__}, soxr "
                          f"{__import__('soxr').__version__}, libsndfile {soundfile.__libsndfile_version__}"}
-    for variant, ckpt, run in (("turbo", turbo_ckpt, turbo_case), ("mtl", mtl_ckpt, mtl_case)):
+    for variant, ckpt, run in (("turbo", args.turbo, turbo_case), ("mtl", args.mtl, mtl_case)):
+        if ckpt is None:
+            continue
         (out / variant).mkdir(exist_ok=True)
-        case[variant] = run(ckpt, files, out / variant)
+        if args.full:
+            case[variant] = clone_all(FullSize(variant, ckpt), variant, files, out / variant)
+        else:
+            case[variant] = run(ckpt, files, out / variant)
         print(f"{variant}: {case[variant]}")
     for path in (files["wav"], files["flac"]):
         path.unlink()

@@ -46,4 +46,8 @@ mkdir -p "$out/reference"
 cp "$ckpt"/*.npy "$ckpt/stages.json" "$out/reference/"
 cp -r "$ckpt/pipeline" "$out/reference/"
 
+# Cloning from a 44.1 kHz stereo recording (WAV, FLAC, MP3), both variants, then end to end.
+"$PY" tools/chatterbox/cloning_parity_case.py tests/fixtures/chatterbox/cloning/recording44k \
+    --turbo target/chatterbox-fixtures/turbo-tiny --mtl target/chatterbox-fixtures/mtl-tiny
+
 "$PY" tools/chatterbox/bad_inputs.py tests/fixtures/chatterbox/turbo-tiny tests/fixtures/chatterbox/mtl-tiny

@@ -130,8 +130,9 @@ struct PipelineCase {
     cfg_weight: Option<f32>,
 }
 
-/// The recording as WAV and FLAC in `tmp`, the WAV checked against the tool's.
-fn recording_files(tmp: &Path, case: &Case) -> [(&'static str, PathBuf); 3] {
+/// The recording as WAV and FLAC in `tmp`, the WAV checked against the tool's,
+/// and the tool's MP3 in `case_dir`.
+fn recording_files(tmp: &Path, case: &Case, case_dir: &Path) -> [(&'static str, PathBuf); 3] {
     let pcm = recording_pcm();
     let wav = tmp.join("recording.wav");
     let spec = hound::WavSpec { channels: 2, sample_rate: RATE, bits_per_sample: 16, sample_format: hound::SampleFormat::Int };
@@ -156,23 +157,23 @@ fn recording_files(tmp: &Path, case: &Case) -> [(&'static str, PathBuf); 3] {
     let flac = tmp.join("recording.flac");
     std::fs::write(&flac, sink.as_slice()).unwrap();
 
-    let mp3 = dir().join("recording.mp3");
+    let mp3 = case_dir.join("recording.mp3");
     let digest = hex::encode(sha2::Sha256::digest(std::fs::read(&mp3).unwrap()));
     assert_eq!(digest, case.mp3_sha256, "recording.mp3 is not the file the fixture tool decoded");
     [("wav", wav), ("flac", flac), ("mp3", mp3)]
 }
 
-fn read_case() -> Case {
-    serde_json::from_str(&std::fs::read_to_string(dir().join("case.json")).unwrap()).unwrap()
+fn read_case(case_dir: &Path) -> Case {
+    serde_json::from_str(&std::fs::read_to_string(case_dir.join("case.json")).unwrap()).unwrap()
 }
 
 /// `librosa.load(path, sr=24000)`: the decoded, mixed and resampled samples,
 /// bit for bit (their SHA-256), from WAV and FLAC; MP3 reported.
 #[test]
 fn the_recording_loads_as_librosa_loads_it() {
-    let case = read_case();
+    let case = read_case(&dir());
     let tmp = tempfile::tempdir().unwrap();
-    for (kind, path) in recording_files(tmp.path(), &case) {
+    for (kind, path) in recording_files(tmp.path(), &case, &dir()) {
         let ours = reference::load(&path, 24_000, &reference::ReferenceRules::MULTILINGUAL).unwrap();
         let want = &case.librosa_load_24k[kind];
         let bytes: Vec<u8> = ours.iter().flat_map(|v| v.to_le_bytes()).collect();
@@ -227,37 +228,54 @@ fn model_files(variant: &str) -> [PathBuf; 2] {
 /// `prepare_conditionals` from WAV and FLAC against the reference's from the
 /// WAV (the tool checked that its FLAC gives the same), and from the MP3
 /// against the reference's from the MP3 (reported: MP3 decoders may differ).
-fn conditionals(variant: &str) {
-    let case = read_case();
+fn conditionals(case_dir: &Path, files: &[PathBuf]) {
+    let case = read_case(case_dir);
     let tmp = tempfile::tempdir().unwrap();
-    let files = recording_files(tmp.path(), &case);
+    let recordings = recording_files(tmp.path(), &case, case_dir);
     let handle = common::open("cpu");
-    let mut model = Chatterbox::load(&model_files(variant), &handle.ggml_backend(), &OpPolicy::reference()).unwrap();
+    let mut model = Chatterbox::load(files, &handle.ggml_backend(), &OpPolicy::reference()).unwrap();
+    let variant = model.variant().to_string();
     let bins = model.s3gen.hp.mel_channels;
-    for (kind, path) in &files {
+    for (kind, path) in &recordings {
         let ours = model.clone_voice(path, &mut Default::default()).unwrap();
         let want_file = if *kind == "mp3" { "mp3.voice" } else { "wav.voice" };
-        let want = voice_file::read(&dir().join(variant).join(want_file), model.t3.hp(), &model.s3gen.hp).unwrap();
+        let want = voice_file::read(&case_dir.join(&variant).join(want_file), model.t3.hp(), &model.s3gen.hp).unwrap();
         compare_voice(&format!("{variant} from {kind}"), &ours, &want, bins, *kind != "mp3");
     }
 }
 
 #[test]
 fn turbo_clones_the_recording_as_the_reference_does() {
-    conditionals("turbo");
+    conditionals(&dir(), &model_files("turbo"));
 }
 
 #[test]
 fn multilingual_clones_the_recording_as_the_reference_does() {
-    conditionals("mtl");
+    conditionals(&dir(), &model_files("mtl"));
+}
+
+/// The same bounds on full-size random checkpoints, on demand: the
+/// tokenizer's rounding margins there are those of the real model's size
+/// (tools/chatterbox/README.md makes the checkpoints and their GGUF files):
+///
+///     target/chatterbox-venv/bin/python tools/chatterbox/cloning_parity_case.py target/cloning-full \
+///         --full --turbo target/chatterbox-full --mtl target/chatterbox-mtl-full
+///     TTS_CLONING_CASE=target/cloning-full TTS_CLONING_MODELS=DIR/t3-turbo.gguf,DIR/s3gen-meanflow.gguf \
+///         cargo test --release -p tts-model-chatterbox --test cloning_recording -- --ignored --nocapture
+#[test]
+#[ignore]
+fn full_size_checkpoints_clone_the_recording_as_the_reference_does() {
+    let case_dir = PathBuf::from(std::env::var("TTS_CLONING_CASE").expect("TTS_CLONING_CASE names the tool's output directory"));
+    let models = std::env::var("TTS_CLONING_MODELS").expect("TTS_CLONING_MODELS names the T3 and S3Gen GGUF files, comma-separated");
+    conditionals(&case_dir, &models.split(',').map(PathBuf::from).collect::<Vec<_>>());
 }
 
 /// `generate(text, audio_prompt_path=recording.wav)` with the recorded draws:
 /// cloning, then synthesis, from the file to the waveform.
 fn end_to_end(variant: &str, tol: WaveformTolerance) {
-    let case = read_case();
+    let case = read_case(&dir());
     let tmp = tempfile::tempdir().unwrap();
-    let [(_, wav), ..] = recording_files(tmp.path(), &case);
+    let [(_, wav), ..] = recording_files(tmp.path(), &case, &dir());
     let draws = dir().join(variant).join("pipeline");
     let pc: PipelineCase = serde_json::from_str(&std::fs::read_to_string(draws.join("case.json")).unwrap()).unwrap();
     let handle = common::open("cpu");
