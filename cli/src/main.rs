@@ -543,7 +543,9 @@ fn run(cli: Cli) -> Result<(), String> {
         }
         Some(Command::Voice { action: VoiceCommand::Save { common, reference, out, set } }) => {
             let engine = open_engine(&common, false)?;
-            let mut session = engine.open_model(&set).map_err(|e| e.to_string())?;
+            // Only what cloning reads (ABI 5.3), where the plugin can: a
+            // fraction of the full model's memory and load time.
+            let mut session = engine.open_model_for_cloning(&set).map_err(|e| e.to_string())?;
             session.refuse_input_as_output(&out, &input_profiles(&common)).map_err(|e| e.to_string())?;
             let timings = session.save_voice(&reference, &out).map_err(|e| e.to_string())?;
             let total: f64 = timings.iter().map(|(_, ms)| ms).sum();

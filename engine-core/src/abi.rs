@@ -21,9 +21,9 @@ use std::ffi::c_void;
 /// Version of this ABI. abi_stable refuses a plugin built against another
 /// major version, or against an older minor one (its prefix layouts accept
 /// only plugins that have at least the host's fields): the loader then tries
-/// the interfaces of earlier minors, kept as they were ([`v5_1`]), and adapts
-/// a plugin that matches one of them.
-pub const PLUGIN_ABI_VERSION: &str = "5.2.0";
+/// the interfaces of earlier minors, kept as they were ([`v5_2`], [`v5_1`]),
+/// and adapts a plugin that matches one of them.
+pub const PLUGIN_ABI_VERSION: &str = "5.3.0";
 
 /// The backend plugin interface has not changed since 5.1, so backend plugins
 /// of 5.1 load as they are.
@@ -32,6 +32,7 @@ pub const BACKEND_ABI_VERSION: &str = "5.1.0";
 /// The model plugin interface of earlier minor versions, kept for loading
 /// plugins built against them.
 pub mod v5_1;
+pub mod v5_2;
 
 /// Identity of a plugin file.
 #[repr(C)]
@@ -504,6 +505,13 @@ pub struct ModelPlugin {
     pub option_specs: extern "C" fn() -> RVec<OptionSpec>,
     #[sabi(last_prefix_field)]
     pub load: extern "C" fn(&ModelLoadRequest, &BackendHandle) -> RResult<ModelBox, RString>,
+    /// Loads a model only to clone voices (ABI 5.3; `tts voice save`): the
+    /// weights cloning reads and nothing else. Its `clone_voice` answers as
+    /// the full model's does; its `synthesize` is a one-line refusal. `None`
+    /// where the family has no lighter load, and read as `None` from a plugin
+    /// built before the field existed: the host then clones with `load`.
+    #[sabi(missing_field(default))]
+    pub load_for_cloning: Option<extern "C" fn(&ModelLoadRequest, &BackendHandle) -> RResult<ModelBox, RString>>,
 }
 
 impl RootModule for ModelPluginRef {

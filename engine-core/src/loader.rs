@@ -4,7 +4,7 @@
 //! layout this host expects (abi_stable), and it was built against the same ggml
 //! source as the host. Plugins are never unloaded.
 
-use crate::abi::{v5_1, BackendHandle, BackendPluginRef, ModelBox, ModelFamilyInfo, ModelLoadRequest, ModelPluginRef, OptionSpec, PluginInfo};
+use crate::abi::{v5_1, v5_2, BackendHandle, BackendPluginRef, ModelBox, ModelFamilyInfo, ModelLoadRequest, ModelPluginRef, OptionSpec, PluginInfo};
 use abi_stable::library::{lib_header_from_path, LibraryError, RootModule};
 use abi_stable::std_types::{RResult, RString, RVec};
 use std::path::{Path, PathBuf};
@@ -129,29 +129,60 @@ pub struct LoadedBackendPlugin {
 }
 
 /// A loaded model plugin: built against this ABI, or against an earlier
-/// minor version whose interface the host keeps (`abi::v5_1`). The entry
-/// points both interfaces share are held as they are; only `load` differs.
+/// minor version whose interface the host keeps (`abi::v5_2`, `abi::v5_1`).
+/// The entry points the interfaces share are held as they are; `load`
+/// differs, and only 5.3 and later may have `load_for_cloning`.
 #[derive(Clone, Copy)]
 pub struct LoadedModelPlugin {
     info: extern "C" fn() -> PluginInfo,
     family: extern "C" fn() -> ModelFamilyInfo,
     option_specs: extern "C" fn() -> RVec<OptionSpec>,
     load: ModelLoader,
+    load_for_cloning: Option<LoadFn>,
+    abi_version: &'static str,
 }
+
+type LoadFn = extern "C" fn(&ModelLoadRequest, &BackendHandle) -> RResult<ModelBox, RString>;
 
 #[derive(Clone, Copy)]
 enum ModelLoader {
-    Current(extern "C" fn(&ModelLoadRequest, &BackendHandle) -> RResult<ModelBox, RString>),
+    /// This ABI's model trait (5.2 and later).
+    Current(LoadFn),
     V5_1(extern "C" fn(&ModelLoadRequest, &BackendHandle) -> RResult<v5_1::ModelBox, RString>),
 }
 
 impl LoadedModelPlugin {
     fn current(m: ModelPluginRef) -> Self {
-        LoadedModelPlugin { info: m.info(), family: m.family(), option_specs: m.option_specs(), load: ModelLoader::Current(m.load()) }
+        LoadedModelPlugin {
+            info: m.info(),
+            family: m.family(),
+            option_specs: m.option_specs(),
+            load: ModelLoader::Current(m.load()),
+            load_for_cloning: m.load_for_cloning(),
+            abi_version: crate::abi::PLUGIN_ABI_VERSION,
+        }
+    }
+
+    fn v5_2(m: v5_2::ModelPluginRef) -> Self {
+        LoadedModelPlugin {
+            info: m.info(),
+            family: m.family(),
+            option_specs: m.option_specs(),
+            load: ModelLoader::Current(m.load()),
+            load_for_cloning: None,
+            abi_version: v5_2::PLUGIN_ABI_VERSION,
+        }
     }
 
     fn v5_1(m: v5_1::ModelPluginRef) -> Self {
-        LoadedModelPlugin { info: m.info(), family: m.family(), option_specs: m.option_specs(), load: ModelLoader::V5_1(m.load()) }
+        LoadedModelPlugin {
+            info: m.info(),
+            family: m.family(),
+            option_specs: m.option_specs(),
+            load: ModelLoader::V5_1(m.load()),
+            load_for_cloning: None,
+            abi_version: v5_1::PLUGIN_ABI_VERSION,
+        }
     }
 
     pub fn info(&self) -> PluginInfo {
@@ -174,12 +205,23 @@ impl LoadedModelPlugin {
         }
     }
 
+    /// Whether the plugin loads a model only to clone voices (ABI 5.3).
+    pub fn has_cloning_load(&self) -> bool {
+        self.load_for_cloning.is_some()
+    }
+
+    /// Loads a model only to clone voices, where the plugin can; else the
+    /// full model ([`load`](Self::load)), which clones as well.
+    pub fn load_for_cloning(&self, request: &ModelLoadRequest, handle: &BackendHandle) -> RResult<ModelBox, RString> {
+        match self.load_for_cloning {
+            Some(load) => load(request, handle),
+            None => self.load(request, handle),
+        }
+    }
+
     /// The plugin ABI version the plugin was built against.
     pub fn abi_version(&self) -> &'static str {
-        match self.load {
-            ModelLoader::Current(_) => crate::abi::PLUGIN_ABI_VERSION,
-            ModelLoader::V5_1(_) => v5_1::PLUGIN_ABI_VERSION,
-        }
+        self.abi_version
     }
 }
 
@@ -193,13 +235,17 @@ pub fn load_backend(path: &Path) -> Result<(LoadedBackendPlugin, PluginInfo), Pl
 
 /// Loads a model plugin through the current interface or, when abi_stable
 /// refuses it for that one (an older minor version), through the interface of
-/// ABI 5.1; the error reported is the current interface's.
+/// ABI 5.2, then of 5.1 (newest first: a 5.2 plugin would pass 5.1's check
+/// too, and lose what it has); the error reported is the current interface's.
 pub fn load_model(path: &Path) -> Result<(LoadedModelPlugin, PluginInfo), PluginError> {
     let module = match load_root::<ModelPluginRef>(path) {
         Ok(m) => LoadedModelPlugin::current(m),
-        Err(current @ (PluginError::AbiVersion { .. } | PluginError::AbiLayout { .. })) => match load_root::<v5_1::ModelPluginRef>(path) {
-            Ok(m) => LoadedModelPlugin::v5_1(m),
-            Err(_) => return Err(current),
+        Err(current @ (PluginError::AbiVersion { .. } | PluginError::AbiLayout { .. })) => match load_root::<v5_2::ModelPluginRef>(path) {
+            Ok(m) => LoadedModelPlugin::v5_2(m),
+            Err(_) => match load_root::<v5_1::ModelPluginRef>(path) {
+                Ok(m) => LoadedModelPlugin::v5_1(m),
+                Err(_) => return Err(current),
+            },
         },
         Err(e) => return Err(e),
     };

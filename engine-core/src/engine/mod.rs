@@ -337,6 +337,18 @@ impl Engine {
     /// model on that device, and validates `[synthesis]` plus `overrides`. The
     /// session synthesizes any number of texts without reloading.
     pub fn open_model(&self, overrides: &[(String, String)]) -> Result<ModelSession, EngineError> {
+        self.open_session(overrides, false)
+    }
+
+    /// [`open_model`](Self::open_model) for cloning voices only (`tts voice
+    /// save`): the plugin's `load_for_cloning` (ABI 5.3) reads only what
+    /// cloning needs, and the session's `synthesize` is refused. A plugin
+    /// without it gives the full model ([`ModelSession::cloning_only`] false).
+    pub fn open_model_for_cloning(&self, overrides: &[(String, String)]) -> Result<ModelSession, EngineError> {
+        self.open_session(overrides, true)
+    }
+
+    fn open_session(&self, overrides: &[(String, String)], for_cloning: bool) -> Result<ModelSession, EngineError> {
         let (backend, device, resolution) = self.select()?;
         let Some(first) = self.profile.model_files.first() else {
             return fail(format!("{}: [model] files is empty; name the model GGUF file(s) there or pass --model FILE", self.profile.origin()));
@@ -362,7 +374,12 @@ impl Engine {
             files: self.profile.model_files.iter().map(|p| p.display().to_string().into()).collect(),
             policies: resolution.policies.clone(),
         };
-        let model = match model_plugin.load(&request, &handle) {
+        let cloning_only = for_cloning && model_plugin.has_cloning_load();
+        let loaded = match for_cloning {
+            true => model_plugin.load_for_cloning(&request, &handle),
+            false => model_plugin.load(&request, &handle),
+        };
+        let model = match loaded {
             RResult::ROk(m) => m,
             RResult::RErr(e) => return fail(e.to_string()),
         };
@@ -378,6 +395,7 @@ impl Engine {
             device: device.name.to_string(),
             info,
             resolution,
+            cloning_only,
         })
     }
 }
@@ -397,6 +415,9 @@ pub struct ModelSession {
     pub info: LoadedModelInfo,
     /// The policies resolved for the device (what the model was loaded with).
     pub resolution: policy::Resolution,
+    /// Loaded only to clone voices ([`Engine::open_model_for_cloning`] with a
+    /// plugin that can): it refuses to synthesize.
+    pub cloning_only: bool,
 }
 
 impl ModelSession {

@@ -206,6 +206,16 @@ impl TensorTable {
     pub fn is_checked(&self) -> bool {
         self.checked
     }
+
+    /// Keeps only the tensors `keep` accepts: a model loaded for part of its
+    /// work ([`super::Weights::load_part`]) after the whole file was checked.
+    /// Free dimensions stay bound as the whole file bound them. Returns how
+    /// many were dropped.
+    pub fn retain(&mut self, keep: impl Fn(&str) -> bool) -> usize {
+        let before = self.specs.len();
+        self.specs.retain(|name, _| keep(name));
+        before - self.specs.len()
+    }
 }
 
 /// `[a, b]` without trailing ones.

@@ -12,7 +12,11 @@ pub struct Weights {
     // Dropped first: the buffers hold the data of `gguf.ctx`'s tensors.
     _buffers: Vec<Buffer>,
     gguf: GgufTensors,
+    /// The tensors loaded: the whole checked table, or the part a
+    /// [`load_part`](Self::load_part) kept.
     table: TensorTable,
+    /// Table entries left unloaded by [`load_part`](Self::load_part).
+    left_out: usize,
     /// Tensors computed at load from checked weights, each batch in its own
     /// buffer (dropped before its context).
     derived: Vec<(Buffer, Context)>,
@@ -53,15 +57,32 @@ impl Weights {
     /// `is_matmul_weight` accepts (only ever the first operand of a matrix
     /// product) may go to the device's extra buffers.
     pub fn load(
+        gguf: GgufTensors,
+        backend: &Backend,
+        table: TensorTable,
+        storage: WeightStorage,
+        is_matmul_weight: impl Fn(&str) -> bool,
+    ) -> super::Result<Self> {
+        Self::load_part(gguf, backend, table, storage, is_matmul_weight, |_| true)
+    }
+
+    /// [`load`](Self::load) for a model loaded for part of its work (a
+    /// Chatterbox model that only clones voices): the whole file is checked
+    /// against the whole table as `load` checks it, then only the tensors
+    /// `keep` accepts are read and given memory. The others cost no memory
+    /// and no reading; asking for one is an error naming it.
+    pub fn load_part(
         mut gguf: GgufTensors,
         backend: &Backend,
         mut table: TensorTable,
         storage: WeightStorage,
         is_matmul_weight: impl Fn(&str) -> bool,
+        keep: impl Fn(&str) -> bool,
     ) -> super::Result<Self> {
         if !table.is_checked() {
             table.check(&gguf)?;
         }
+        let left_out = table.retain(&keep);
         let target = match storage {
             WeightStorage::AsStored => None,
             WeightStorage::F16 => Some(ggml_sys::TYPE_F16),
@@ -79,11 +100,11 @@ impl Weights {
         // "Model files"): a NaN weight must be an error, not silence.
         let path = gguf.file.path().display().to_string();
         let file_types: std::collections::HashMap<String, ggml_sys::Type> = gguf.file.tensors().into_iter().map(|t| (t.name, t.ty)).collect();
-        let (buffers, in_extra) = gguf.load_into_with_extra(backend, is_matmul_weight, |name, ty, bytes| {
+        let (buffers, in_extra) = gguf.load_some_into_with_extra(backend, &keep, is_matmul_weight, |name, ty, bytes| {
             let converted_from = file_types.get(name).copied().filter(|&from| from != ty);
             super::finite::check_weight(&path, name, ty, converted_from, bytes).map_err(|e| Error::Msg(e.to_string()))
         })?;
-        Ok(Weights { _buffers: buffers, gguf, table, derived: Vec::new(), in_extra_buffers: in_extra })
+        Ok(Weights { _buffers: buffers, gguf, table, left_out, derived: Vec::new(), in_extra_buffers: in_extra })
     }
 
     /// Names of the file's tensors, as the table declares them.
@@ -129,6 +150,9 @@ impl Weights {
             return Ok(t);
         }
         if !self.table.contains(name) {
+            if self.left_out > 0 && self.gguf.ctx.get_tensor(name).is_some() {
+                return Err(Error::Msg(format!("tensor '{name}' was not loaded: the model was loaded for part of its work (a bug in the plugin)")));
+            }
             return Err(Error::Msg(format!("tensor '{name}' is not in the model's tensor table (a bug in the plugin)")));
         }
         self.gguf.ctx.get_tensor(name).ok_or_else(|| Error::Msg(format!("{}: tensor '{name}' is missing", self.gguf.file.path().display())))

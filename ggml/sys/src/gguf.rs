@@ -67,7 +67,6 @@ const GGUF_ARRAY: u32 = 9;
 /// `ggml_new_tensor` asserts it is smaller (found by the `gguf` fuzz target).
 /// Anything else malformed is left for ggml's reader to refuse.
 fn preflight(mut r: impl std::io::Read + std::io::Seek, len: u64, path: &Path) -> Result<()> {
-    use std::io::SeekFrom;
     let fail = |what: &str| err(format!("{} is not a valid GGUF file ({what})", path.display()));
     let mut pos = 0u64;
     macro_rules! read {
@@ -85,7 +84,9 @@ fn preflight(mut r: impl std::io::Read + std::io::Seek, len: u64, path: &Path) -
             let n: u64 = $n;
             match pos.checked_add(n) {
                 Some(end) if end <= len => {
-                    r.seek(SeekFrom::Start(end)).map_err(|e| crate::Error::Msg(format!("{}: {e}", path.display())))?;
+                    // Relative: a buffered reader keeps its buffer (an absolute
+                    // seek drops it, one read and one lseek per skipped name).
+                    r.seek_relative((end - pos) as i64).map_err(|e| crate::Error::Msg(format!("{}: {e}", path.display())))?;
                     pos = end;
                 }
                 _ => return Ok(()),
@@ -389,12 +390,26 @@ impl GgufTensors {
         matmul_weight: impl Fn(&str) -> bool,
         inspect: impl FnMut(&str, crate::Type, &[u8]) -> Result<()>,
     ) -> Result<(Vec<crate::Buffer>, usize)> {
+        self.load_some_into_with_extra(backend, |_| true, matmul_weight, inspect)
+    }
+
+    /// [`load_into_with_extra`](Self::load_into_with_extra) for the tensors
+    /// `keep` accepts only: the others are neither given memory nor read from
+    /// the file (their data pointers stay null), so a model loaded for part of
+    /// its work costs that part's memory and reading time.
+    pub fn load_some_into_with_extra(
+        &self,
+        backend: &crate::Backend,
+        keep: impl Fn(&str) -> bool,
+        matmul_weight: impl Fn(&str) -> bool,
+        inspect: impl FnMut(&str, crate::Type, &[u8]) -> Result<()>,
+    ) -> Result<(Vec<crate::Buffer>, usize)> {
         let device = backend.device();
         let extras = device.as_ref().map(|d| d.extra_buffer_types()).unwrap_or_default();
         let default = backend.buffer_type().as_ptr();
         let mut groups: Vec<(sys::ggml_backend_buffer_type_t, Vec<crate::Tensor<'_>>)> = Vec::new();
         let mut in_extra = 0;
-        for t in self.ctx.tensors() {
+        for t in self.ctx.tensors().into_iter().filter(|t| keep(&t.name())) {
             let buft = match &device {
                 Some(d) if matmul_weight(&t.name()) => extras.iter().copied().find(|b| d.supports_weight_in(*b, t)),
                 _ => None,
@@ -425,7 +440,7 @@ impl GgufTensors {
             }
             buffers.push(buffer);
         }
-        self.read_data(inspect)?;
+        self.read_data(keep, inspect)?;
         Ok((buffers, in_extra))
     }
 
@@ -453,17 +468,30 @@ impl GgufTensors {
         Ok(())
     }
 
-    /// Reads every tensor's data from the file into its (allocated) buffer,
-    /// converting those [`store_as`](Self::store_as) retyped.
-    fn read_data(&self, mut inspect: impl FnMut(&str, crate::Type, &[u8]) -> Result<()>) -> Result<()> {
+    /// Reads the data of every tensor `keep` accepts from the file into its
+    /// (allocated) buffer, converting those [`store_as`](Self::store_as) retyped.
+    fn read_data(&self, keep: impl Fn(&str) -> bool, mut inspect: impl FnMut(&str, crate::Type, &[u8]) -> Result<()>) -> Result<()> {
         use std::io::{Read, Seek, SeekFrom};
         let mut file = match self.memory {
             Some(_) => None,
             None => Some(std::fs::File::open(&self.file.path).map_err(|e| crate::Error::Msg(format!("{}: {e}", self.file.path.display())))?),
         };
         let mut bytes = Vec::new();
-        for info in self.file.tensors() {
-            let t = self.ctx.get_tensor(&info.name).ok_or_else(|| crate::Error::Msg(format!("tensor '{}' missing from context", info.name)))?;
+        // By name once: a lookup per tensor walks the context's list (thousands of names).
+        let tensors: std::collections::HashMap<String, crate::Tensor<'_>> = self.ctx.tensors().into_iter().map(|t| (t.name(), t)).collect();
+        for info in self.file.tensors().into_iter().filter(|t| keep(&t.name)) {
+            let t = *tensors.get(&info.name).ok_or_else(|| crate::Error::Msg(format!("tensor '{}' missing from context", info.name)))?;
+            // A tensor stored as it is in the file, in host memory (the CPU
+            // backend's default buffer): read straight into it. No staging
+            // copy, so loading costs one pass over the bytes and no transient
+            // buffer as large as the largest tensor.
+            if let (None, Some(f), Some(dst)) = (&self.memory, file.as_mut(), host_bytes(t, info.ty, info.size)) {
+                f.seek(SeekFrom::Start(info.offset as u64))
+                    .and_then(|_| f.read_exact(dst))
+                    .map_err(|e| crate::Error::Msg(format!("{}: reading tensor '{}': {e}", self.file.path.display(), info.name)))?;
+                inspect(&info.name, info.ty, dst)?;
+                continue;
+            }
             match (&self.memory, file.as_mut()) {
                 // In range: checked when the image was opened.
                 (Some(memory), _) => bytes = memory[info.offset..info.offset + info.size].to_vec(),
@@ -504,6 +532,17 @@ impl GgufTensors {
             .map_err(|e| crate::Error::Msg(format!("{}: reading tensor '{name}': {e}", self.file.path.display())))?;
         Ok(bytes)
     }
+}
+
+/// The memory of tensor `t`, allocated in a host buffer, as `size` bytes it
+/// may be read into directly: only when it is stored as the file stores it
+/// (`ty`), and holds exactly `size` bytes. `None`: upload through ggml.
+fn host_bytes<'t>(t: crate::Tensor<'t>, ty: crate::Type, size: usize) -> Option<&'t mut [u8]> {
+    let raw = unsafe { &*t.as_ptr() };
+    let host = !raw.buffer.is_null() && !raw.data.is_null() && unsafe { sys::ggml_backend_buffer_is_host(raw.buffer) };
+    // The tensor's data lies in a buffer this load allocated and nothing else
+    // refers to yet; it is `n_bytes` long.
+    (host && t.ty() == ty && t.n_bytes() == size).then(|| unsafe { std::slice::from_raw_parts_mut(raw.data.cast::<u8>(), size) })
 }
 
 /// F32 ↔ F16 element conversion (ggml's own rounding).

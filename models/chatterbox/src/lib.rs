@@ -10,6 +10,7 @@
 //! HiFT graphs and host DSP), [`model`] (the synthesis loop). This file is the
 //! plugin surface: option specs and the ABI glue.
 
+pub mod cloner;
 pub mod cloning;
 pub mod dsp;
 pub mod hparams;
@@ -40,7 +41,7 @@ use t3::guided::GuidanceMode;
 
 #[export_root_module]
 pub fn get_library() -> ModelPluginRef {
-    ModelPlugin { info, family, option_specs, load }.leak_into_prefix()
+    ModelPlugin { info, family, option_specs, load, load_for_cloning: Some(load_for_cloning) }.leak_into_prefix()
 }
 
 extern "C" fn info() -> PluginInfo {
@@ -301,6 +302,57 @@ extern "C" fn load(request: &ModelLoadRequest, handle: &BackendHandle) -> RResul
     })
 }
 
+/// `tts voice save`'s load: the voice encoder, CAMPPlus and the S3Tokenizer
+/// only ([`cloner::Cloner`]).
+extern "C" fn load_for_cloning(request: &ModelLoadRequest, handle: &BackendHandle) -> RResult<ModelBox, RString> {
+    engine_core::logging::init_from_env();
+    guarded("chatterbox", || {
+        let files: Vec<std::path::PathBuf> = request.files.iter().map(|f| f.as_str().into()).collect();
+        let policy = OpPolicy::from_resolved(&request.policies);
+        let cloner = cloner::Cloner::load(&files, &handle.ggml_backend(), &policy)?;
+        tracing::info!(variant = cloner.variant(), "chatterbox model loaded for voice cloning only");
+        Ok(Model_TO::from_value(ClonerPlugin { cloner }, TD_Opaque))
+    })
+}
+
+/// A model loaded by [`load_for_cloning`]: it clones and refuses the rest.
+struct ClonerPlugin {
+    cloner: cloner::Cloner,
+}
+
+impl Model for ClonerPlugin {
+    fn info(&self) -> LoadedModelInfo {
+        LoadedModelInfo { family: "chatterbox".into(), variant: self.cloner.variant().into(), sample_rate: self.cloner.sample_rate() }
+    }
+
+    /// Also what streaming answers (the trait's default streams `synthesize`).
+    fn synthesize(&mut self, _request: &SynthesisRequest) -> RResult<SynthesisOutput, RString> {
+        RResult::RErr("chatterbox: this model was loaded for voice cloning only (tts voice save); it does not synthesize".into())
+    }
+
+    fn catalog(&self) -> ModelCatalog {
+        ModelCatalog { voices: RVec::new(), languages: languages(self.cloner.is_multilingual()), clones_voices: true }
+    }
+
+    fn clone_voice(&mut self, request: &VoiceCloneRequest) -> RResult<VoiceCloneOutput, RString> {
+        guarded("chatterbox", || {
+            let mut timings = engine_core::model_kit::Timings::default();
+            let voice = self.cloner.save_voice(std::path::Path::new(request.reference.as_str()), &mut timings).map_err(|e| format!("chatterbox: {e}"))?;
+            Ok(VoiceCloneOutput { voice: voice.into(), timings: timings.into_stage_timings() })
+        })
+    }
+}
+
+/// The language codes a model takes: Multilingual's 23 (English first),
+/// English alone for Turbo and Nano.
+fn languages(multilingual: bool) -> RVec<RString> {
+    let languages: Vec<RString> = match multilingual {
+        true => std::iter::once("en").chain(text::multilingual::LANGUAGES.iter().map(|(code, _)| *code).filter(|c| *c != "en")).map(RString::from).collect(),
+        false => vec![RString::from("en")],
+    };
+    languages.into()
+}
+
 impl Model for Plugin {
     fn info(&self) -> LoadedModelInfo {
         LoadedModelInfo { family: "chatterbox".into(), variant: self.model.variant().into(), sample_rate: self.model.sample_rate() }
@@ -322,13 +374,7 @@ impl Model for Plugin {
     /// One built-in voice (`voice = ""`); Multilingual's 23 languages
     /// (English first), English alone for Turbo and Nano.
     fn catalog(&self) -> ModelCatalog {
-        let languages: Vec<RString> = match self.model.is_multilingual() {
-            true => {
-                std::iter::once("en").chain(text::multilingual::LANGUAGES.iter().map(|(code, _)| *code).filter(|c| *c != "en")).map(RString::from).collect()
-            }
-            false => vec![RString::from("en")],
-        };
-        ModelCatalog { voices: RVec::new(), languages: languages.into(), clones_voices: true }
+        ModelCatalog { voices: RVec::new(), languages: languages(self.model.is_multilingual()), clones_voices: true }
     }
 
     /// One piece per text chunk (the crossfade tail held for the next).

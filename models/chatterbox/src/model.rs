@@ -8,8 +8,8 @@
 //! grapheme tokenizer with a language tag, the reference's start/stop slice,
 //! the 10-step standard decoder with guidance.
 
-use crate::cloning::reference::{self, ReferenceRules};
-use crate::cloning::{self, voice_file, Voice};
+use crate::cloning::reference::ReferenceRules;
+use crate::cloning::{voice_file, Voice};
 use crate::hparams::{S3GenHparams, T3Hparams, S3GEN_ARCH, T3_ARCH};
 use crate::s3gen::source::{apply_trim_fade, SourceNoise};
 use crate::s3gen::stream::VocoderStream;
@@ -269,11 +269,22 @@ fn open_metadata(path: &Path) -> Result<(GgufFile, String)> {
     Ok((file, arch))
 }
 
-impl Chatterbox {
-    /// Loads the T3 file and the S3Gen file, given in either order, onto
-    /// `backend` (borrowed: the caller keeps it alive longer than the model).
-    pub fn load(files: &[PathBuf], backend: &Backend, policy: &OpPolicy) -> Result<Self> {
-        policy.check_denials("chatterbox", crate::GRAPH_OPS)?;
+/// A model's two files, told apart by architecture, with their metadata and
+/// hyperparameters, checked to pair (the T3 and the S3Gen of one variant)
+/// before any weight is read.
+pub struct ModelFiles {
+    pub t3_path: PathBuf,
+    pub t3_meta: GgufFile,
+    pub t3_hp: T3Hparams,
+    pub s3_path: PathBuf,
+    pub s3_hp: S3GenHparams,
+    /// A guided (Multilingual, Llama) T3.
+    pub guided: bool,
+}
+
+impl ModelFiles {
+    /// The T3 file and the S3Gen file, given in either order.
+    pub fn open(files: &[PathBuf]) -> Result<Self> {
         let [a, b] = files else {
             let names: Vec<String> = files.iter().map(|f| f.display().to_string()).collect();
             return Err(format!(
@@ -308,6 +319,20 @@ impl Chatterbox {
             )
             .into());
         }
+        if (t3_hp.start_speech_token as usize) < s3_hp.speech_vocab {
+            return Err(format!("T3's start token {} lies inside S3Gen's speech vocabulary ({})", t3_hp.start_speech_token, s3_hp.speech_vocab).into());
+        }
+        Ok(ModelFiles { t3_path: t3_path.clone(), t3_meta, t3_hp, s3_path: s3_path.clone(), s3_hp, guided })
+    }
+}
+
+impl Chatterbox {
+    /// Loads the T3 file and the S3Gen file, given in either order, onto
+    /// `backend` (borrowed: the caller keeps it alive longer than the model).
+    pub fn load(files: &[PathBuf], backend: &Backend, policy: &OpPolicy) -> Result<Self> {
+        policy.check_denials("chatterbox", crate::GRAPH_OPS)?;
+        let ModelFiles { t3_path, t3_meta, t3_hp, s3_path, guided, .. } = ModelFiles::open(files)?;
+        let (t3_path, s3_path) = (&t3_path, &s3_path);
         let json = t3_meta.get_str("chatterbox.tokenizer_json")?;
         let tokenizer_error = |e: Error| Error::msg(format!("{}: chatterbox.tokenizer_json: {e}", t3_path.display()));
         let borrow = || unsafe { Backend::from_raw(backend.as_ptr()) }.expect("backend is not null");
@@ -319,9 +344,6 @@ impl Chatterbox {
             SpeechGenerator::Gpt2 { t3: T3::load(t3_path, borrow(), policy)?, tokenizer }
         };
         let s3gen = S3Gen::load(s3_path, borrow(), policy)?;
-        if (t3.hp().start_speech_token as usize) < s3gen.hp.speech_vocab {
-            return Err(format!("T3's start token {} lies inside S3Gen's speech vocabulary ({})", t3.hp().start_speech_token, s3gen.hp.speech_vocab).into());
-        }
         let builtin = Voice { t3: t3.builtin_voice()?, s3gen: s3gen.builtin_voice()? };
         if !builtin.s3gen.prompt_feat.len().is_multiple_of(s3gen.hp.mel_channels) {
             return Err(format!("{}: the built-in prompt_feat is not whole mel frames", s3_path.display()).into());
@@ -331,19 +353,14 @@ impl Chatterbox {
 
     /// What this variant's `prepare_conditionals` does to a reference clip.
     pub fn reference_rules(&self) -> ReferenceRules {
-        match self.t3 {
-            SpeechGenerator::Gpt2 { .. } => ReferenceRules::TURBO,
-            SpeechGenerator::Llama { .. } => ReferenceRules::MULTILINGUAL,
-        }
+        crate::cloner::reference_rules(self.is_multilingual())
     }
 
     /// A voice cloned from the recording at `path`: read as the reference
     /// reads it, then the three encoders (timed as `clone.*` stages).
     pub fn clone_voice(&mut self, path: &Path, timings: &mut Timings) -> Result<Voice> {
         let rules = self.reference_rules();
-        let rate = self.sample_rate();
-        let wav = timings.time("clone.read", || reference::load(path, rate, &rules))?;
-        cloning::conditionals(&mut self.t3, &mut self.s3gen, &wav, timings).map_err(|e| Error::msg(format!("{}: {e}", path.display())))
+        crate::cloner::clone_voice(&mut self.t3, &mut self.s3gen, &rules, path, timings)
     }
 
     /// [`clone_voice`](Self::clone_voice) as a voice file's bytes.

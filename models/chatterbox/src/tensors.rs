@@ -29,6 +29,18 @@ pub const VOICE_EMBEDDING: &str = "voice.embedding";
 /// Derived at load (not in the file): the rotary frequency divisors.
 pub const T3_ROPE_FREQ_FACTORS: &str = "t3.rope_freq_factors";
 
+/// The T3 file's tensors voice cloning reads: the voice encoder's.
+pub fn is_t3_cloning_tensor(name: &str) -> bool {
+    name.starts_with("ve.")
+}
+
+/// The S3Gen file's tensors voice cloning reads: CAMPPlus's and the
+/// S3Tokenizer's (its carried mel filters and window included: the front end
+/// computes both, and they are small).
+pub fn is_s3gen_cloning_tensor(name: &str) -> bool {
+    name.starts_with("campplus.") || name.starts_with("s3tok.")
+}
+
 /// `t3-<variant>.gguf`, by backbone.
 pub fn t3_table(hp: &T3Hparams) -> TensorTable {
     let mut t = match &hp.backbone {

@@ -45,3 +45,39 @@ fn derived_tensors_are_served_by_name_and_refused_when_wrong() {
     // A refused batch adds nothing.
     assert!(weights.host_f32("t3.twice").is_err());
 }
+
+/// `Weights::load_part` (what a cloning-only load uses): the whole file is
+/// checked, only the kept tensors are read, and the others are refused by
+/// name. A NaN in a tensor left out does not fail the load (it is never
+/// read), while the full load refuses it.
+#[test]
+fn a_partial_load_reads_only_the_tensors_it_keeps() {
+    let handle = open("cpu");
+    let backend = handle.ggml_backend();
+    let full = Weights::load(GgufTensors::open(&t3_file()).unwrap(), &backend, table_of(&t3_file()), WeightStorage::AsStored, |_| false).unwrap();
+    let keep = tts_model_chatterbox::tensors::is_t3_cloning_tensor;
+    let part = Weights::load_part(GgufTensors::open(&t3_file()).unwrap(), &backend, table_of(&t3_file()), WeightStorage::AsStored, |_| false, keep).unwrap();
+    assert!(part.names().count() > 0 && part.names().all(keep), "only the voice encoder's tensors are served");
+    assert_eq!(part.host_f32("ve.proj.weight").unwrap(), full.host_f32("ve.proj.weight").unwrap());
+    assert_eq!(
+        part.host_f32("t3.wpe").unwrap_err().to_string(),
+        "tensor 't3.wpe' was not loaded: the model was loaded for part of its work (a bug in the plugin)"
+    );
+    assert_eq!(part.host_f32("t3.nothing").unwrap_err().to_string(), "tensor 't3.nothing' is not in the model's tensor table (a bug in the plugin)");
+
+    let dir = tempfile::tempdir().unwrap();
+    let nan = dir.path().join("t3-nan.gguf");
+    let mut edit = ggml_sys::gguf::GgufEditor::open(&t3_file()).unwrap();
+    edit.fill_f32("t3.wpe", f32::NAN).unwrap();
+    edit.write(&nan).unwrap();
+    let refused = Weights::load(GgufTensors::open(&nan).unwrap(), &backend, table_of(&nan), WeightStorage::AsStored, |_| false).err().unwrap();
+    assert!(refused.to_string().contains("tensor 't3.wpe' holds"), "{refused}");
+    let part = Weights::load_part(GgufTensors::open(&nan).unwrap(), &backend, table_of(&nan), WeightStorage::AsStored, |_| false, keep).unwrap();
+    assert_eq!(part.host_f32("ve.proj.bias").unwrap(), full.host_f32("ve.proj.bias").unwrap());
+}
+
+/// The T3 tensor table of `path`, checked.
+fn table_of(path: &std::path::Path) -> engine_core::model_kit::TensorTable {
+    let gguf = GgufTensors::open(path).unwrap();
+    tts_model_chatterbox::t3::check_file(&gguf).unwrap().1
+}

@@ -30,7 +30,8 @@ use model::{NoiseSource, Supertonic, SynthesisParams, VoiceChoice};
 
 #[export_root_module]
 pub fn get_library() -> ModelPluginRef {
-    ModelPlugin { info, family, option_specs, load }.leak_into_prefix()
+    // Supertonic does not clone voices.
+    ModelPlugin { info, family, option_specs, load, load_for_cloning: None }.leak_into_prefix()
 }
 
 extern "C" fn info() -> PluginInfo {

@@ -69,6 +69,14 @@ pub fn check_file(gguf: &GgufTensors) -> Result<(S3GenHparams, engine_core::mode
     Ok((hp, table))
 }
 
+/// The tensors CAMPPlus and the S3Tokenizer derive at load from their weights.
+fn cloning_derived(weights: &Weights, hp: &S3GenHparams) -> Result<Vec<engine_core::model_kit::DerivedTensor>> {
+    let mut derived = crate::cloning::campplus::fold_batch_norms(weights, &hp.campplus)?;
+    derived.extend(crate::cloning::campplus::local_taps(weights, &hp.campplus)?);
+    derived.extend(crate::cloning::s3tokenizer::fsmn_taps(weights, &hp.tokenizer)?);
+    Ok(derived)
+}
+
 pub struct S3Gen {
     // Graphs reference the weights: declared (dropped) first.
     encoder_graph: GraphSlot<usize>,
@@ -88,6 +96,11 @@ pub struct S3Gen {
     /// `spk_embed_affine_layer` (weight, bias), read once for the host-side projection.
     speaker_affine: (Vec<f32>, Vec<f32>),
     policy: OpPolicy,
+    /// Loaded for cloning only: each of CAMPPlus's and the S3Tokenizer's
+    /// graphs is dropped after its run, so that no stage's buffer sits beside
+    /// the next one's (what sets the peak of `tts voice save`). A model that
+    /// synthesizes keeps them for the next text.
+    cloning_only: bool,
     /// The encoder's relative-position tables by length (tokens, frames) of
     /// the last shape: hundreds of thousands of sines, the same for every
     /// text of that length.
@@ -101,13 +114,38 @@ impl S3Gen {
         let mut weights = Weights::load(gguf, &backend, table, policy.matmul_weights, is_matmul_weight)?;
         let mut derived = hift::snake_reciprocals(&weights)?;
         derived.extend(hift::stft_bases(&hp.hift));
-        derived.extend(crate::cloning::campplus::fold_batch_norms(&weights, &hp.campplus)?);
-        derived.extend(crate::cloning::campplus::local_taps(&weights, &hp.campplus)?);
-        derived.extend(crate::cloning::s3tokenizer::fsmn_taps(&weights, &hp.tokenizer)?);
+        derived.extend(cloning_derived(&weights, &hp)?);
         weights.add_derived(&backend, derived)?;
         let source_merge = (weights.host_f32("hift.m_source.l_linear.weight")?, weights.host_f32("hift.m_source.l_linear.bias")?[0]);
         let speaker_affine = (weights.host_f32("flow.spk_embed_affine_layer.weight")?, weights.host_f32("flow.spk_embed_affine_layer.bias")?);
-        Ok(S3Gen {
+        Ok(Self::assemble(weights, backend, hp, policy, source_merge, speaker_affine, false))
+    }
+
+    /// The file checked whole as [`load`](Self::load) checks it, and only
+    /// CAMPPlus's and the S3Tokenizer's weights read
+    /// ([`crate::tensors::is_s3gen_cloning_tensor`]): an S3Gen that computes
+    /// x-vectors and speech tokens (`xvector`, `speech_token_projection`)
+    /// and nothing else (the flow encoder, the CFM decoder and HiFT would
+    /// fail on their first weight).
+    pub fn load_for_cloning(path: &Path, backend: Backend, policy: &OpPolicy) -> Result<Self> {
+        let gguf = GgufTensors::open(path)?;
+        let (hp, table) = check_file(&gguf)?;
+        let mut weights = Weights::load_part(gguf, &backend, table, policy.matmul_weights, is_matmul_weight, crate::tensors::is_s3gen_cloning_tensor)?;
+        let derived = cloning_derived(&weights, &hp)?;
+        weights.add_derived(&backend, derived)?;
+        Ok(Self::assemble(weights, backend, hp, policy, (Vec::new(), 0.0), (Vec::new(), Vec::new()), true))
+    }
+
+    fn assemble(
+        weights: Weights,
+        backend: Backend,
+        hp: S3GenHparams,
+        policy: &OpPolicy,
+        source_merge: (Vec<f32>, f32),
+        speaker_affine: (Vec<f32>, Vec<f32>),
+        cloning_only: bool,
+    ) -> Self {
+        S3Gen {
             encoder_graph: GraphSlot::default(),
             cfm_graph: GraphSlot::default(),
             f0_graph: GraphSlot::default(),
@@ -120,8 +158,9 @@ impl S3Gen {
             source_merge,
             speaker_affine,
             policy: policy.clone(),
+            cloning_only,
             position_tables: Vec::new(),
-        })
+        }
     }
 
     /// Whether S3Gen's graphs run on the host's cores (the CPU backend): host
@@ -177,7 +216,11 @@ impl S3Gen {
         })?;
         graph.set_f32(campplus::FBANK, &time_first)?;
         graph.set_f32(campplus::SEGMENT_SCALE, &scale)?;
-        engine_core::model_kit::finite::check_stage("CAMPPlus", graph.compute_and_get_f32(&self.backend, campplus::XVECTOR)?)
+        let xvector = graph.compute_and_get_f32(&self.backend, campplus::XVECTOR);
+        if self.cloning_only {
+            self.campplus_graph.clear();
+        }
+        engine_core::model_kit::finite::check_stage("CAMPPlus", xvector?)
     }
 
     /// The S3Tokenizer up to FSQ's projection on a log mel
@@ -205,7 +248,11 @@ impl S3Gen {
         })?;
         graph.set_f32(s3tokenizer::MEL, &mel.data)?;
         graph.set_i32(s3tokenizer::POSITIONS, &(0..tokens as i32).collect::<Vec<_>>())?;
-        engine_core::model_kit::finite::check_stage("the S3Tokenizer", graph.compute_and_get_f32(&self.backend, s3tokenizer::PROJECTION)?)
+        let projection = graph.compute_and_get_f32(&self.backend, s3tokenizer::PROJECTION);
+        if self.cloning_only {
+            self.tokenizer_graph.clear();
+        }
+        engine_core::model_kit::finite::check_stage("the S3Tokenizer", projection?)
     }
 
     /// Runs the flow encoder over `tokens` (prompt tokens first).

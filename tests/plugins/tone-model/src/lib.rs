@@ -29,7 +29,12 @@ pub const ARCH: &str = "tts-test-tone";
 
 #[export_root_module]
 pub fn get_library() -> ModelPluginRef {
-    ModelPlugin { info, family, option_specs, load }.leak_into_prefix()
+    #[cfg(feature = "abi-5-1")]
+    let plugin = ModelPlugin { info, family, option_specs, load };
+    // No cloning-only load: the host clones with the full model.
+    #[cfg(not(feature = "abi-5-1"))]
+    let plugin = ModelPlugin { info, family, option_specs, load, load_for_cloning: None };
+    plugin.leak_into_prefix()
 }
 
 extern "C" fn info() -> PluginInfo {
