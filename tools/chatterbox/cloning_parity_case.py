@@ -22,10 +22,10 @@ Output, in OUT_DIR:
 
 Usage (the Chatterbox venv):
   cloning_parity_case.py OUT_DIR --turbo TINY_TURBO_DIR --mtl TINY_MTL_DIR    the committed case
-  cloning_parity_case.py OUT_DIR --full [--turbo DIR] [--mtl DIR]             full-size official
-      checkpoints (make_fixtures.py --size full, make_mtl_fixtures.py --size full): the
-      conditionals only, T3 not loaded; models/chatterbox/tests/cloning_recording.rs's ignored
-      test reads them (TTS_CLONING_CASE)
+  cloning_parity_case.py OUT_DIR --full [--turbo DIR] [--mtl DIR] [--conditionals-only]
+      full-size checkpoints (make_fixtures.py --size full, make_mtl_fixtures.py --size full),
+      the same case (--conditionals-only: without T3 and generate()); the ignored test of
+      models/chatterbox/tests/cloning_recording.rs reads it (TTS_CLONING_CASE)
 """
 
 import argparse
@@ -168,9 +168,9 @@ def clone_all(tts, variant, files, out):
                 prompt_feat_frames=int(found["wav"]["prompt_feat"].shape[1]))
 
 
-def turbo_case(ckpt, files, out):
+def turbo_case(ckpt, files, out, size):
     from chatterbox.tts_turbo import ChatterboxTurboTTS
-    t3, s3gen, ve, tokenizer = mf.load_tiny_turbo(ckpt)
+    t3, s3gen, ve, tokenizer = mf.load_tiny_turbo(ckpt, size)
     tts = ChatterboxTurboTTS(t3, s3gen, ve, tokenizer, "cpu", conds=None)
     summary = clone_all(tts, "turbo", files, out)
     uniforms, drawn, z, phase, sine_noise, wav = mf.generate_recorded(
@@ -181,8 +181,8 @@ def turbo_case(ckpt, files, out):
     return summary
 
 
-def mtl_case(ckpt, files, out):
-    model = mtl.load_tiny(ckpt)
+def mtl_case(ckpt, files, out, size):
+    model = mtl.load_tiny(ckpt, size)
     tts = mtl.mtl_mod.ChatterboxMultilingualTTS(*model, "cpu", conds=None)
     summary = clone_all(tts, "mtl", files, out)
     tts.prepare_conditionals(str(files["wav"]), exaggeration=mtl.EXAGGERATION)
@@ -233,7 +233,10 @@ def main() -> int:
     ap.add_argument("--turbo", type=Path, help="Turbo checkpoint directory")
     ap.add_argument("--mtl", type=Path, help="Multilingual checkpoint directory")
     ap.add_argument("--full", action="store_true",
-                    help="full-size official checkpoints: the conditionals only, into OUT (not committed)")
+                    help="full-size checkpoint directories (make_fixtures.py --size full, with the tokenizer of "
+                         "make_tokenizer.py; make_mtl_fixtures.py --size full), into OUT (not committed)")
+    ap.add_argument("--conditionals-only", action="store_true",
+                    help="with --full: prepare_conditionals only, T3 not loaded, no generate()")
     args = ap.parse_args()
     out = args.out
     out.mkdir(parents=True, exist_ok=True)
@@ -265,10 +268,10 @@ def main() -> int:
         if ckpt is None:
             continue
         (out / variant).mkdir(exist_ok=True)
-        if args.full:
+        if args.full and args.conditionals_only:
             case[variant] = clone_all(FullSize(variant, ckpt), variant, files, out / variant)
         else:
-            case[variant] = run(ckpt, files, out / variant)
+            case[variant] = run(ckpt, files, out / variant, "full" if args.full else "tiny")
         print(f"{variant}: {case[variant]}")
     for path in (files["wav"], files["flac"]):
         path.unlink()

@@ -375,19 +375,20 @@ def run_turbo(t3, conds, text_ids, draw, max_gen_len, **sampling):
     return toks, torch.stack(logits_log), torch.stack(probs_log)
 
 
-def load_tiny_turbo(ckpt):
-    """The tiny Turbo models of a checkpoint directory this script wrote, as
-    `ChatterboxTurboTTS.from_local` loads them: (t3, s3gen, ve, tokenizer), in eval mode."""
+def load_tiny_turbo(ckpt, size="tiny"):
+    """The Turbo models of a checkpoint directory this script wrote (`size` as it was
+    written), as `ChatterboxTurboTTS.from_local` loads them: (t3, s3gen, ve, tokenizer), in
+    eval mode."""
     from safetensors.torch import load_file
     from transformers import AutoTokenizer
-    t3 = build_t3("tiny", "turbo")
+    t3 = build_t3(size, "turbo")
     t3.load_state_dict(load_file(ckpt / "t3_turbo_v1.safetensors"))
     del t3.tfmr.wte
     t3.eval()
-    s3gen = build_s3gen("tiny")
+    s3gen = build_s3gen(size)
     s3gen.load_state_dict(load_file(ckpt / "s3gen_meanflow.safetensors"), strict=True)
     s3gen.eval()
-    ve = build_ve("tiny")
+    ve = build_ve(size)
     ve.load_state_dict(load_file(ckpt / "ve.safetensors"))
     ve.eval()
     tokenizer = AutoTokenizer.from_pretrained(str(ckpt))

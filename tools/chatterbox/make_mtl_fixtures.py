@@ -309,22 +309,23 @@ def run_pipeline(conds, t3, s3gen, ve, tokenizer, out, dump):
     mf.save_pipeline_case(out / "pipeline", uniforms, drawn, z, phase, sine_noise, wav, case)
 
 
-def load_tiny(ckpt):
-    """The tiny Multilingual models of a checkpoint directory this script wrote, reloaded as
-    `ChatterboxMultilingualTTS.from_local` loads them, with the run-time registrations `main`
-    makes (the tiny Llama entry, the aligned heads, the analyzer on): (t3, s3gen, ve,
-    tokenizer), in eval mode."""
-    cfg = SIZES["tiny"]
-    asa_mod.LLAMA_ALIGNED_HEADS[:] = cfg["aligned_heads"]
+def load_tiny(ckpt, size="tiny"):
+    """The Multilingual models of a checkpoint directory this script wrote (`size` as it was
+    written), reloaded as `ChatterboxMultilingualTTS.from_local` loads them, with the run-time
+    registrations `main` makes (the tiny Llama entry, the aligned heads, the analyzer on):
+    (t3, s3gen, ve, tokenizer), in eval mode."""
+    cfg = SIZES[size]
+    if cfg["aligned_heads"] is not None:
+        asa_mod.LLAMA_ALIGNED_HEADS[:] = cfg["aligned_heads"]
     T3Config.is_multilingual = property(lambda self: True)
     tokenizer = MTLTokenizer(str(ckpt / "grapheme_mtl_merged_expanded_v1.json"))
-    ve = build_ve("tiny")
+    ve = build_ve(size)
     ve.load_state_dict(torch.load(ckpt / "ve.pt", weights_only=True))
     ve.eval()
-    t3 = build_t3("tiny", tokenizer.tokenizer.get_vocab_size())
+    t3 = build_t3(size, tokenizer.tokenizer.get_vocab_size())
     t3.load_state_dict(load_file(ckpt / "t3_mtl23ls_v2.safetensors"))
     t3.eval()
-    s3gen = mf.build_s3gen("tiny", meanflow=False, s3=cfg["s3"])
+    s3gen = mf.build_s3gen(size, meanflow=False, s3=cfg["s3"])
     s3gen.load_state_dict(torch.load(ckpt / "s3gen.pt", weights_only=True))
     s3gen.eval()
     return t3, s3gen, ve, tokenizer
