@@ -388,7 +388,7 @@ impl GgufTensors {
         &self,
         backend: &crate::Backend,
         matmul_weight: impl Fn(&str) -> bool,
-        inspect: impl FnMut(&str, crate::Type, &[u8]) -> Result<()>,
+        inspect: impl Fn(&str, crate::Type, &[u8]) -> Result<()> + Sync,
     ) -> Result<(Vec<crate::Buffer>, usize)> {
         self.load_some_into_with_extra(backend, |_| true, matmul_weight, inspect)
     }
@@ -402,7 +402,7 @@ impl GgufTensors {
         backend: &crate::Backend,
         keep: impl Fn(&str) -> bool,
         matmul_weight: impl Fn(&str) -> bool,
-        inspect: impl FnMut(&str, crate::Type, &[u8]) -> Result<()>,
+        inspect: impl Fn(&str, crate::Type, &[u8]) -> Result<()> + Sync,
     ) -> Result<(Vec<crate::Buffer>, usize)> {
         let device = backend.device();
         let extras = device.as_ref().map(|d| d.extra_buffer_types()).unwrap_or_default();
@@ -470,46 +470,67 @@ impl GgufTensors {
 
     /// Reads the data of every tensor `keep` accepts from the file into its
     /// (allocated) buffer, converting those [`store_as`](Self::store_as) retyped.
-    fn read_data(&self, keep: impl Fn(&str) -> bool, mut inspect: impl FnMut(&str, crate::Type, &[u8]) -> Result<()>) -> Result<()> {
+    /// The first failure in file order is reported.
+    fn read_data(&self, keep: impl Fn(&str) -> bool, inspect: impl Fn(&str, crate::Type, &[u8]) -> Result<()> + Sync) -> Result<()> {
         use std::io::{Read, Seek, SeekFrom};
         let mut file = match self.memory {
             Some(_) => None,
             None => Some(std::fs::File::open(&self.file.path).map_err(|e| crate::Error::Msg(format!("{}: {e}", self.file.path.display())))?),
         };
-        let mut bytes = Vec::new();
+        let path = self.file.path.as_path();
+        let reading = |name: &str, e: std::io::Error| crate::Error::Msg(format!("{}: reading tensor '{name}': {e}", path.display()));
         // By name once: a lookup per tensor walks the context's list (thousands of names).
         let tensors: std::collections::HashMap<String, crate::Tensor<'_>> = self.ctx.tensors().into_iter().map(|t| (t.name(), t)).collect();
-        for info in self.file.tensors().into_iter().filter(|t| keep(&t.name)) {
+        let infos: Vec<TensorInfo> = self.file.tensors().into_iter().filter(|t| keep(&t.name)).collect();
+        // Tensors stored as the file stores them, in host memory (the CPU
+        // backend's default buffer), are read straight into it: no staging
+        // copy and no transient buffer as large as the largest tensor. The
+        // rest go through ggml's upload.
+        let mut direct: Vec<ReadJob<'_>> = Vec::new();
+        let mut staged: Vec<(usize, &TensorInfo, crate::Tensor<'_>)> = Vec::new();
+        for (i, info) in infos.iter().enumerate() {
             let t = *tensors.get(&info.name).ok_or_else(|| crate::Error::Msg(format!("tensor '{}' missing from context", info.name)))?;
-            // A tensor stored as it is in the file, in host memory (the CPU
-            // backend's default buffer): read straight into it. No staging
-            // copy, so loading costs one pass over the bytes and no transient
-            // buffer as large as the largest tensor.
-            if let (None, Some(f), Some(dst)) = (&self.memory, file.as_mut(), host_bytes(t, info.ty, info.size)) {
-                f.seek(SeekFrom::Start(info.offset as u64))
-                    .and_then(|_| f.read_exact(dst))
-                    .map_err(|e| crate::Error::Msg(format!("{}: reading tensor '{}': {e}", self.file.path.display(), info.name)))?;
-                inspect(&info.name, info.ty, dst)?;
-                continue;
+            match (&file, host_bytes(t, info.ty, info.size)) {
+                (Some(_), Some(dst)) => direct.push((i, info, dst)),
+                _ => staged.push((i, info, t)),
             }
-            match (&self.memory, file.as_mut()) {
+        }
+        let mut failures: Vec<(usize, crate::Error)> = match &file {
+            Some(f) => read_in_parallel(f, direct, &reading, &inspect),
+            None => Vec::new(),
+        };
+        let mut bytes = Vec::new();
+        for (i, info, t) in staged {
+            let read = match (&self.memory, file.as_mut()) {
                 // In range: checked when the image was opened.
-                (Some(memory), _) => bytes = memory[info.offset..info.offset + info.size].to_vec(),
+                (Some(memory), _) => Ok(memory[info.offset..info.offset + info.size].to_vec()),
                 (None, Some(f)) => {
                     bytes.resize(info.size, 0);
                     f.seek(SeekFrom::Start(info.offset as u64))
                         .and_then(|_| f.read_exact(&mut bytes))
-                        .map_err(|e| crate::Error::Msg(format!("{}: reading tensor '{}': {e}", self.file.path.display(), info.name)))?;
+                        .map(|_| std::mem::take(&mut bytes))
+                        .map_err(|e| reading(&info.name, e))
                 }
                 (None, None) => unreachable!("a file is opened when there is no image"),
+            };
+            let stored = read.and_then(|read| {
+                let read = if t.ty() != info.ty { convert(&read, info.ty, t.ty()) } else { read };
+                inspect(&info.name, t.ty(), &read)?;
+                t.set_bytes(&read)?;
+                Ok(read)
+            });
+            match stored {
+                Ok(read) => bytes = read,
+                Err(e) => {
+                    failures.push((i, e));
+                    break;
+                }
             }
-            if t.ty() != info.ty {
-                bytes = convert(&bytes, info.ty, t.ty());
-            }
-            inspect(&info.name, t.ty(), &bytes)?;
-            t.set_bytes(&bytes)?;
         }
-        Ok(())
+        match failures.into_iter().min_by_key(|(i, _)| *i) {
+            Some((_, e)) => Err(e),
+            None => Ok(()),
+        }
     }
 
     /// Reads one tensor's raw bytes from the file (for host-side data).
@@ -543,6 +564,51 @@ fn host_bytes<'t>(t: crate::Tensor<'t>, ty: crate::Type, size: usize) -> Option<
     // The tensor's data lies in a buffer this load allocated and nothing else
     // refers to yet; it is `n_bytes` long.
     (host && t.ty() == ty && t.n_bytes() == size).then(|| unsafe { std::slice::from_raw_parts_mut(raw.data.cast::<u8>(), size) })
+}
+
+/// One tensor to read: its index in file order, where it lies in the file,
+/// and the host memory it goes to.
+type ReadJob<'a> = (usize, &'a TensorInfo, &'a mut [u8]);
+
+/// Reads each tensor of `jobs` (its index in file order, where it lies, its
+/// memory) from `file` and hands it to `inspect`, on up to four threads: page
+/// faults and the kernel's copy out of the page cache, most of a load's time,
+/// scale with cores. Each thread stops at its first failure; the failures
+/// come back with their indices.
+fn read_in_parallel(
+    file: &std::fs::File,
+    mut jobs: Vec<ReadJob<'_>>,
+    reading: &(impl Fn(&str, std::io::Error) -> crate::Error + Sync),
+    inspect: &(impl Fn(&str, crate::Type, &[u8]) -> Result<()> + Sync),
+) -> Vec<(usize, crate::Error)> {
+    use std::os::unix::fs::FileExt;
+    let threads = std::thread::available_parallelism().map_or(1, |n| n.get()).clamp(1, 4).min(jobs.len().max(1));
+    // Largest first, each to the thread with the fewest bytes so far.
+    jobs.sort_by_key(|(_, info, _)| std::cmp::Reverse(info.size));
+    let mut shares: Vec<(usize, Vec<ReadJob<'_>>)> = (0..threads).map(|_| (0, Vec::new())).collect();
+    for job in jobs {
+        let share = shares.iter_mut().min_by_key(|(bytes, _)| *bytes).expect("at least one thread");
+        share.0 += job.1.size;
+        share.1.push(job);
+    }
+    std::thread::scope(|scope| {
+        let workers: Vec<_> = shares
+            .into_iter()
+            .map(|(_, share)| {
+                scope.spawn(move || {
+                    for (i, info, dst) in share {
+                        let done =
+                            file.read_exact_at(dst, info.offset as u64).map_err(|e| reading(&info.name, e)).and_then(|_| inspect(&info.name, info.ty, dst));
+                        if let Err(e) = done {
+                            return Some((i, e));
+                        }
+                    }
+                    None
+                })
+            })
+            .collect();
+        workers.into_iter().filter_map(|w| w.join().unwrap_or_else(|panic| std::panic::resume_unwind(panic))).collect()
+    })
 }
 
 /// F32 ↔ F16 element conversion (ggml's own rounding).
