@@ -130,3 +130,36 @@ fn a_plugin_without_a_cloning_load_is_loaded_in_full() {
         assert!(e.0.contains("does not clone voices"), "{}: {}", plugin.display(), e.0);
     }
 }
+
+/// `cargo xtask test` builds the tone plugin against ABI 5.2 (the root module
+/// of then, without `load_for_cloning`; `--features abi-5-2`) into
+/// `target/abi-5-2/`: the loader takes it through 5.2's interface, where it
+/// keeps what 5.2 had (streaming in pieces), and loads it in full to clone.
+#[test]
+fn a_plugin_built_against_abi_5_2_keeps_streaming_and_clones_through_the_full_load() {
+    let old_plugin = artifacts().parent().unwrap().join("abi-5-2/libtts_test_tone.so");
+    if !old_plugin.is_file() {
+        assert!(
+            std::env::var_os("TTS_REQUIRE_ABI_5_2_FIXTURE").is_none(),
+            "{} is missing (cargo build -p tts-test-plugin-tone --features abi-5-2 --profile abi-5-2)",
+            old_plugin.display()
+        );
+        eprintln!("skipped: no ABI 5.2 build of the tone plugin at {} (`cargo xtask test` builds it)", old_plugin.display());
+        return;
+    }
+    let (loaded, _) = engine_core::loader::load_model(&old_plugin).unwrap();
+    assert_eq!((loaded.abi_version(), loaded.has_cloning_load()), ("5.2.0", false));
+    let (current, _) = engine_core::loader::load_model(&artifacts().join("libtts_test_tone.so")).unwrap();
+    assert_eq!((current.abi_version(), current.has_cloning_load()), (engine_core::PLUGIN_ABI_VERSION, false));
+    let dir = tempfile::tempdir().unwrap();
+    let mut session = tone_for_cloning(&old_plugin, dir.path());
+    assert!(!session.cloning_only);
+    let mut pieces = 0;
+    session
+        .synthesize_streaming("hello", |_, _| {
+            pieces += 1;
+            Ok(true)
+        })
+        .unwrap();
+    assert_eq!(pieces, 5, "one piece per character, as the 5.2 build streamed");
+}

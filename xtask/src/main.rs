@@ -134,6 +134,7 @@ fn test(extra: &[String]) -> Result<(), String> {
     check_style()?;
     build_all(false)?;
     build_abi_5_1_fixture()?;
+    build_abi_5_2_fixture()?;
     openai_client()?;
     converter_python()?;
     check_bundle()?;
@@ -199,6 +200,18 @@ fn build_abi_5_1_fixture() -> Result<(), String> {
     c.args(["build", "-p", "tts-test-plugin-tone", "--features", "abi-5-1", "--profile", "abi-5-1"]);
     run(&mut c)?;
     std::env::set_var("TTS_REQUIRE_ABI_5_1_FIXTURE", "1");
+    Ok(())
+}
+
+/// The tone test plugin as built against plugin ABI 5.2 (the root module of
+/// then, before `load_for_cloning`, which `engine_core::abi::v5_2` keeps);
+/// `cli/tests/voice_save.rs` loads it into this host, and fails rather than
+/// skips when this ran.
+fn build_abi_5_2_fixture() -> Result<(), String> {
+    let mut c = cargo();
+    c.args(["build", "-p", "tts-test-plugin-tone", "--features", "abi-5-2", "--profile", "abi-5-2"]);
+    run(&mut c)?;
+    std::env::set_var("TTS_REQUIRE_ABI_5_2_FIXTURE", "1");
     Ok(())
 }
 

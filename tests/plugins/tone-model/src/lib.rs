@@ -19,8 +19,14 @@ use engine_core::abi::{
 // module and model trait of then, no streaming.
 #[cfg(feature = "abi-5-1")]
 use engine_core::abi::v5_1::{Model, ModelBox, ModelPlugin, ModelPluginRef, Model_TO};
+// With `abi-5-2`: the root module of 5.2, before `load_for_cloning`; its
+// model trait is the current one.
+#[cfg(feature = "abi-5-2")]
+use engine_core::abi::v5_2::{ModelPlugin, ModelPluginRef};
 #[cfg(not(feature = "abi-5-1"))]
-use engine_core::abi::{AudioSink, Model, ModelBox, ModelPlugin, ModelPluginRef, Model_TO, StreamSummary};
+use engine_core::abi::{AudioSink, Model, ModelBox, Model_TO, StreamSummary};
+#[cfg(not(any(feature = "abi-5-1", feature = "abi-5-2")))]
+use engine_core::abi::{ModelPlugin, ModelPluginRef};
 use engine_core::backend_kit::spec;
 use ggml_sys::gguf::GgufFile;
 use ggml_sys::{Backend, Context, TYPE_F32};
@@ -29,10 +35,10 @@ pub const ARCH: &str = "tts-test-tone";
 
 #[export_root_module]
 pub fn get_library() -> ModelPluginRef {
-    #[cfg(feature = "abi-5-1")]
+    #[cfg(any(feature = "abi-5-1", feature = "abi-5-2"))]
     let plugin = ModelPlugin { info, family, option_specs, load };
     // No cloning-only load: the host clones with the full model.
-    #[cfg(not(feature = "abi-5-1"))]
+    #[cfg(not(any(feature = "abi-5-1", feature = "abi-5-2")))]
     let plugin = ModelPlugin { info, family, option_specs, load, load_for_cloning: None };
     plugin.leak_into_prefix()
 }
