@@ -36,8 +36,15 @@ struct Tol {
 const CPU: Tol = Tol { conditioning: 1e-4, logits: 1e-4, aligned: 1e-4, cfm: 1e-5 };
 const VULKAN: Tol = Tol { conditioning: 2e-3, logits: 2e-3, aligned: 5e-3, cfm: 5e-3 };
 
+/// The fixture: the committed tiny one, or `TTS_MTL_FIXTURE` (an absolute
+/// path), a directory laid out the same way (`t3-mtl.gguf`, `s3gen.gguf`,
+/// the reference dumps in `reference/`), e.g. a full-size conversion made on
+/// demand (docs/models/chatterbox.md, "Multilingual").
 fn dir() -> PathBuf {
-    Path::new(env!("CARGO_MANIFEST_DIR")).join("../../tests/fixtures/chatterbox/mtl-tiny")
+    match std::env::var_os("TTS_MTL_FIXTURE") {
+        Some(d) => PathBuf::from(d),
+        None => Path::new(env!("CARGO_MANIFEST_DIR")).join("../../tests/fixtures/chatterbox/mtl-tiny"),
+    }
 }
 
 /// (shape, values) of a reference dump of this fixture.
