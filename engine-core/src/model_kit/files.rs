@@ -30,6 +30,9 @@ pub mod caps {
     pub const PROFILE: u64 = 1 << 20;
     /// A text file (a whole book is ~1 MB).
     pub const TEXT: u64 = 16 << 20;
+    /// A PyTorch checkpoint a converter reads (Chatterbox's `s3gen.pt` is
+    /// ~1 GB); its storages are read tensor by tensor, never whole.
+    pub const PT: u64 = 16 << 30;
 }
 
 /// The kind of a non-regular file, as errors name it.

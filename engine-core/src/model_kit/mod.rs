@@ -9,7 +9,9 @@
 //! the family side of streaming ([`stream`]),
 //! `.npy` arrays ([`npy`]), input files opened by kind with a size cap
 //! ([`files`]), finiteness checks of weights, voices and stage
-//! outputs ([`finite`]) and the one error type all of it returns ([`error`]).
+//! outputs ([`finite`]), a restricted reader of PyTorch `.pt` checkpoints
+//! that refuses any pickle global outside an allow-list ([`torch_pickle`])
+//! and the one error type all of it returns ([`error`]).
 //!
 //! A model file is untrusted input: a family reads its hparams through
 //! [`hparams::HparamReader`], builds its [`tensors::TensorTable`] from them and
@@ -30,6 +32,7 @@ pub mod stream;
 pub mod tensors;
 pub mod text;
 pub mod timings;
+pub mod torch_pickle;
 pub mod weights;
 
 pub use builder::Builder;
