@@ -212,6 +212,18 @@ fn hostile_pickles_stay_bounded() {
         (b"\x80\x02}", "no STOP"),
         (b"\x80\x02N.", "top object is not a dict"),
         (b"\x80\x02ctorch\nFloatStorage\n)R.", "torch.FloatStorage is not callable"),
+        (b"\x80\x02ccollections\nOrderedDict\n(]tR.", "OrderedDict called with arguments"),
+        (b"\x80\x02cposix\nsystem\n.", "refused global posix.system"),
+        (b"\x80\x02X\x05\x00\x00\x00torchX\x04\x00\x00\x00eval\x93.", "refused global torch.eval"),
+        (
+            b"\x80\x02}(X\x01\x00\x00\x00a(X\x07\x00\x00\x00storagectorch\nFloatStorage\nX\x01\x00\x00\x000X\x03\x00\x00\x00cpuK\x04tQ\
+              X\x01\x00\x00\x00b(X\x07\x00\x00\x00storagectorch\nLongStorage\nX\x01\x00\x00\x000X\x03\x00\x00\x00cpuK\x04tQu.",
+            "storage 0 is declared as both 4 F32 and 4 I64 elements",
+        ),
+        (
+            b"\x80\x02(X\x07\x00\x00\x00storagectorch\nFloatStorage\nX\x04\x00\x00\x00../xX\x03\x00\x00\x00cpuK\x04tQ.",
+            "storage key \"../x\" is not a plain name",
+        ),
     ] {
         let e = refusal(&with_pickle(dir.path(), pickle));
         assert!(e.contains(says), "{e}");
