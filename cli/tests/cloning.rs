@@ -55,21 +55,6 @@ fn synth(profile: &Path, plugins: &Path, out: &Path, sets: &[String]) -> std::pr
     run(&args)
 }
 
-fn save_voice(profile: &Path, plugins: &Path, reference: &Path, out: &Path) -> std::process::Output {
-    run(&[
-        "voice",
-        "save",
-        "--profile",
-        profile.to_str().unwrap(),
-        "--plugin-dir",
-        plugins.to_str().unwrap(),
-        "--reference",
-        reference.to_str().unwrap(),
-        "--out",
-        out.to_str().unwrap(),
-    ])
-}
-
 /// A voice saved once synthesizes exactly what cloning at every synthesis
 /// does, on Turbo and on Multilingual (whose T3 runs the voice encoder too);
 /// a voice saved with one variant is refused by the other, and by Supertonic.

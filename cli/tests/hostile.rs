@@ -654,18 +654,7 @@ fn output_that_is_an_input_is_refused() {
     let profile = profile_on(dir.path(), "cpu", &chatterbox_fixture());
     let reference = dir.path().join("r.wav");
     std::fs::write(&reference, b"RIFF-not-even-audio").unwrap();
-    let o = run(&[
-        "voice",
-        "save",
-        "--profile",
-        profile.to_str().unwrap(),
-        "--plugin-dir",
-        plugins.path().to_str().unwrap(),
-        "--reference",
-        reference.to_str().unwrap(),
-        "--out",
-        reference.to_str().unwrap(),
-    ]);
+    let o = save_voice(&profile, plugins.path(), &reference, &reference);
     assert_one_line_error(&o, &format!("is the reference {}", reference.display()));
     assert_eq!(std::fs::read(&reference).unwrap(), b"RIFF-not-even-audio");
 }

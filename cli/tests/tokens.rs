@@ -116,18 +116,7 @@ fn voice_show_prints_what_a_saved_voice_holds() {
     let reference = dir.path().join("me.wav");
     write_reference(&reference);
     let voice = dir.path().join("me.voice");
-    let o = run(&[
-        "voice",
-        "save",
-        "--profile",
-        profile.to_str().unwrap(),
-        "--plugin-dir",
-        plugins.path().to_str().unwrap(),
-        "--reference",
-        reference.to_str().unwrap(),
-        "--out",
-        voice.to_str().unwrap(),
-    ]);
+    let o = save_voice(&profile, plugins.path(), &reference, &voice);
     assert!(o.status.success(), "{}", stderr(&o));
 
     let file = ggml_sys::gguf::GgufTensors::open(&voice).unwrap();

@@ -69,19 +69,7 @@ fn a_cloning_only_load_saves_the_full_models_voice() {
         assert!(e.0.contains("loaded for voice cloning only"), "{variant}: {}", e.0);
         drop(cloning);
         // The plugin logs which load it made.
-        let args = [
-            "voice",
-            "save",
-            "--profile",
-            profile.to_str().unwrap(),
-            "--plugin-dir",
-            plugins.path().to_str().unwrap(),
-            "--reference",
-            reference.to_str().unwrap(),
-            "--out",
-            cli_voice.to_str().unwrap(),
-        ];
-        let o = run_with(&args, None, &[("TTS_LOG", "info")]);
+        let o = save_voice_with(&profile, plugins.path(), &reference, &cli_voice, &[("TTS_LOG", "info")]);
         assert!(o.status.success(), "{variant}: {}", stderr(&o));
         assert!(stderr(&o).contains("chatterbox model loaded for voice cloning only"), "{variant}: {}", stderr(&o));
         assert!(stderr(&o).contains("clone.s3tokenizer"), "{}", stderr(&o));

@@ -565,6 +565,21 @@ fn system_library(soname: &str) -> Option<PathBuf> {
     })
 }
 
+/// Every (bundled file, soname) whose library is neither in the bundle
+/// (`lib/`, `plugins/`) nor a [`PLATFORM_LIBRARIES`] entry.
+fn unshipped_libraries(bundle: &Path) -> Result<Vec<(PathBuf, String)>, String> {
+    let mut found = Vec::new();
+    for path in bundle_files(bundle)? {
+        for soname in needed_libraries(&path)? {
+            let shipped = bundle.join("lib").join(&soname).exists() || bundle.join("plugins").join(&soname).exists();
+            if !shipped && !PLATFORM_LIBRARIES.contains(&soname.as_str()) {
+                found.push((path.clone(), soname));
+            }
+        }
+    }
+    Ok(found)
+}
+
 /// Copies into `lib/` every shared library a bundled file needs that is
 /// neither in the bundle nor a [`PLATFORM_LIBRARIES`] entry (libsoxr for
 /// Chatterbox's cloning), with what it needs in turn, and its Debian
@@ -573,21 +588,15 @@ fn system_library(soname: &str) -> Option<PathBuf> {
 fn bundle_shared_dependencies(bundle: &Path) -> Result<(), String> {
     let lib = bundle.join("lib");
     loop {
-        let mut missing = Vec::new();
-        for path in bundle_files(bundle)? {
-            for soname in needed_libraries(&path)? {
-                let shipped = lib.join(&soname).exists() || bundle.join("plugins").join(&soname).exists();
-                if !shipped && !PLATFORM_LIBRARIES.contains(&soname.as_str()) && !missing.contains(&soname) {
-                    missing.push(soname);
-                }
-            }
-        }
+        let mut missing: Vec<String> = unshipped_libraries(bundle)?.into_iter().map(|(_, soname)| soname).collect();
+        missing.sort();
+        missing.dedup();
         if missing.is_empty() {
             return Ok(());
         }
-        for soname in missing {
-            let found = system_library(&soname).ok_or_else(|| format!("bundle: a bundled file needs {soname}, which this system does not have"))?;
-            std::fs::copy(&found, lib.join(&soname)).map_err(|e| format!("{}: {e}", found.display()))?;
+        for soname in &missing {
+            let found = system_library(soname).ok_or_else(|| format!("bundle: a bundled file needs {soname}, which this system does not have"))?;
+            std::fs::copy(&found, lib.join(soname)).map_err(|e| format!("{}: {e}", found.display()))?;
             let real = std::fs::canonicalize(&found).unwrap_or(found);
             let package = Command::new("dpkg-query").arg("-S").arg(&real).output().ok().filter(|o| o.status.success());
             let package = package.and_then(|o| String::from_utf8_lossy(&o.stdout).split(':').next().map(str::to_string));
@@ -604,15 +613,10 @@ fn bundle_shared_dependencies(bundle: &Path) -> Result<(), String> {
 /// Every library a bundled ELF file needs is in the bundle or a platform
 /// library: a bundle copied to a bare system loads.
 fn check_needed_libraries(bundle: &Path) -> Result<(), String> {
-    let mut bad = Vec::new();
-    for path in bundle_files(bundle)? {
-        for soname in needed_libraries(&path)? {
-            let shipped = bundle.join("lib").join(&soname).exists() || bundle.join("plugins").join(&soname).exists();
-            if !shipped && !PLATFORM_LIBRARIES.contains(&soname.as_str()) {
-                bad.push(format!("{} needs {soname}", path.strip_prefix(bundle).unwrap_or(&path).display()));
-            }
-        }
-    }
+    let bad: Vec<String> = unshipped_libraries(bundle)?
+        .into_iter()
+        .map(|(path, soname)| format!("{} needs {soname}", path.strip_prefix(bundle).unwrap_or(&path).display()))
+        .collect();
     if !bad.is_empty() {
         return Err(format!("bundle: libraries neither shipped nor provided by the platform:\n{}", bad.join("\n")));
     }

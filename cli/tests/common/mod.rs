@@ -46,6 +46,29 @@ pub fn run_with(args: &[&str], cwd: Option<&Path>, envs: &[(&str, &str)]) -> Out
     wait_or_kill(child, std::time::Duration::from_secs(120), &format!("tts {}", args.join(" ")))
 }
 
+/// `tts voice save --reference REFERENCE --out OUT` with `profile` and the
+/// plugins in `plugins`, and extra environment variables.
+pub fn save_voice_with(profile: &Path, plugins: &Path, reference: &Path, out: &Path, envs: &[(&str, &str)]) -> Output {
+    let args = [
+        "voice",
+        "save",
+        "--profile",
+        profile.to_str().unwrap(),
+        "--plugin-dir",
+        plugins.to_str().unwrap(),
+        "--reference",
+        reference.to_str().unwrap(),
+        "--out",
+        out.to_str().unwrap(),
+    ];
+    run_with(&args, None, envs)
+}
+
+/// [`save_voice_with`] with no extra environment.
+pub fn save_voice(profile: &Path, plugins: &Path, reference: &Path, out: &Path) -> Output {
+    save_voice_with(profile, plugins, reference, out, &[])
+}
+
 /// Runs `tts` with `input` on stdin (None: stdin closed, as on CI).
 pub fn run_stdin(args: &[&str], input: Option<&[u8]>) -> Output {
     let mut cmd = Command::new(tts());
