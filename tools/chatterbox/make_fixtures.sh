@@ -23,6 +23,10 @@ rm -rf "$ckpt" "$out"
 "$PY" tools/chatterbox/make_tokenizer.py "$ckpt" --vocab 384
 "$PY" tools/chatterbox/convert.py "$ckpt" "$out" --t3-heads 2 --cfm-heads 2
 "$PY" tools/chatterbox/check_conversion.py "$ckpt" "$out"
+# The official-format files themselves: the native converter's byte-identity test reads them.
+mkdir -p "$out/official"
+cp "$ckpt"/{added_tokens.json,conds.pt,merges.txt,s3gen_meanflow.safetensors,special_tokens_map.json} "$out/official/"
+cp "$ckpt"/{t3_turbo_v1.safetensors,tokenizer_config.json,ve.safetensors,vocab.json} "$out/official/"
 mkdir -p "$out/reference"
 cp "$ckpt"/*.npy "$ckpt/stages.json" "$out/reference/"
 "$PY" tools/chatterbox/text_cases.py "$ckpt" "$out/reference/text_cases.json"
@@ -42,6 +46,8 @@ rm -rf "$ckpt" "$out"
 # The same S3Gen with its decoder in BF16 (the drift test).
 "$PY" tools/chatterbox/convert.py "$ckpt" "$ckpt/bf16-decoder" --variant mtl --t3-heads 4 --cfm-heads 2 --aligned-heads 2:3,3:1,1:2 --decoder-weights bf16
 cp "$ckpt/bf16-decoder/s3gen.gguf" "$out/s3gen-bf16-decoder.gguf"
+mkdir -p "$out/official"
+cp "$ckpt"/{conds.pt,grapheme_mtl_merged_expanded_v1.json,s3gen.pt,t3_mtl23ls_v2.safetensors,ve.pt} "$out/official/"
 mkdir -p "$out/reference"
 cp "$ckpt"/*.npy "$ckpt/stages.json" "$out/reference/"
 cp -r "$ckpt/pipeline" "$out/reference/"

@@ -22,6 +22,10 @@ for cfg in tiny-v2 tiny-v3; do
     rm -rf "$bundle" "$ref"
     "$PY" tools/supertonic/make_bundle.py --config "$cfg" --seed 0 --out "$bundle"
     "$PY" tools/supertonic/convert.py "$bundle" "tests/fixtures/supertonic/$cfg/model.gguf"
+    # The bundle's official-format files: the native converter's byte-identity test reads them.
+    rm -rf "tests/fixtures/supertonic/$cfg/official"
+    mkdir -p "tests/fixtures/supertonic/$cfg/official"
+    cp -r "$bundle/onnx" "$bundle/voice_styles" "tests/fixtures/supertonic/$cfg/official/"
     "$PY" tools/supertonic/dump_reference.py --bundle "$bundle" --out "$ref"
 done
 
