@@ -33,6 +33,9 @@ pub mod caps {
     /// A PyTorch checkpoint a converter reads (Chatterbox's `s3gen.pt` is
     /// ~1 GB); its storages are read tensor by tensor, never whole.
     pub const PT: u64 = 16 << 30;
+    /// A safetensors checkpoint a converter reads (Chatterbox Multilingual's
+    /// T3 is ~2 GB); it is memory-mapped and read tensor by tensor.
+    pub const SAFETENSORS: u64 = 64 << 30;
 }
 
 /// The kind of a non-regular file, as errors name it.

@@ -10,7 +10,9 @@
 //! `.npy` arrays ([`npy`]), input files opened by kind with a size cap
 //! ([`files`]), finiteness checks of weights, voices and stage
 //! outputs ([`finite`]), a restricted reader of PyTorch `.pt` checkpoints
-//! that refuses any pickle global outside an allow-list ([`torch_pickle`])
+//! that refuses any pickle global outside an allow-list ([`torch_pickle`]),
+//! what native converters share: checkpoint readers, the streaming GGUF writer
+//! and bit-exact encoders ([`convert`]),
 //! and the one error type all of it returns ([`error`]).
 //!
 //! A model file is untrusted input: a family reads its hparams through
@@ -20,6 +22,7 @@
 
 pub mod builder;
 pub mod census;
+pub mod convert;
 pub mod error;
 pub mod files;
 pub mod finite;
