@@ -234,9 +234,16 @@ def attn_encoder_tensors(src, old: str, new: str, out) -> int:
 
 
 def tanh_keys(prototype: np.ndarray, w: np.ndarray, b: np.ndarray) -> np.ndarray:
-    """`tanh(P Wᵀ + b)` in float32 as the graph computes it: [tokens, units]."""
-    p = prototype.reshape(prototype.shape[-2], prototype.shape[-1]).astype(np.float32)
-    return np.tanh(p @ w.T.astype(np.float32) + b.astype(np.float32)).astype(np.float32)
+    """`tanh(P Wᵀ + b)`: [tokens, units].
+
+    Computed in float64 and rounded to float32 once at the end, with each dot
+    product an explicit sum along the last axis (numpy's pairwise summation)
+    instead of a BLAS matmul, whose summation order depends on the BLAS build
+    and the CPU: this way the native converter (tts convert) reproduces every
+    bit."""
+    p64 = prototype.reshape(prototype.shape[-2], prototype.shape[-1]).astype(np.float64)
+    w64, b64 = w.astype(np.float64), b.astype(np.float64)
+    return np.tanh((p64[:, None, :] * w64[None, :, :]).sum(-1) + b64).astype(np.float32)
 
 
 def linear(src, old: str, new: str, out):
