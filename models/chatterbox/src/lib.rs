@@ -12,6 +12,7 @@
 
 pub mod cloner;
 pub mod cloning;
+pub mod convert;
 pub mod dsp;
 pub mod hparams;
 pub mod model;

@@ -1,0 +1,276 @@
+//! The native converter (src/convert) against tools/chatterbox/convert.py:
+//! the committed tiny official-format checkpoints convert to the committed
+//! GGUFs byte for byte; every other storage equals what the Python converter
+//! writes (run here when its venv exists, else checked against the SHA-256
+//! digests in tests/fixtures/chatterbox/convert-digests.json, which a venv
+//! run also checks); Nano is detected from its T3 file; and hostile inputs
+//! are one-line errors that leave nothing in the output directory.
+
+use engine_core::abi::{option_list, OptionList, OptionValue};
+use sha2::{Digest, Sha256};
+use std::collections::BTreeMap;
+use std::path::{Path, PathBuf};
+use std::process::Command;
+use tts_model_chatterbox::convert::{convert, ConvertedFile};
+
+fn repo() -> PathBuf {
+    Path::new(env!("CARGO_MANIFEST_DIR")).ancestors().nth(2).unwrap().to_path_buf()
+}
+
+fn fixtures() -> PathBuf {
+    repo().join("tests/fixtures/chatterbox")
+}
+
+fn opts(pairs: &[(&str, &str)]) -> OptionList {
+    option_list(pairs.iter().map(|(k, v)| (k.to_string(), OptionValue::Str((*v).into()))))
+}
+
+/// The Python converter's interpreter: `TTS_CHATTERBOX_PYTHON`, else the venv
+/// of tools/chatterbox/README.md, when it has torch and gguf.
+fn python() -> Option<PathBuf> {
+    let candidates = std::env::var_os("TTS_CHATTERBOX_PYTHON").map(PathBuf::from).into_iter().chain([repo().join("target/chatterbox-venv/bin/python")]);
+    candidates.into_iter().find(|p| Command::new(p).args(["-c", "import torch, gguf, tokenizers"]).output().is_ok_and(|o| o.status.success()))
+}
+
+/// Runs convert.py on `ckpt` into `out` with `options` as its flags; its
+/// printed lines.
+fn python_convert(python: &Path, ckpt: &Path, out: &Path, options: &[(&str, &str)]) -> Vec<String> {
+    let mut cmd = Command::new(python);
+    cmd.arg(repo().join("tools/chatterbox/convert.py")).arg(ckpt).arg(out);
+    for (k, v) in options {
+        cmd.arg(format!("--{}", k.replace('_', "-"))).arg(v);
+    }
+    let o = cmd.output().unwrap();
+    assert!(o.status.success(), "convert.py {options:?}: {}", String::from_utf8_lossy(&o.stderr));
+    String::from_utf8(o.stdout).unwrap().lines().map(String::from).collect()
+}
+
+/// Where `offset` falls in GGUF `bytes`: a metadata key, a tensor's info or
+/// data, or the header. Enough of the format to name what differs.
+fn locate(bytes: &[u8], offset: usize) -> String {
+    let mut at = 24usize;
+    let rd_u32 = |at: &mut usize| -> Option<u32> {
+        let v = u32::from_le_bytes(bytes.get(*at..*at + 4)?.try_into().ok()?);
+        *at += 4;
+        Some(v)
+    };
+    let rd_u64 = |at: &mut usize| -> Option<u64> {
+        let v = u64::from_le_bytes(bytes.get(*at..*at + 8)?.try_into().ok()?);
+        *at += 8;
+        Some(v)
+    };
+    let rd_str = |at: &mut usize| -> Option<String> {
+        let n = rd_u64(at)? as usize;
+        let s = String::from_utf8_lossy(bytes.get(*at..*at + n)?).into_owned();
+        *at += n;
+        Some(s)
+    };
+    fn skip_value(t: u32, at: &mut usize, bytes: &[u8]) -> Option<()> {
+        let size = match t {
+            0 | 1 | 7 => 1,
+            2 | 3 => 2,
+            4..=6 => 4,
+            10..=12 => 8,
+            8 => {
+                let n = u64::from_le_bytes(bytes.get(*at..*at + 8)?.try_into().ok()?) as usize;
+                *at += 8 + n;
+                return Some(());
+            }
+            9 => {
+                let et = u32::from_le_bytes(bytes.get(*at..*at + 4)?.try_into().ok()?);
+                let n = u64::from_le_bytes(bytes.get(*at + 4..*at + 12)?.try_into().ok()?);
+                *at += 12;
+                for _ in 0..n {
+                    skip_value(et, at, bytes)?;
+                }
+                return Some(());
+            }
+            _ => return None,
+        };
+        *at += size;
+        Some(())
+    }
+    if offset < 24 {
+        return "the header".into();
+    }
+    let n_tensors = u64::from_le_bytes(bytes[8..16].try_into().unwrap());
+    let n_kv = u64::from_le_bytes(bytes[16..24].try_into().unwrap());
+    let mut parse = || -> Option<String> {
+        for _ in 0..n_kv {
+            let start = at;
+            let key = rd_str(&mut at)?;
+            let t = rd_u32(&mut at)?;
+            skip_value(t, &mut at, bytes)?;
+            if offset < at {
+                return Some(format!("metadata key '{key}' (bytes {start}..{at})"));
+            }
+        }
+        let mut infos = Vec::new();
+        for _ in 0..n_tensors {
+            let start = at;
+            let name = rd_str(&mut at)?;
+            let nd = rd_u32(&mut at)?;
+            at += 8 * nd as usize;
+            let ty = rd_u32(&mut at)?;
+            let off = rd_u64(&mut at)?;
+            if offset < at {
+                return Some(format!("tensor info of '{name}' (bytes {start}..{at})"));
+            }
+            infos.push((name, ty, off));
+        }
+        let data = at.div_ceil(32) * 32;
+        let rel = offset.checked_sub(data)? as u64;
+        let (name, ty, off) = infos.iter().rev().find(|(_, _, off)| *off <= rel)?;
+        Some(format!("data of tensor '{name}' (type {ty}, byte {} of it)", rel - off))
+    };
+    parse().unwrap_or_else(|| "somewhere the parser did not reach".into())
+}
+
+/// `got` equals `want` byte for byte, else a failure naming the first
+/// differing offset and the key or tensor there.
+fn assert_same(got: &Path, want: &Path) {
+    let (g, w) = (std::fs::read(got).unwrap(), std::fs::read(want).unwrap());
+    if g == w {
+        return;
+    }
+    let first = g.iter().zip(&w).position(|(a, b)| a != b).unwrap_or(g.len().min(w.len()));
+    panic!(
+        "{} differs from {} at byte {first} ({} bytes vs {}): expected {}, got {}",
+        got.display(),
+        want.display(),
+        g.len(),
+        w.len(),
+        locate(&w, first),
+        locate(&g, first)
+    );
+}
+
+fn names(files: &[ConvertedFile]) -> Vec<String> {
+    files.iter().map(|f| f.path.file_name().unwrap().to_string_lossy().into_owned()).collect()
+}
+
+#[test]
+fn turbo_fixture_converts_to_the_committed_ggufs() {
+    let out = tempfile::tempdir().unwrap();
+    let official = fixtures().join("turbo-tiny/official");
+    let files = convert(&official, out.path(), &opts(&[("t3_heads", "2"), ("cfm_heads", "2")])).unwrap();
+    assert_eq!(names(&files), ["t3-turbo.gguf", "s3gen-meanflow.gguf"]);
+    for f in &files {
+        assert_same(&f.path, &fixtures().join("turbo-tiny").join(f.path.file_name().unwrap()));
+    }
+    let t3 = out.path().join("t3-turbo.gguf");
+    assert_eq!(files[0].summary, format!("{}: T3 turbo, 49 tensors", t3.display()));
+    assert_eq!(files[1].summary, format!("{}: S3Gen meanflow, 1294 tensors", out.path().join("s3gen-meanflow.gguf").display()));
+}
+
+#[test]
+fn multilingual_fixture_converts_to_the_committed_ggufs() {
+    let official = fixtures().join("mtl-tiny/official");
+    let base = [("variant", "mtl"), ("t3_heads", "4"), ("cfm_heads", "2"), ("aligned_heads", "2:3,3:1,1:2")];
+    let out = tempfile::tempdir().unwrap();
+    let files = convert(&official, out.path(), &opts(&base)).unwrap();
+    assert_eq!(names(&files), ["t3-mtl.gguf", "s3gen.gguf"]);
+    for f in &files {
+        assert_same(&f.path, &fixtures().join("mtl-tiny").join(f.path.file_name().unwrap()));
+    }
+    let out = tempfile::tempdir().unwrap();
+    let files = convert(&official, out.path(), &opts(&[base.as_slice(), &[("decoder_weights", "bf16")]].concat())).unwrap();
+    assert_same(&files[1].path, &fixtures().join("mtl-tiny/s3gen-bf16-decoder.gguf"));
+    assert_eq!(files[1].summary, format!("{}: S3Gen standard, 1293 tensors, 36 narrowed (matrices f32, decoder bf16)", files[1].path.display()));
+}
+
+fn sha256(path: &Path) -> String {
+    hex::encode(Sha256::digest(std::fs::read(path).unwrap()))
+}
+
+fn digests_path() -> PathBuf {
+    fixtures().join("convert-digests.json")
+}
+
+/// The committed digests: case → file name → SHA-256 of convert.py's output.
+fn committed_digests() -> BTreeMap<String, BTreeMap<String, String>> {
+    serde_json::from_str(&std::fs::read_to_string(digests_path()).unwrap()).unwrap()
+}
+
+/// Every case: a name, the official directory (under fixtures, or made by
+/// the test), the options, and whether the native run gives no variant.
+struct Case {
+    name: String,
+    dir: PathBuf,
+    options: Vec<(&'static str, &'static str)>,
+    /// Options the native run leaves out (the variant it must detect).
+    native_skips: &'static [&'static str],
+}
+
+fn storage_cases(nano_dir: &Path) -> Vec<Case> {
+    let mut cases = Vec::new();
+    let storages: [&[(&str, &str)]; 4] = [&[("weights", "f16")], &[("weights", "q8_0")], &[("weights", "q4_0")], &[("decoder_weights", "f16")]];
+    for (family, dir, base) in [
+        ("turbo", fixtures().join("turbo-tiny/official"), vec![("t3_heads", "2"), ("cfm_heads", "2")]),
+        ("mtl", fixtures().join("mtl-tiny/official"), vec![("variant", "mtl"), ("t3_heads", "4"), ("cfm_heads", "2"), ("aligned_heads", "2:3,3:1,1:2")]),
+    ] {
+        for storage in storages {
+            let options: Vec<_> = base.iter().copied().chain(storage.iter().copied()).collect();
+            let label = storage.iter().map(|(k, v)| format!("{k}={v}")).collect::<Vec<_>>().join(",");
+            cases.push(Case { name: format!("{family} {label}"), dir: dir.clone(), options, native_skips: &[] });
+        }
+    }
+    for storage in [&[][..], &[("weights", "q4_0")][..]] {
+        let options: Vec<_> = [("variant", "nano"), ("t3_heads", "2"), ("cfm_heads", "2")].into_iter().chain(storage.iter().copied()).collect();
+        let label = storage.iter().map(|(k, v)| format!(",{k}={v}")).collect::<String>();
+        cases.push(Case { name: format!("nano detected{label}"), dir: nano_dir.to_path_buf(), options, native_skips: &["variant"] });
+    }
+    cases
+}
+
+/// A copy of the Turbo directory as Nano ships it: `t3_nano_v1.safetensors`.
+fn nano_dir(parent: &Path) -> PathBuf {
+    let dir = parent.join("nano");
+    std::fs::create_dir(&dir).unwrap();
+    for entry in std::fs::read_dir(fixtures().join("turbo-tiny/official")).unwrap() {
+        let entry = entry.unwrap();
+        let name = entry.file_name().to_string_lossy().replace("t3_turbo_v1", "t3_nano_v1");
+        std::fs::copy(entry.path(), dir.join(name)).unwrap();
+    }
+    dir
+}
+
+#[test]
+fn every_storage_equals_the_python_converter() {
+    let tmp = tempfile::tempdir().unwrap();
+    let nano = nano_dir(tmp.path());
+    let committed = committed_digests();
+    let python = python();
+    if python.is_none() {
+        eprintln!("no Python converter venv (target/chatterbox-venv or TTS_CHATTERBOX_PYTHON): checking against {}", digests_path().display());
+    }
+    let mut from_python = BTreeMap::new();
+    for (i, case) in storage_cases(&nano).iter().enumerate() {
+        let native_out = tmp.path().join(format!("native{i}"));
+        let native_options: Vec<_> = case.options.iter().filter(|(k, _)| !case.native_skips.contains(k)).copied().collect();
+        let files = convert(&case.dir, &native_out, &opts(&native_options)).unwrap_or_else(|e| panic!("{}: {e}", case.name));
+        let want = committed.get(&case.name).unwrap_or_else(|| panic!("{}: no digests for case '{}'", digests_path().display(), case.name));
+        let mut digests = BTreeMap::new();
+        let py_out = tmp.path().join(format!("python{i}"));
+        if let Some(python) = &python {
+            // The same summary lines, but for the directory.
+            let lines = python_convert(python, &case.dir, &py_out, &case.options);
+            let native: Vec<String> = files.iter().map(|f| f.summary.replace(&*native_out.to_string_lossy(), &py_out.to_string_lossy())).collect();
+            assert_eq!(native, lines, "{}", case.name);
+        }
+        for f in &files {
+            let file = f.path.file_name().unwrap().to_string_lossy().into_owned();
+            if python.is_some() {
+                assert_same(&f.path, &py_out.join(&file));
+                digests.insert(file.clone(), sha256(&py_out.join(&file)));
+            }
+            let got = sha256(&f.path);
+            assert_eq!(Some(&got), want.get(&file), "{}: {file}: the native output's SHA-256 is not the committed digest of convert.py's", case.name);
+        }
+        assert_eq!(want.len(), files.len(), "{}", case.name);
+        from_python.insert(case.name.clone(), digests);
+    }
+    if python.is_some() {
+        assert_eq!(from_python, committed, "{} is stale: convert.py now writes other bytes", digests_path().display());
+    }
+}
