@@ -112,7 +112,7 @@ impl GgmlType {
     /// [`GgmlType::encode`], appending to `out`.
     pub fn encode_into(self, values: &[f32], out: &mut Vec<u8>) {
         assert!(self.is_float(), "{} is not a float storage type", self.name());
-        assert!(values.len() % self.block_len() == 0, "{} values are not whole {} blocks", values.len(), self.name());
+        assert!(values.len().is_multiple_of(self.block_len()), "{} values are not whole {} blocks", values.len(), self.name());
         match self {
             GgmlType::F32 => values.iter().for_each(|v| out.extend_from_slice(&v.to_le_bytes())),
             GgmlType::F16 => values.iter().for_each(|&v| out.extend_from_slice(&half::f16::from_f32(v).to_le_bytes())),

@@ -74,6 +74,11 @@ impl<'a> PlannedTensor<'a> {
     /// (a different shape is an error naming the tensor) and of the kind
     /// `storage` takes (floats for F32/F16/BF16/Q8_0/Q4_0, i32 for I32, i16
     /// for I16).
+    ///
+    /// A 0-d float tensor: the Python converters pass float arrays through
+    /// `np.ascontiguousarray`, which makes a 0-d array 1-d, so plan such a
+    /// tensor as `[1]` to match them (gguf-py itself writes a 0-d array with
+    /// no dimensions, as this writer does for an empty `shape`).
     pub fn new(name: impl Into<String>, shape: Vec<usize>, storage: GgmlType, produce: impl FnOnce() -> Result<Values> + 'a) -> Self {
         PlannedTensor { name: name.into(), shape, storage, produce: Box::new(produce) }
     }
