@@ -297,29 +297,59 @@ impl PtFile {
 
     /// `name`'s elements as f32 (F32, F16 and BF16 exactly; F64 rounded).
     pub fn read_f32(&self, name: &str) -> Result<Vec<f32>> {
-        let bytes = self.read_bytes(name)?;
-        let t = &self.tensors[name];
-        Ok(match t.dtype {
-            DType::F32 => bytes.chunks_exact(4).map(|c| f32::from_le_bytes([c[0], c[1], c[2], c[3]])).collect(),
-            DType::F16 => bytes.chunks_exact(2).map(|c| half::f16::from_le_bytes([c[0], c[1]]).to_f32()).collect(),
-            DType::BF16 => bytes.chunks_exact(2).map(|c| half::bf16::from_le_bytes([c[0], c[1]]).to_f32()).collect(),
-            DType::F64 => bytes.chunks_exact(8).map(|c| f64::from_le_bytes(c.try_into().unwrap()) as f32).collect(),
-            other => return Err(Error::msg(format!("{}: tensor '{name}' is {}, not a float tensor", self.path.display(), other.name()))),
-        })
+        match self.dtype_of(name)? {
+            DType::F32 => self.read_converted(name, |c| f32::from_le_bytes([c[0], c[1], c[2], c[3]])),
+            DType::F16 => self.read_converted(name, |c| half::f16::from_le_bytes([c[0], c[1]]).to_f32()),
+            DType::BF16 => self.read_converted(name, |c| half::bf16::from_le_bytes([c[0], c[1]]).to_f32()),
+            DType::F64 => self.read_converted(name, |c| f64::from_le_bytes(c.try_into().unwrap()) as f32),
+            other => Err(Error::msg(format!("{}: tensor '{name}' is {}, not a float tensor", self.path.display(), other.name()))),
+        }
     }
 
     /// `name`'s elements as i64 (I64, I32, I16, I8, U8 and BOOL).
     pub fn read_i64(&self, name: &str) -> Result<Vec<i64>> {
-        let bytes = self.read_bytes(name)?;
+        match self.dtype_of(name)? {
+            DType::I64 => self.read_converted(name, |c| i64::from_le_bytes(c.try_into().unwrap())),
+            DType::I32 => self.read_converted(name, |c| i32::from_le_bytes(c.try_into().unwrap()) as i64),
+            DType::I16 => self.read_converted(name, |c| i16::from_le_bytes([c[0], c[1]]) as i64),
+            DType::I8 => self.read_converted(name, |c| c[0] as i8 as i64),
+            DType::U8 | DType::Bool => self.read_converted(name, |c| c[0] as i64),
+            other => Err(Error::msg(format!("{}: tensor '{name}' is {}, not an integer tensor", self.path.display(), other.name()))),
+        }
+    }
+
+    fn dtype_of(&self, name: &str) -> Result<DType> {
+        self.tensors.get(name).map(|t| t.dtype).ok_or_else(|| Error::msg(format!("{}: no tensor '{name}'", self.path.display())))
+    }
+
+    /// `name`'s elements, each converted from its little-endian bytes. A
+    /// contiguous tensor (what a state dict holds) is read from the file in
+    /// pieces straight into the result, so reading a tensor allocates that
+    /// tensor only; a strided view is gathered through [`PtFile::read_bytes`].
+    fn read_converted<T>(&self, name: &str, convert: impl Fn(&[u8]) -> T) -> Result<Vec<T>> {
         let t = &self.tensors[name];
-        Ok(match t.dtype {
-            DType::I64 => bytes.chunks_exact(8).map(|c| i64::from_le_bytes(c.try_into().unwrap())).collect(),
-            DType::I32 => bytes.chunks_exact(4).map(|c| i32::from_le_bytes(c.try_into().unwrap()) as i64).collect(),
-            DType::I16 => bytes.chunks_exact(2).map(|c| i16::from_le_bytes([c[0], c[1]]) as i64).collect(),
-            DType::I8 => bytes.iter().map(|&b| b as i8 as i64).collect(),
-            DType::U8 | DType::Bool => bytes.iter().map(|&b| b as i64).collect(),
-            other => return Err(Error::msg(format!("{}: tensor '{name}' is {}, not an integer tensor", self.path.display(), other.name()))),
-        })
+        let es = t.dtype.size();
+        if !is_contiguous(t) {
+            return Ok(self.read_bytes(name)?.chunks_exact(es).map(convert).collect());
+        }
+        let at = |what: String| Error::msg(format!("{}: tensor '{name}': {what}", self.path.display()));
+        let total = (t.numel() * es) as u64;
+        let (start, len) = self.storages[&t.storage];
+        let first = (t.offset * es) as u64;
+        if first + total > len {
+            return Err(at(format!("needs bytes up to {} of storage {}, which has {len}", first + total, t.storage)));
+        }
+        let mut out = Vec::with_capacity(t.numel());
+        // A multiple of every element size.
+        let mut piece = vec![0u8; total.min(1 << 20) as usize];
+        let mut done = 0u64;
+        while done < total {
+            let n = (total - done).min(piece.len() as u64) as usize;
+            self.file.read_exact_at(&mut piece[..n], start + first + done).map_err(|e| at(format!("reading storage {}{}: {e}", self.prefix, t.storage)))?;
+            out.extend(piece[..n].chunks_exact(es).map(&convert));
+            done += n as u64;
+        }
+        Ok(out)
     }
 
     /// The file's size in bytes.
