@@ -11,6 +11,7 @@
 //!   in memory at a time; `<path>.part` renamed at the end).
 //! - [`ggml_type`]: the storage types and their bit-exact encoders (F16, BF16,
 //!   Q8_0, Q4_0).
+//! - [`onnx`]: ONNX graphs' initializers, nodes and constants.
 //! - [`numeric`]: NumPy-exact arithmetic the converters reproduce (pairwise
 //!   summation, weight-norm fusion).
 //!
@@ -23,6 +24,7 @@ pub mod checkpoint;
 pub mod ggml_type;
 pub mod gguf_writer;
 pub mod numeric;
+pub mod onnx;
 pub mod plan;
 pub mod safetensors;
 
