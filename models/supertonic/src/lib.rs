@@ -1,10 +1,12 @@
 //! Supertonic model-family plugin (`libtts_model_supertonic.so`).
 //!
-//! Layout: [`hparams`] (GGUF metadata, range-checked), [`tensors`] (the tensor
+//! Layout: [`convert`] (official ONNX bundles to GGUF), [`hparams`] (GGUF
+//! metadata, range-checked), [`tensors`] (the tensor
 //! table checked at load), [`text`] (frontend), [`voice`], [`noise`], [`graph`] (one builder
 //! per ONNX stage), [`model`] (the synthesis loop). This file is the plugin
 //! surface: option specs and the ABI glue.
 
+pub mod convert;
 pub mod graph;
 pub mod hparams;
 pub mod model;
