@@ -274,3 +274,190 @@ fn every_storage_equals_the_python_converter() {
         assert_eq!(from_python, committed, "{} is stale: convert.py now writes other bytes", digests_path().display());
     }
 }
+
+/// A private copy of the official directory `which` (turbo-tiny or mtl-tiny).
+fn copy_official(which: &str, parent: &Path) -> PathBuf {
+    let dir = parent.join("official");
+    std::fs::create_dir(&dir).unwrap();
+    for entry in std::fs::read_dir(fixtures().join(which).join("official")).unwrap() {
+        let entry = entry.unwrap();
+        std::fs::copy(entry.path(), dir.join(entry.file_name())).unwrap();
+    }
+    dir
+}
+
+/// Converting `dir` into a fresh `out` fails with exactly `want` (one line),
+/// and `out` holds nothing afterwards.
+fn refused(dir: &Path, options: &[(&str, &str)], want: &str) {
+    let out = dir.parent().unwrap().join("out");
+    let e = convert(dir, &out, &opts(options)).unwrap_err().to_string();
+    assert_eq!(e, want);
+    assert!(!e.contains('\n'), "{e}");
+    let left: Vec<_> = std::fs::read_dir(&out).map(|d| d.map(|e| e.unwrap().file_name()).collect()).unwrap_or_default();
+    assert!(left.is_empty(), "{want}: left {left:?} in the output directory");
+}
+
+/// `path` rewritten with tensor `name` replaced by `dtype` data of `shape`.
+fn replace_tensor(path: &Path, name: &str, dtype: safetensors::Dtype, shape: &[usize]) {
+    use safetensors::tensor::{SafeTensors, TensorView};
+    let bytes = std::fs::read(path).unwrap();
+    let st = SafeTensors::deserialize(&bytes).unwrap();
+    let size = shape.iter().product::<usize>() * dtype.bitsize() / 8;
+    let filler = vec![0u8; size];
+    let mut views = Vec::new();
+    for (n, view) in st.tensors() {
+        if n == name {
+            views.push((n, TensorView::new(dtype, shape.to_vec(), &filler).unwrap()));
+        } else {
+            views.push((n, view));
+        }
+    }
+    let out = safetensors::tensor::serialize(views, None).unwrap();
+    std::fs::write(path, out).unwrap();
+}
+
+const TURBO: [(&str, &str); 2] = [("t3_heads", "2"), ("cfm_heads", "2")];
+
+#[test]
+fn missing_files_are_named() {
+    let tmp = tempfile::tempdir().unwrap();
+    let dir = copy_official("turbo-tiny", tmp.path());
+    std::fs::remove_file(dir.join("s3gen_meanflow.safetensors")).unwrap();
+    refused(&dir, &TURBO, &format!("{}: none of s3gen_meanflow.safetensors", dir.display()));
+    std::fs::remove_file(dir.join("ve.safetensors")).unwrap();
+    refused(&dir, &TURBO, &format!("{}: none of ve.safetensors, ve.pt", dir.display()));
+    std::fs::remove_file(dir.join("conds.pt")).unwrap();
+    refused(&dir, &TURBO, &format!("{} is missing", dir.join("conds.pt").display()));
+    std::fs::remove_file(dir.join("t3_turbo_v1.safetensors")).unwrap();
+    refused(
+        &dir,
+        &TURBO,
+        &format!(
+            "{}: no T3 checkpoint (t3_turbo_v1.safetensors, t3_nano_v1.safetensors, t3_mtl23ls_v2.safetensors or t3_mtl23ls_v3.safetensors); is this an official Chatterbox directory?",
+            dir.display()
+        ),
+    );
+    let nowhere = tmp.path().join("nowhere");
+    let e = convert(&nowhere, &tmp.path().join("out"), &opts(&[])).unwrap_err().to_string();
+    assert_eq!(e, format!("{}: not a directory (an official Chatterbox checkpoint directory)", nowhere.display()));
+}
+
+#[test]
+fn wrong_shapes_and_dtypes_are_refused_naming_file_and_tensor() {
+    let tmp = tempfile::tempdir().unwrap();
+    let dir = copy_official("turbo-tiny", tmp.path());
+    let t3 = dir.join("t3_turbo_v1.safetensors");
+    let good = std::fs::read(&t3).unwrap();
+    let name = "tfmr.h.1.attn.c_attn.weight";
+    let shape = {
+        let st = safetensors::SafeTensors::deserialize(&good).unwrap();
+        st.tensor(name).unwrap().shape().to_vec()
+    };
+    replace_tensor(&t3, name, safetensors::Dtype::F32, &[shape[0], shape[1] + 1]);
+    refused(&dir, &TURBO, &format!("{}: tensor '{name}' has shape [{}, {}], expected [{}, {}]", t3.display(), shape[0], shape[1] + 1, shape[0], shape[1]));
+    std::fs::write(&t3, &good).unwrap();
+    replace_tensor(&t3, name, safetensors::Dtype::I64, &shape);
+    refused(&dir, &TURBO, &format!("{}: tensor '{name}' is an integer tensor; the engine reads it as floating-point weights", t3.display()));
+    std::fs::write(&t3, &good).unwrap();
+
+    // A weight-normed HiFT kernel whose gain does not match its direction.
+    let s3 = dir.join("s3gen_meanflow.safetensors");
+    let g = "mel2wav.conv_pre.parametrizations.weight.original0";
+    replace_tensor(&s3, g, safetensors::Dtype::F32, &[3, 1, 1]);
+    let e = convert(&dir, &tmp.path().join("out"), &opts(&TURBO)).unwrap_err().to_string();
+    assert!(e.starts_with(&format!("{}: weight norm of 'mel2wav.conv_pre': gain shape [3, 1, 1] does not match direction shape [", s3.display())), "{e}");
+}
+
+#[test]
+fn truncated_files_are_refused() {
+    let tmp = tempfile::tempdir().unwrap();
+    let dir = copy_official("turbo-tiny", tmp.path());
+    for (file, why) in [
+        (
+            "s3gen_meanflow.safetensors",
+            "tensor 'mel2wav.f0_predictor.condnet.8.parametrizations.weight.original1': data offsets [991588, 998500] run past the end of the file's 993398 data bytes (truncated?)",
+        ),
+        ("t3_turbo_v1.safetensors", "tensor 'speech_head.weight': data offsets [462732, 882764] run past the end of the file's 495050 data bytes (truncated?)"),
+        ("conds.pt", "not a torch zip checkpoint (invalid Zip archive: Could not find EOCD)"),
+    ] {
+        let path = dir.join(file);
+        let good = std::fs::read(&path).unwrap();
+        std::fs::write(&path, &good[..good.len() / 2]).unwrap();
+        refused(&dir, &TURBO, &format!("{}: {why}", path.display()));
+        std::fs::write(&path, &good).unwrap();
+    }
+}
+
+/// tests/fixtures/pt/os_system.pt with its placeholder command replaced by a
+/// `touch` of a file in `dir` (same length, so the pickle stays valid).
+fn armed_os_system(dir: &Path) -> (Vec<u8>, PathBuf) {
+    use std::io::{Read, Write};
+    let marker = dir.join("ran");
+    let pad = |cmd: String| format!("{cmd:<200}");
+    let (from, to) = (pad("touch MARKER".into()), pad(format!("touch {}", marker.display())));
+    assert_eq!(from.len(), to.len());
+    let mut src = zip::ZipArchive::new(std::fs::File::open(repo().join("tests/fixtures/pt/os_system.pt")).unwrap()).unwrap();
+    let mut dst = zip::ZipWriter::new(std::io::Cursor::new(Vec::new()));
+    let mut replaced = false;
+    for i in 0..src.len() {
+        let mut entry = src.by_index(i).unwrap();
+        let name = entry.name().unwrap().into_owned();
+        let mut bytes = Vec::new();
+        entry.read_to_end(&mut bytes).unwrap();
+        if let Some(at) = bytes.windows(from.len()).position(|w| w == from.as_bytes()) {
+            bytes[at..at + from.len()].copy_from_slice(to.as_bytes());
+            replaced = true;
+        }
+        dst.start_file(name, zip::write::SimpleFileOptions::default().compression_method(zip::CompressionMethod::Stored)).unwrap();
+        dst.write_all(&bytes).unwrap();
+    }
+    assert!(replaced, "os_system.pt has no placeholder command");
+    (dst.finish().unwrap().into_inner(), marker)
+}
+
+#[test]
+fn a_conds_pt_naming_os_system_is_refused_and_runs_nothing() {
+    let tmp = tempfile::tempdir().unwrap();
+    let dir = copy_official("turbo-tiny", tmp.path());
+    let (pt, marker) = armed_os_system(tmp.path());
+    let conds = dir.join("conds.pt");
+    std::fs::write(&conds, pt).unwrap();
+    let out = tmp.path().join("out");
+    let e = convert(&dir, &out, &opts(&TURBO)).unwrap_err().to_string();
+    assert!(e.starts_with(&format!("{}: ", conds.display())) && e.contains("refused global os.system"), "{e}");
+    assert!(!e.contains('\n'), "{e}");
+    assert!(!marker.exists(), "the pickle's command ran");
+    assert!(!out.exists() || std::fs::read_dir(&out).unwrap().next().is_none());
+}
+
+#[test]
+fn bad_options_are_refused_before_anything_is_read() {
+    let tmp = tempfile::tempdir().unwrap();
+    let dir = copy_official("turbo-tiny", tmp.path());
+    refused(
+        &dir,
+        &[("heads", "2")],
+        "unknown conversion option `heads` (chatterbox takes variant, weights, decoder_weights, t3_heads, cfm_heads, t3_file, aligned_heads)",
+    );
+    refused(&dir, &[("weights", "q5_1")], "weights must be one of f32, f16, q8_0, q4_0, got 'q5_1'");
+    refused(
+        &dir,
+        &[("variant", "mtl"), ("t3_file", "t3_other.safetensors")],
+        "t3_file t3_other.safetensors: a Multilingual T3 is one of t3_mtl23ls_v2.safetensors, t3_mtl23ls_v3.safetensors",
+    );
+    // Official widths are multiples of 64-wide heads; the tiny fixture's is not.
+    refused(&dir, &[], &format!("{}: GPT-2 width 16 is not a multiple of the head width 64; give t3_heads", dir.join("t3_turbo_v1.safetensors").display()));
+}
+
+#[test]
+fn a_failed_second_file_leaves_neither() {
+    let tmp = tempfile::tempdir().unwrap();
+    let dir = copy_official("turbo-tiny", tmp.path());
+    let out = tmp.path().join("out");
+    // The S3Gen file cannot be renamed into place: a directory holds its name.
+    std::fs::create_dir_all(out.join("s3gen-meanflow.gguf")).unwrap();
+    let e = convert(&dir, &out, &opts(&TURBO)).unwrap_err().to_string();
+    assert!(!e.contains('\n'), "{e}");
+    let left: Vec<_> = std::fs::read_dir(&out).unwrap().map(|e| e.unwrap().file_name().to_string_lossy().into_owned()).collect();
+    assert_eq!(left, ["s3gen-meanflow.gguf"], "{e}");
+}

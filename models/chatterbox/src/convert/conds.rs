@@ -33,7 +33,7 @@ impl Conds {
             return Err(Error::msg(format!("{}: tensor 'gen.prompt_feat' is a scalar, not [frames, mel bins]", path.display())));
         };
         let feat = floats(&pt, "gen.prompt_feat")?;
-        let frames = if bins == 0 { 0 } else { feat.len() / bins };
+        let frames = feat.len().checked_div(bins).unwrap_or(0);
         Ok(Conds {
             speaker_emb: flat(floats(&pt, "t3.speaker_emb")?),
             prompt_speech_tokens: flat(ints(&pt, "t3.cond_prompt_speech_tokens")?),

@@ -129,10 +129,10 @@ pub fn cfm_hparams(s: &Shapes, n_head: Option<usize>) -> Result<Vec<(&'static st
     let inner = s.dim(&format!("{c}.down_blocks.0.1.0.attn1.to_q.weight"), 0)?;
     let n_head = match n_head {
         Some(h) => h,
-        None if inner % 64 != 0 => return Err(s.error(format_args!("CFM attention width {inner} is not a multiple of 64; give cfm_heads"))),
+        None if !inner.is_multiple_of(64) => return Err(s.error(format_args!("CFM attention width {inner} is not a multiple of 64; give cfm_heads"))),
         None => inner / 64,
     };
-    if inner % n_head != 0 {
+    if n_head == 0 || !inner.is_multiple_of(n_head) {
         return Err(s.error(format_args!("CFM attention width {inner} does not split into {n_head} heads")));
     }
     let block = format!("{c}.down_blocks.0.0.block1.block.0.weight");
@@ -240,7 +240,7 @@ pub fn tokenizer_hparams(s: &Shapes) -> Result<Vec<(&'static str, MetaValue)>> {
     let t = "s3tok.encoder";
     let conv1 = format!("{t}.conv1.weight");
     let n_state = s.dim(&conv1, 0)?;
-    if n_state % S3TOK_HEAD_DIM != 0 {
+    if !n_state.is_multiple_of(S3TOK_HEAD_DIM) {
         return Err(s.error(format_args!("S3Tokenizer width {n_state} is not a multiple of its {S3TOK_HEAD_DIM}-wide rotary heads")));
     }
     Ok(vec![

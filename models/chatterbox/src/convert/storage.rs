@@ -138,7 +138,7 @@ pub fn storage_for(name: &str, shape: &[usize], integer: bool, weights: Weights,
         quant = Some(GgmlType::Q8_0);
     }
     let size: usize = shape.iter().product();
-    let big = shape.len() == 2 && size >= 1024 && shape[1] % 32 == 0;
+    let big = shape.len() == 2 && size >= 1024 && shape[1].is_multiple_of(32);
     match quant {
         Some(t) if big && !keep_f32(name) => (t, true),
         _ => (GgmlType::F32, false),

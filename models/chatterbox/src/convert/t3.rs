@@ -57,12 +57,12 @@ pub fn plan_gpt2(src: &Source, n_head: Option<usize>) -> Result<T3Plan<'_>> {
     };
     let n_head = match n_head {
         Some(h) => h,
-        None if n_embd % GPT2_HEAD_DIM != 0 => {
+        None if !n_embd.is_multiple_of(GPT2_HEAD_DIM) => {
             return Err(s.error(format_args!("GPT-2 width {n_embd} is not a multiple of the head width {GPT2_HEAD_DIM}; give t3_heads")));
         }
         None => n_embd / GPT2_HEAD_DIM,
     };
-    if n_embd % n_head != 0 {
+    if n_head == 0 || !n_embd.is_multiple_of(n_head) {
         return Err(s.error(format_args!("GPT-2 width {n_embd} does not split into {n_head} heads")));
     }
     let n_ff = s.dim("tfmr.h.0.mlp.c_fc.weight", 1)?;
@@ -124,16 +124,16 @@ pub fn plan_llama<'a>(src: &'a Source, n_head: Option<usize>, aligned_heads: Opt
     let n_embd = s.dim("tfmr.norm.weight", 0)?;
     let n_head = match n_head {
         Some(h) => h,
-        None if q_width % GPT2_HEAD_DIM != 0 || kv_width % GPT2_HEAD_DIM != 0 => {
+        None if !q_width.is_multiple_of(GPT2_HEAD_DIM) || !kv_width.is_multiple_of(GPT2_HEAD_DIM) => {
             return Err(s.error(format_args!("Llama query width {q_width} / key width {kv_width} are not multiples of 64; give t3_heads")));
         }
         None => q_width / GPT2_HEAD_DIM,
     };
-    if q_width % n_head != 0 {
+    if n_head == 0 || q_width == 0 || !q_width.is_multiple_of(n_head) {
         return Err(s.error(format_args!("Llama query width {q_width} does not split into {n_head} heads")));
     }
     let head_dim = q_width / n_head;
-    if kv_width % head_dim != 0 || kv_width == 0 || n_head % (kv_width / head_dim) != 0 {
+    if kv_width == 0 || !kv_width.is_multiple_of(head_dim) || !n_head.is_multiple_of(kv_width / head_dim) {
         return Err(s.error(format_args!("Llama key width {kv_width} is not a divisor count of {head_dim}-wide heads of {n_head}")));
     }
     let n_ff = s.dim("tfmr.layers.0.mlp.gate_proj.weight", 0)?;
@@ -174,7 +174,7 @@ pub fn plan_llama<'a>(src: &'a Source, n_head: Option<usize>, aligned_heads: Opt
     let c = "cond_enc.perceiver";
     let query = format!("{c}.pre_attention_query");
     let size: usize = src.float(&query)?.iter().product();
-    if n_embd == 0 || size % n_embd != 0 {
+    if n_embd == 0 || !size.is_multiple_of(n_embd) {
         return Err(s.error(format_args!("tensor '{query}' has {size} values, not rows of the width {n_embd}")));
     }
     let queries = size / n_embd;
@@ -190,7 +190,7 @@ pub fn plan_llama<'a>(src: &'a Source, n_head: Option<usize>, aligned_heads: Opt
             return Err(s.error(format_args!("aligned head ({layer}, {head}) is outside {n_layer} layers of {n_head} heads; give aligned_heads")));
         }
     }
-    if n_embd % PERCEIVER_HEADS != 0 {
+    if !n_embd.is_multiple_of(PERCEIVER_HEADS) {
         return Err(s.error(format_args!("the perceiver's width {n_embd} does not split into {PERCEIVER_HEADS} heads")));
     }
     let hparams = vec![

@@ -8,7 +8,9 @@ use engine_core::model_kit::Result;
 use indexmap::IndexMap;
 
 /// The planned tensors and `voice_encoder.{layers, hidden, n_mels, embedding}`.
-pub fn plan(src: &Source) -> Result<(IndexMap<String, Planned<'_>>, Vec<(&'static str, usize)>)> {
+pub type VoiceEncoderPlan<'a> = (IndexMap<String, Planned<'a>>, Vec<(&'static str, usize)>);
+
+pub fn plan(src: &Source) -> Result<VoiceEncoderPlan<'_>> {
     let s = src.shapes();
     let layers = 1 + s
         .names()
