@@ -1,9 +1,12 @@
 """Named Supertonic model configurations used by the random-weight bundle generator
 and the NumPy reference.
 
-Four configs:
+Five configs:
   tiny-v2, tiny-v3 : small random models with the official latent geometry and
                      style shapes (real voice JSONs load with them).
+  tiny-v1          : tiny-v2's layout as the English-only first release
+                     (tts_version v1.5.0, split opensource-en): v1 and v2 differ
+                     only in the text wrapping and the released sizes.
   v2, v3           : full-size dimensions (v2 = the published tts.json; v3 = v2
                      plus the v3 changes: dilated text-encoder ConvNeXt, VE
                      ConvNeXt inner width 2048, 8x64 text attention, 8322-row
@@ -113,7 +116,14 @@ def _tiny(v3):
     return c
 
 
+def _tiny_v1():
+    c = _tiny(False)
+    c.update({"name": "tiny-v1", "version": "v1", "tts_version": "v1.5.0", "split": "opensource-en"})
+    return c
+
+
 _BUILDERS = {
+    "tiny-v1": _tiny_v1,
     "tiny-v2": lambda: _tiny(False),
     "tiny-v3": lambda: _tiny(True),
     "v2": _full_v2,
@@ -129,7 +139,7 @@ def get_config(name):
     c = copy.deepcopy(_BUILDERS[name]())
     c["latent_channels"] = c["latent_dim"] * c["chunk_compress_factor"]
     c["frame_samples"] = c["base_chunk_size"] * c["chunk_compress_factor"]
-    c["langs"] = V3_LANGS if c["version"] == "v3" else V2_LANGS
+    c["langs"] = {"v1": ["en"], "v3": V3_LANGS}.get(c["version"], V2_LANGS)
     return c
 
 

@@ -29,6 +29,13 @@ for cfg in tiny-v2 tiny-v3; do
     "$PY" tools/supertonic/dump_reference.py --bundle "$bundle" --out "$ref"
 done
 
+# tiny-v1: the official-format bundle only; the native converter's test checks
+# its conversion against digests of convert.py's output (models/supertonic/tests/convert.rs).
+rm -rf target/supertonic-bundles/tiny-v1 tests/fixtures/supertonic/tiny-v1/official
+"$PY" tools/supertonic/make_bundle.py --config tiny-v1 --seed 0 --out target/supertonic-bundles/tiny-v1
+mkdir -p tests/fixtures/supertonic/tiny-v1/official
+cp -r target/supertonic-bundles/tiny-v1/onnx target/supertonic-bundles/tiny-v1/voice_styles tests/fixtures/supertonic/tiny-v1/official/
+
 "$PY" tools/supertonic/text_cases.py --gguf tests/fixtures/supertonic/tiny-v2/model.gguf --out tests/fixtures/supertonic/text_cases_tiny_v2.json
 if [ -f ../shared/data/supertonic-v2/unicode_indexer.json ]; then
     "$PY" tools/supertonic/text_cases.py

@@ -71,9 +71,28 @@ fn tiny_bundles_convert_to_the_committed_ggufs() {
     }
 }
 
+/// The tiny v1 bundle (tiny-v2's graphs as the English-only release) has
+/// no committed GGUF: its conversion is checked against digests below.
+#[test]
+fn tiny_v1_converts_as_v1() {
+    let dir = tempfile::tempdir().unwrap();
+    let files = convert_into(dir.path(), "tiny-v1", &[]);
+    let path = dir.path().join("supertonic-v1.gguf");
+    assert_eq!(files[0].summary, format!("{}: Supertonic v1, 308 tensors, voices F1, M1", path.display()));
+    let gguf = ggml_sys::gguf::GgufFile::open(&path).unwrap();
+    assert_eq!(gguf.get_str("supertonic.version").unwrap(), "v1");
+    assert_eq!(gguf.get_str("supertonic.text.language_wrap").unwrap(), "none");
+    assert_eq!(gguf.get_str_array("supertonic.text.languages").unwrap(), vec!["en".to_string()]);
+    assert!(gguf.get_str("supertonic.text.short_chunk_languages").is_err(), "an empty string is left out, as gguf-py does");
+}
+
 /// SHA-256 of what convert.py writes from the tiny bundles per storage
 /// (`--weights W`; `f16-keep`: `--weights f16 --keep-f32 've.block.*' --keep-f32 'dp.pred.*'`).
 const PYTHON_DIGESTS: &[(&str, &str, &str)] = &[
+    ("tiny-v1", "f32", "18be50429117e42146c1b297c55f6637f750b13d6d842991a03aa3f02b346eaf"),
+    ("tiny-v1", "f16", "1df395c49f9a2b50f8c5479c940034d262c0fd0e7a449fc8831e2ccff065522e"),
+    ("tiny-v1", "bf16", "937f24ea664ac4838321999ffd0148d0990aaf07ae1b14a2329bc5fbc7121716"),
+    ("tiny-v1", "q8_0", "57ff5ff749ca6522978897b332f48376bb2c4901b56cbd19d235b34c6ba946f1"),
     ("tiny-v2", "f32", "8066ed913ec3b91fe45131401c1c185897bd6969cbe2d00b5edf5c47a68ef141"),
     ("tiny-v2", "f16", "c456e221499f59bf050f3f2018d743c2ed19e40ca7276c49842ce80acf72afba"),
     ("tiny-v2", "bf16", "8b6bedeeafe12ae24f6a95d8ba58f48b20dd141f29a6c405209da97ec52d613a"),
