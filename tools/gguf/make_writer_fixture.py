@@ -123,15 +123,18 @@ def edge_plan(out_dir: Path) -> None:
     f16 = spread(4, 40)
     f16[0, :12] = [6e-8, 2.98e-8, 5.96e-8, 1e-5, -1e-6, 65504, 65519, 65520, -70000, -0.0, 1 + 2 ** -11, 1 + 3 * 2 ** -11]
     f16[1, :8] = [np.inf, -np.inf, 1e-30, -1e-30, 2049, 2051, 4097, 0.1]
+    # NaNs: quiet, signalling (NumPy keeps them so), negative, with payloads.
+    f16[2, :6] = np.array([0x7FC00000, 0x7F800001, 0xFFC00001, 0x7FA00000, 0x7F802000, 0xFFFFFFFF], dtype=np.uint32).view(np.float32)
     add("f16.edges", "f16", f16)
     add("f16.astype", "f16_astype", spread(5, 33))
 
     # BF16: ties (odd and even), the largest finite float (rounds to infinity),
-    # subnormals, infinities.
+    # subnormals, infinities, NaNs (made quiet).
     bf = spread(3, 16)
     bits = np.array([0x3F808000, 0x3F818000, 0x3F807FFF, 0x7F7FFFFF, 0x00000001, 0x80008000, 0x7F800000, 0xFF800000],
                     dtype=np.uint32)
     bf[0, :8] = bits.view(np.float32)
+    bf[1, :4] = np.array([0x7FC00000, 0x7F800001, 0xFFC00001, 0xFFFFFFFF], dtype=np.uint32).view(np.float32)
     add("bf16.edges", "bf16", bf)
     add("bf16.cube", "bf16", spread(2, 2, 24))
 

@@ -15,7 +15,8 @@
 //!   clipped to 15; byte `j` packs values `j` and `j + 16`.
 //! - BF16: ggml's `ggml_compute_fp32_to_bf16`: NaNs made quiet, others
 //!   rounded to nearest even.
-//! - F16: round to nearest even with subnormals, as NumPy and `half` both do.
+//! - F16: round to nearest even with subnormals, as NumPy and `half` both do;
+//!   a NaN keeps its payload the way NumPy's software conversion keeps it.
 
 /// A tensor's storage type in a GGUF (ggml's `ggml_type`).
 #[derive(Clone, Copy, Debug, PartialEq, Eq, Hash)]
@@ -115,7 +116,7 @@ impl GgmlType {
         assert!(values.len().is_multiple_of(self.block_len()), "{} values are not whole {} blocks", values.len(), self.name());
         match self {
             GgmlType::F32 => values.iter().for_each(|v| out.extend_from_slice(&v.to_le_bytes())),
-            GgmlType::F16 => values.iter().for_each(|&v| out.extend_from_slice(&half::f16::from_f32(v).to_le_bytes())),
+            GgmlType::F16 => values.iter().for_each(|&v| out.extend_from_slice(&f16_bits(v).to_le_bytes())),
             GgmlType::BF16 => values.iter().for_each(|&v| out.extend_from_slice(&bf16_bits(v).to_le_bytes())),
             GgmlType::Q8_0 => values.chunks_exact(QK).for_each(|b| q8_0_block(b, out)),
             GgmlType::Q4_0 => values.chunks_exact(QK).for_each(|b| q4_0_block(b, out)),
@@ -139,6 +140,24 @@ fn bf16_bits(v: f32) -> u16 {
         n = (n & 0xffff_0000) | (64 << 16);
     }
     ((n as u64 + (0x7fff + ((n >> 16) & 1)) as u64) >> 16) as u16
+}
+
+/// NumPy's float32 → float16 (`npy_floatbits_to_halfbits`): round to
+/// nearest even with subnormals, as `half` does, and a NaN keeps its sign and
+/// top significand bits without being made quiet (`half`, like the F16C
+/// instruction, sets the quiet bit), staying a NaN.
+fn f16_bits(v: f32) -> u16 {
+    if v.is_nan() {
+        let bits = v.to_bits();
+        let sign = ((bits >> 16) & 0x8000) as u16;
+        let mut h = 0x7c00 + ((bits & 0x007f_ffff) >> 13) as u16;
+        if h == 0x7c00 {
+            h += 1;
+        }
+        sign | h
+    } else {
+        half::f16::from_f32(v).to_bits()
+    }
 }
 
 /// gguf-py's `np_roundf`: half away from zero, computed as it does.
@@ -180,7 +199,7 @@ fn q8_0_block(block: &[f32], out: &mut Vec<u8>) {
     let amax = block.iter().map(|v| v.abs()).fold(block[0].abs(), |m, a| if a.is_nan() || a > m { a } else { m });
     let d = amax / 127.0;
     let id = inverse_or_zero(d);
-    out.extend_from_slice(&half::f16::from_f32(d).to_le_bytes());
+    out.extend_from_slice(&f16_bits(d).to_le_bytes());
     out.extend(block.iter().map(|&v| to_i8(np_roundf(v * id))));
 }
 
@@ -210,7 +229,7 @@ fn q4_0_block(block: &[f32], out: &mut Vec<u8>) {
         let t = (v * id + 8.5).trunc();
         ((t as i32) as u8).min(15)
     };
-    out.extend_from_slice(&half::f16::from_f32(d).to_le_bytes());
+    out.extend_from_slice(&f16_bits(d).to_le_bytes());
     let (low, high) = block.split_at(QK / 2);
     out.extend(low.iter().zip(high).map(|(&a, &b)| q(a) | (q(b) << 4)));
 }
@@ -253,6 +272,14 @@ mod tests {
         // value 0 → trunc(8.5) = 8; -8 → 0; 3 → 11 (high nibble of byte 0).
         assert_eq!(bytes[2], 8 | (11 << 4));
         assert_eq!(bytes[2 + 5], 8 << 4);
+    }
+
+    #[test]
+    fn f16_nans_keep_numpy_s_payloads() {
+        let nan = |bits: u32| f16_bits(f32::from_bits(bits));
+        assert_eq!([nan(0x7fc0_0000), nan(0x7f80_0001), nan(0xffc0_0001), nan(0x7fa0_0000)], [0x7e00, 0x7c01, 0xfe00, 0x7d00]);
+        assert_eq!(f16_bits(65520.0), 0x7c00);
+        assert_eq!(f16_bits(-0.0), 0x8000);
     }
 
     #[test]
