@@ -385,13 +385,18 @@ fn a_failed_write_leaves_no_part_file_and_the_old_model_untouched() {
     assert!(!part.exists());
     assert_eq!(std::fs::read(&target).unwrap(), b"the previous model");
 
-    // A complete write replaces the old file.
+    // A complete write replaces the old file; a link planted at the `.part`
+    // name is replaced, not followed.
+    let victim = dir.path().join("victim");
+    std::fs::write(&victim, b"not to be overwritten").unwrap();
+    std::os::unix::fs::symlink(&victim, &part).unwrap();
     let mut w = GgufWriter::new("test");
     w.add_tensor(f32_tensor("first", &[64]));
     let written = w.write_atomically(&target).unwrap();
     assert_eq!(written.bytes, std::fs::metadata(&target).unwrap().len());
     assert!(std::fs::read(&target).unwrap().starts_with(b"GGUF"));
-    assert!(!part.exists());
+    assert!(std::fs::symlink_metadata(&part).is_err());
+    assert_eq!(std::fs::read(&victim).unwrap(), b"not to be overwritten");
 }
 
 #[test]

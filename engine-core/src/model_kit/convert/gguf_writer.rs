@@ -21,17 +21,18 @@
 //! Unlike gguf-py, no tensor's values exist before the writer reaches it:
 //! the header is written from the plan, then each [`PlannedTensor`] is
 //! produced, checked against its plan, encoded and written in chunks. The
-//! file is written as `<path>.part` and renamed onto `path` only when
-//! complete; on any error (or panic) the `.part` is removed, and an existing
-//! file at `path` is never touched.
+//! file is written as `<path>.part` (created exclusively, after removing a
+//! stale one, so a link planted at that name is never followed) and renamed
+//! onto `path` only when complete; on any error (or panic) the `.part` is
+//! removed, and an existing file at `path` is never touched.
 
 use super::super::error::{Error, Result};
 use super::ggml_type::GgmlType;
 use super::plan::{PlannedTensor, Values};
 use indexmap::IndexMap;
 use ndarray::ArrayD;
-use std::fs::File;
 use std::io::{BufWriter, Write};
+use std::os::unix::fs::OpenOptionsExt;
 use std::path::{Path, PathBuf};
 
 /// The data alignment gguf-py uses (`GGUF_DEFAULT_ALIGNMENT`).
@@ -202,7 +203,14 @@ impl<'a> GgufWriter<'a> {
         let part = path.with_file_name(part_name);
         let io = |e: std::io::Error| Error::msg(format!("{}: {e}", part.display()));
 
-        let file = File::create(&part).map_err(io)?;
+        // A stale `.part` (a crashed run) or a link planted at that name is
+        // removed, not followed; the new one is created exclusively, so a
+        // link that appears in between makes the creation fail.
+        match std::fs::symlink_metadata(&part) {
+            Ok(meta) if !meta.is_dir() => std::fs::remove_file(&part).map_err(io)?,
+            _ => {}
+        }
+        let file = std::fs::OpenOptions::new().write(true).create_new(true).custom_flags(libc::O_NOFOLLOW).open(&part).map_err(io)?;
         let mut guard = PartFile { path: &part, armed: true };
         let mut out = BufWriter::with_capacity(1 << 20, file);
         out.write_all(&head).map_err(io)?;
