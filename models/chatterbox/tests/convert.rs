@@ -158,9 +158,8 @@ fn turbo_fixture_converts_to_the_committed_ggufs() {
     for f in &files {
         assert_same(&f.path, &fixtures().join("turbo-tiny").join(f.path.file_name().unwrap()));
     }
-    let t3 = out.path().join("t3-turbo.gguf");
-    assert_eq!(files[0].summary, format!("{}: T3 turbo, 49 tensors", t3.display()));
-    assert_eq!(files[1].summary, format!("{}: S3Gen meanflow, 1294 tensors", out.path().join("s3gen-meanflow.gguf").display()));
+    assert_eq!(files[0].summary, "T3 turbo, 49 tensors");
+    assert_eq!(files[1].summary, "S3Gen meanflow, 1294 tensors");
 }
 
 #[test]
@@ -176,7 +175,7 @@ fn multilingual_fixture_converts_to_the_committed_ggufs() {
     let out = tempfile::tempdir().unwrap();
     let files = convert(&official, out.path(), &opts(&[base.as_slice(), &[("decoder_weights", "bf16")]].concat())).unwrap();
     assert_same(&files[1].path, &fixtures().join("mtl-tiny/s3gen-bf16-decoder.gguf"));
-    assert_eq!(files[1].summary, format!("{}: S3Gen standard, 1293 tensors, 36 narrowed (matrices f32, decoder bf16)", files[1].path.display()));
+    assert_eq!(files[1].summary, "S3Gen standard, 1293 tensors, 36 narrowed (matrices f32, decoder bf16)");
 }
 
 fn sha256(path: &Path) -> String {
@@ -255,7 +254,7 @@ fn every_storage_equals_the_python_converter() {
         if let Some(python) = &python {
             // The same summary lines, but for the directory.
             let lines = python_convert(python, &case.dir, &py_out, &case.options);
-            let native: Vec<String> = files.iter().map(|f| f.summary.replace(&*native_out.to_string_lossy(), &py_out.to_string_lossy())).collect();
+            let native: Vec<String> = files.iter().map(|f| format!("{}: {}", py_out.join(f.path.file_name().unwrap()).display(), f.summary)).collect();
             assert_eq!(native, lines, "{}", case.name);
         }
         for f in &files {
@@ -460,4 +459,53 @@ fn a_failed_second_file_leaves_neither() {
     assert!(!e.contains('\n'), "{e}");
     let left: Vec<_> = std::fs::read_dir(&out).unwrap().map(|e| e.unwrap().file_name().to_string_lossy().into_owned()).collect();
     assert_eq!(left, ["s3gen-meanflow.gguf"], "{e}");
+}
+
+#[test]
+fn nano_is_detected_from_its_t3_file() {
+    use tts_model_chatterbox::convert::{convert_with, ConvertOptions, Variant};
+    let tmp = tempfile::tempdir().unwrap();
+    let dir = nano_dir(tmp.path());
+    let options = ConvertOptions { t3_heads: Some(2), cfm_heads: Some(2), ..ConvertOptions::default() };
+    let done = convert_with(&dir, &tmp.path().join("first"), &options).unwrap();
+    assert_eq!(done.variant, Variant::Nano);
+    assert_eq!(names(&done.files), ["t3-nano.gguf", "s3gen-meanflow.gguf"]);
+    // Both Turbo and Nano present: which one is meant must be said.
+    std::fs::copy(dir.join("t3_nano_v1.safetensors"), dir.join("t3_turbo_v1.safetensors")).unwrap();
+    refused(
+        &dir,
+        &TURBO,
+        &format!("{}: holds the T3 checkpoints of several variants (t3_turbo_v1.safetensors, t3_nano_v1.safetensors); give variant", dir.display()),
+    );
+}
+
+#[test]
+fn tokenizer_ids_beyond_the_text_embedding_are_refused_as_convert_py_does() {
+    let tmp = tempfile::tempdir().unwrap();
+    let dir = copy_official("turbo-tiny", tmp.path());
+    let t3 = dir.join("t3_turbo_v1.safetensors");
+    let width = {
+        let bytes = std::fs::read(&t3).unwrap();
+        safetensors::SafeTensors::deserialize(&bytes).unwrap().tensor("text_emb.weight").unwrap().shape()[1]
+    };
+    // Fewer text-embedding rows than the tokenizer has ids.
+    replace_tensor(&t3, "text_emb.weight", safetensors::Dtype::F32, &[100, width]);
+    let out = tmp.path().join("out");
+    let e = convert(&dir, &out, &opts(&TURBO)).unwrap_err().to_string();
+    let vocab = dir.join("vocab.json");
+    assert!(e.starts_with(&format!("{}: the tokenizer can produce id ", vocab.display())), "{e}");
+    assert!(e.ends_with(", beyond T3's text embedding of 100 rows (ids 0..99)"), "{e}");
+    assert!(!out.exists() || std::fs::read_dir(&out).unwrap().next().is_none());
+    if let Some(python) = python() {
+        let o = Command::new(python)
+            .arg(repo().join("tools/chatterbox/convert.py"))
+            .arg(&dir)
+            .arg(&out)
+            .args(["--t3-heads", "2", "--cfm-heads", "2"])
+            .output()
+            .unwrap();
+        assert!(!o.status.success());
+        let stderr = String::from_utf8(o.stderr).unwrap();
+        assert_eq!(stderr.trim_end(), format!("convert.py: {}: {e}", dir.display()));
+    }
 }

@@ -39,12 +39,26 @@ use std::collections::BTreeMap;
 use std::path::{Path, PathBuf};
 use storage::{storage_for, DecoderWeights, Weights};
 
-/// One file written, and the line convert.py prints for it.
+/// One file written and what it holds: convert.py prints `{path}: {summary}`
+/// ("T3 turbo, 49 tensors, 3 stored q4_0").
 #[derive(Clone, Debug, PartialEq, Eq)]
 pub struct ConvertedFile {
     pub path: PathBuf,
     pub summary: String,
 }
+
+/// A finished conversion: the variant converted and the files, T3 first.
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub struct Conversion {
+    pub variant: Variant,
+    pub files: Vec<ConvertedFile>,
+}
+
+/// What the converter reads, for people (the plugin's `ConverterInfo`).
+pub const DESCRIPTION: &str = "an official Chatterbox Turbo, Nano or Multilingual checkpoint directory (T3 safetensors, s3gen, ve, conds.pt, tokenizer)";
+/// Any one of these marks a directory as a Chatterbox checkpoint: the T3 of
+/// each variant.
+pub const MARKER_FILES: [&str; 4] = [TURBO_T3, NANO_T3, MTL_T3_FILES[0], MTL_T3_FILES[1]];
 
 pub const T3_ARCH: &str = crate::hparams::T3_ARCH;
 pub const S3GEN_ARCH: &str = crate::hparams::S3GEN_ARCH;
@@ -72,11 +86,11 @@ const MAX_JSON: u64 = 64 << 20;
 /// (created if missing) per `options` (see [`option_specs`]).
 pub fn convert(source: &Path, out_dir: &Path, options: &OptionList) -> Result<Vec<ConvertedFile>> {
     let options = ConvertOptions::from_list(options)?;
-    convert_with(source, out_dir, &options)
+    Ok(convert_with(source, out_dir, &options)?.files)
 }
 
-/// [`convert`] with options already read.
-pub fn convert_with(source: &Path, out_dir: &Path, options: &ConvertOptions) -> Result<Vec<ConvertedFile>> {
+/// [`convert`] with options already read; says which variant it converted.
+pub fn convert_with(source: &Path, out_dir: &Path, options: &ConvertOptions) -> Result<Conversion> {
     if !source.is_dir() {
         return Err(Error::msg(format!("{}: not a directory (an official Chatterbox checkpoint directory)", source.display())));
     }
@@ -106,7 +120,7 @@ pub fn convert_with(source: &Path, out_dir: &Path, options: &ConvertOptions) -> 
     std::fs::create_dir_all(out_dir).map_err(|e| Error::msg(format!("{}: {e}", out_dir.display())))?;
     let t3 = t3.write()?;
     match s3.write() {
-        Ok(s3) => Ok(vec![t3, s3]),
+        Ok(s3) => Ok(Conversion { variant, files: vec![t3, s3] }),
         Err(e) => {
             // Both files or neither: a T3 without its S3Gen is not a model.
             let _ = std::fs::remove_file(&t3.path);
@@ -203,7 +217,7 @@ fn plan_t3<'a>(
     tensors.insert("voice.builtin.prompt_speech_tokens".into(), Planned::int(tokens.shape().to_vec(), move || Ok(Values::I32(tokens))));
 
     let path = out_dir.join(format!("t3-{}.gguf", variant.name()));
-    let summary = format!("{}: T3 {}, {} tensors", path.display(), variant.name(), tensors.len());
+    let summary = format!("T3 {}, {} tensors", variant.name(), tensors.len());
     let narrowed = if weights != Weights::F32 { Some(format!("stored {}", weights.name())) } else { None };
     Ok(Output { path, arch: a, meta, tensors, weights, decoder: DecoderWeights::F32, summary, narrowed, always: true })
 }
@@ -243,7 +257,7 @@ fn plan_s3gen<'a>(out_dir: &Path, options: &ConvertOptions, conds: &Conds, src: 
     meta.push((format!("{b}.decoder_weights"), MetaValue::Str(decoder.name().into())));
 
     let path = out_dir.join(if meanflow { "s3gen-meanflow.gguf" } else { "s3gen.gguf" });
-    let summary = format!("{}: S3Gen {}, {} tensors", path.display(), if meanflow { "meanflow" } else { "standard" }, tensors.len());
+    let summary = format!("S3Gen {}, {} tensors", if meanflow { "meanflow" } else { "standard" }, tensors.len());
     let narrowed = Some(format!("narrowed (matrices {}, decoder {})", weights.name(), decoder.name()));
     Ok(Output { path, arch: b, meta, tensors, weights, decoder, summary, narrowed, always: false })
 }

@@ -5,7 +5,7 @@
 
 use super::plan::{Producer, Shapes};
 use engine_core::model_kit::convert::{Checkpoint, Values};
-use engine_core::model_kit::Result;
+use engine_core::model_kit::{Error, Result};
 use indexmap::IndexMap;
 use ndarray::{ArrayD, Axis, IxDyn};
 use std::collections::HashSet;
@@ -20,6 +20,14 @@ pub struct Source {
 impl Source {
     pub fn open(path: &Path) -> Result<Source> {
         let ckpt = Checkpoint::open(path)?;
+        // As convert.py's `load_state`: a `.pt` must be a state dict of
+        // tensors only (a step count or a config beside them means another
+        // kind of file).
+        if let Checkpoint::Pt(pt) = &ckpt {
+            if let Some(key) = pt.values().keys().next() {
+                return Err(Error::msg(format!("{} is not a state dict of tensors ('{key}' is not a tensor)", path.display())));
+            }
+        }
         let mut map = IndexMap::new();
         let mut integer = HashSet::new();
         for name in ckpt.names() {
@@ -39,7 +47,7 @@ impl Source {
                 return Source::open(&path);
             }
         }
-        Err(engine_core::model_kit::Error::msg(format!("{}: none of {}", dir.display(), names.join(", "))))
+        Err(Error::msg(format!("{}: none of {}", dir.display(), names.join(", "))))
     }
 
     pub fn shapes(&self) -> &Shapes {
