@@ -340,8 +340,9 @@ impl PtFile {
             return Err(at(format!("needs bytes up to {} of storage {}, which has {len}", first + total, t.storage)));
         }
         let mut out = Vec::with_capacity(t.numel());
-        // A multiple of every element size.
-        let mut piece = vec![0u8; total.min(1 << 20) as usize];
+        // 64 KiB pieces (a multiple of every element size): few enough
+        // reads, and next to nothing beside the values.
+        let mut piece = vec![0u8; total.min(1 << 16) as usize];
         let mut done = 0u64;
         while done < total {
             let n = (total - done).min(piece.len() as u64) as usize;
