@@ -2,9 +2,11 @@
 
 mod bench;
 mod compare;
+mod convert;
 mod devices;
 mod logging;
 mod options;
+mod pull;
 mod serve;
 mod soak;
 mod synth;
@@ -287,6 +289,69 @@ enum Command {
         /// Override a [synthesis] option of every model (repeatable).
         #[arg(long = "set", value_name = "KEY=VALUE", value_parser = parse_key_value)]
         set: Vec<(String, String)>,
+    },
+    /// Convert an official checkpoint directory to the GGUF files `tts`
+    /// loads, with the converter of the model plugin that recognises it
+    /// (`--list`: the converters, their marker files and options).
+    Convert {
+        #[command(flatten)]
+        common: Common,
+        /// The checkpoint directory as published (e.g. a Hugging Face snapshot).
+        #[arg(required_unless_present = "list")]
+        source: Option<PathBuf>,
+        /// Where the GGUF files go (created if missing).
+        #[arg(required_unless_present = "list")]
+        out_dir: Option<PathBuf>,
+        /// The model family whose converter to use (default: the one that
+        /// recognises SOURCE's files).
+        #[arg(long)]
+        family: Option<String>,
+        /// Storage of the large matrices: f32, f16, bf16, q8_0, q4_0 (what
+        /// the family offers; short for --set weights=...).
+        #[arg(long)]
+        weights: Option<String>,
+        /// A converter option, e.g. --set variant=nano (repeatable).
+        #[arg(long = "set", value_name = "KEY=VALUE", value_parser = parse_key_value)]
+        set: Vec<(String, String)>,
+        /// List the converters instead.
+        #[arg(long)]
+        list: bool,
+        /// Print JSON instead of lines.
+        #[arg(long)]
+        json: bool,
+    },
+    /// Download a model's official files from the Hugging Face Hub, convert
+    /// them and install the GGUFs with a profile (`tts models` lists them;
+    /// `tts --model-name NAME --text ... --out ...` speaks with one).
+    Pull {
+        #[command(flatten)]
+        common: Common,
+        /// A catalog name (an unknown one lists the catalog), optionally
+        /// NAME@REVISION (a branch, tag or commit of its repository).
+        name: String,
+        /// Storage of the large matrices (what the family offers).
+        #[arg(long, value_parser = ["f32", "f16", "q8_0", "q4_0"])]
+        weights: Option<String>,
+        /// Where models are installed [default: $TTS_MODELS_DIR, else
+        /// $XDG_DATA_HOME/tts/models, else ~/.local/share/tts/models].
+        #[arg(long, value_name = "DIR")]
+        models_dir: Option<PathBuf>,
+        /// A converter option, e.g. --set decoder_weights=bf16 (repeatable;
+        /// `tts convert --list` lists them).
+        #[arg(long = "set", value_name = "KEY=VALUE", value_parser = parse_key_value)]
+        set: Vec<(String, String)>,
+    },
+    /// The models `tts pull` installed: name, family, variant, storage, size,
+    /// path; `tts models rm NAME` removes one.
+    Models {
+        #[command(subcommand)]
+        action: Option<ModelsCommand>,
+        /// Where models are installed (as for `tts pull`).
+        #[arg(long, value_name = "DIR", global = true)]
+        models_dir: Option<PathBuf>,
+        /// Print JSON instead of a table.
+        #[arg(long)]
+        json: bool,
     },
     /// Print a shell completion script: `tts completions bash > /etc/bash_completion.d/tts`.
     Completions {
@@ -648,6 +713,62 @@ fn run(cli: Cli) -> Result<(), String> {
                 limits,
             };
             serve::run(sources, options, cli.quiet)
+        }
+        Some(Command::Convert { common, source, out_dir, family, weights, set, list, json }) => {
+            if list {
+                return write_stdout(&convert::list(&common, json)?);
+            }
+            let (Some(source), Some(out_dir)) = (source, out_dir) else {
+                return Err("give SOURCE and OUT_DIR, or --list".into());
+            };
+            let mut set = set;
+            if let Some(w) = weights {
+                if set.iter().any(|(k, _)| k == "weights") {
+                    return Err("weights is given twice: --weights and --set weights=...".into());
+                }
+                set.push(("weights".into(), w));
+            }
+            let text = convert::run(&common, &source, &out_dir, family.as_deref(), &set, cli.quiet, json)?;
+            if cli.quiet && !json {
+                return Ok(());
+            }
+            write_stdout(&text)
+        }
+        Some(Command::Pull { common, name, weights, models_dir, set }) => {
+            if weights.is_some() && set.iter().any(|(k, _)| k == "weights") {
+                return Err("weights is given twice: --weights and --set weights=...".into());
+            }
+            if !common.models.is_empty() {
+                return Err("--model does not apply to `tts pull` (it installs the model files it converts)".into());
+            }
+            let convert = |source: &std::path::Path, out: &std::path::Path, family: Option<&str>, options: &[(String, String)]| {
+                let report = convert::convert_checkpoint(&common, source, out, family, options)?;
+                Ok((report.variant, report.files.into_iter().map(|f| (f.path, f.summary)).collect()))
+            };
+            let request = pull::PullRequest { spec: &name, weights: weights.as_deref(), set: &set, models_dir: models_dir.as_deref(), quiet: cli.quiet };
+            let dir = pull::pull(&request, &convert)?;
+            if !cli.quiet {
+                let name = dir.file_name().map(|n| n.to_string_lossy().into_owned()).unwrap_or_default();
+                eprintln!("installed {} (speak with: tts --model-name {name} --text \"Hello.\" --out hello.wav)", engine_core::logging::escape(&dir.display().to_string()));
+            }
+            Ok(())
+        }
+        Some(Command::Models { action, models_dir, json }) => {
+            let models = pull::models_dir(models_dir.as_deref())?;
+            match action {
+                Some(ModelsCommand::Rm { name }) => {
+                    let dir = pull::remove(&models, &name)?;
+                    if !cli.quiet {
+                        eprintln!("removed {}", engine_core::logging::escape(&dir.display().to_string()));
+                    }
+                    Ok(())
+                }
+                None => {
+                    let installed = pull::list(&models)?;
+                    let text = if json { serde_json::to_string_pretty(&installed).map_err(|e| e.to_string())? + "\n" } else { pull::render(&models, &installed) };
+                    write_stdout(&text)
+                }
+            }
         }
         Some(Command::Completions { shell }) => {
             let mut script = Vec::new();

@@ -272,7 +272,7 @@ fn weight_norm_and_sums_match_the_python_converter() {
     let dir = tempfile::tempdir().unwrap();
     let mut rng = Rng(0x77);
     // Rows of 1..300 values, and long rows that cross NumPy's 8192-value buffer.
-    let mut shapes: Vec<Vec<usize>> = (1..=300).step_by(7).map(|n| vec![1 + rng.below(4) as usize, n]).collect();
+    let mut shapes: Vec<Vec<usize>> = (1..=300).map(|n| vec![1 + rng.below(4) as usize, n]).collect();
     shapes.extend([vec![3, 8192], vec![2, 8193], vec![2, 20000], vec![4, 40, 1000], vec![1, 100_000], vec![5, 3, 7]]);
     for (i, shape) in shapes.iter().enumerate() {
         let n: usize = shape.iter().product();
