@@ -81,6 +81,13 @@ struct SynthArgs {
     /// the speech tokens and the text ids), one line each; -v prints them too.
     #[arg(long)]
     print_tokens: bool,
+    /// Speak with a model installed by `tts pull NAME` (its profile.toml).
+    #[arg(long, value_name = "NAME", conflicts_with = "profiles")]
+    model_name: Option<String>,
+    /// Where `tts pull` installs models [default: $TTS_MODELS_DIR, else
+    /// $XDG_DATA_HOME/tts/models, else ~/.local/share/tts/models].
+    #[arg(long = "models-dir", id = "synth_models_dir", value_name = "DIR", requires = "model_name")]
+    models_dir: Option<PathBuf>,
 }
 
 /// Short forms of the common [synthesis] options: each is `--set KEY=VALUE`
@@ -357,6 +364,15 @@ enum Command {
     Completions {
         #[arg(value_enum)]
         shell: clap_complete::Shell,
+    },
+}
+
+#[derive(Subcommand, Debug)]
+enum ModelsCommand {
+    /// Remove an installed model.
+    Rm {
+        /// Its name, as `tts models` lists it.
+        name: String,
     },
 }
 
@@ -785,7 +801,11 @@ fn run(cli: Cli) -> Result<(), String> {
             if text.trim().is_empty() {
                 return Err("text is empty".into());
             }
-            let engine = open_engine(&args.common, false)?;
+            let mut common = args.common.clone();
+            if let Some(name) = &args.model_name {
+                common.profiles = vec![pull::installed_profile(args.models_dir.as_deref(), name)?];
+            }
+            let engine = open_engine(&common, false)?;
             let mut session = engine.open_model(&set).map_err(|e| e.to_string())?;
             if out != std::path::Path::new("-") {
                 let mut extra = input_profiles(&args.common);

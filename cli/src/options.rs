@@ -18,6 +18,13 @@ pub fn render(report: &OptionsReport) -> String {
     out
 }
 
+/// One group's table (`tts convert --list` shows converter options so).
+pub fn render_group(g: &OptionGroup) -> String {
+    let mut out = String::new();
+    group(&mut out, g);
+    out
+}
+
 fn group(out: &mut String, g: &OptionGroup) {
     let _ = writeln!(out, "[{}] ({})", g.section, g.owner);
     let key_w = g.options.iter().map(|o| o.key.len()).max().unwrap_or(0);

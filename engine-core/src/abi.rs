@@ -23,7 +23,7 @@ use std::ffi::c_void;
 /// only plugins that have at least the host's fields): the loader then tries
 /// the interfaces of earlier minors, kept as they were ([`v5_2`], [`v5_1`]),
 /// and adapts a plugin that matches one of them.
-pub const PLUGIN_ABI_VERSION: &str = "5.3.0";
+pub const PLUGIN_ABI_VERSION: &str = "5.4.0";
 
 /// The backend plugin interface has not changed since 5.1, so backend plugins
 /// of 5.1 load as they are.
@@ -33,6 +33,7 @@ pub const BACKEND_ABI_VERSION: &str = "5.1.0";
 /// plugins built against them.
 pub mod v5_1;
 pub mod v5_2;
+pub mod v5_3;
 
 /// Identity of a plugin file.
 #[repr(C)]
@@ -458,6 +459,54 @@ pub struct ModelCatalog {
     pub clones_voices: bool,
 }
 
+/// What a family's converter reads (ABI 5.4; `tts convert`, `tts pull`).
+#[repr(C)]
+#[derive(StableAbi, Debug, Clone)]
+pub struct ConverterInfo {
+    /// What it converts, for people ("the official … checkpoint directory").
+    pub description: RString,
+    /// File names (relative to the checkpoint directory) any one of which
+    /// marks a directory as this family's checkpoint: `tts convert` picks the
+    /// plugin whose marker it finds.
+    pub marker_files: RVec<RString>,
+    /// Its options (`tts convert --set KEY=VALUE`), validated by the host
+    /// as synthesis options are.
+    pub options: RVec<OptionSpec>,
+}
+
+/// One conversion (ABI 5.4): an official checkpoint directory in, GGUF
+/// files out.
+#[repr(C)]
+#[derive(StableAbi, Debug, Clone)]
+pub struct ConvertRequest {
+    /// The checkpoint directory as published.
+    pub source: RString,
+    /// An existing directory the GGUF files are written into, each through a
+    /// temporary that is renamed when complete.
+    pub out_dir: RString,
+    /// Validated converter options, defaults filled in.
+    pub options: OptionList,
+}
+
+/// A file a conversion wrote.
+#[repr(C)]
+#[derive(StableAbi, Debug, Clone)]
+pub struct ConvertedFile {
+    pub path: RString,
+    /// One line: what it holds ("T3 turbo, 49 tensors, 12 stored q8_0").
+    pub summary: RString,
+}
+
+/// What a conversion wrote, in the order a profile's `[model] files` lists
+/// them.
+#[repr(C)]
+#[derive(StableAbi, Debug, Clone, Default)]
+pub struct ConvertOutput {
+    pub files: RVec<ConvertedFile>,
+    /// The variant converted ("turbo", "v2", …).
+    pub variant: RString,
+}
+
 /// A loaded model, bound to the backend it was loaded on.
 ///
 /// Methods after `synthesize` were added in minor ABI versions: a plugin
@@ -512,6 +561,15 @@ pub struct ModelPlugin {
     /// built before the field existed: the host then clones with `load`.
     #[sabi(missing_field(default))]
     pub load_for_cloning: Option<extern "C" fn(&ModelLoadRequest, &BackendHandle) -> RResult<ModelBox, RString>>,
+    /// What the family's converter reads (ABI 5.4); `None` where the family
+    /// converts nothing, and read as `None` from a plugin built before.
+    #[sabi(missing_field(default))]
+    pub converter: Option<extern "C" fn() -> ConverterInfo>,
+    /// Converts an official checkpoint to the GGUF files `load` takes (ABI
+    /// 5.4), with the model kit's shared readers and writer; present exactly
+    /// when `converter` is.
+    #[sabi(missing_field(default))]
+    pub convert: Option<extern "C" fn(&ConvertRequest) -> RResult<ConvertOutput, RString>>,
 }
 
 impl RootModule for ModelPluginRef {

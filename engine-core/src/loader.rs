@@ -4,7 +4,10 @@
 //! layout this host expects (abi_stable), and it was built against the same ggml
 //! source as the host. Plugins are never unloaded.
 
-use crate::abi::{v5_1, v5_2, BackendHandle, BackendPluginRef, ModelBox, ModelFamilyInfo, ModelLoadRequest, ModelPluginRef, OptionSpec, PluginInfo};
+use crate::abi::{
+    v5_1, v5_2, v5_3, BackendHandle, BackendPluginRef, ConvertOutput, ConvertRequest, ConverterInfo, ModelBox, ModelFamilyInfo, ModelLoadRequest,
+    ModelPluginRef, OptionSpec, PluginInfo,
+};
 use abi_stable::library::{lib_header_from_path, LibraryError, RootModule};
 use abi_stable::std_types::{RResult, RString, RVec};
 use std::path::{Path, PathBuf};
@@ -129,9 +132,10 @@ pub struct LoadedBackendPlugin {
 }
 
 /// A loaded model plugin: built against this ABI, or against an earlier
-/// minor version whose interface the host keeps (`abi::v5_2`, `abi::v5_1`).
-/// The entry points the interfaces share are held as they are; `load`
-/// differs, and only 5.3 and later may have `load_for_cloning`.
+/// minor version whose interface the host keeps (`abi::v5_3`, `abi::v5_2`,
+/// `abi::v5_1`). The entry points the interfaces share are held as they are;
+/// `load` differs, only 5.3 and later may have `load_for_cloning`, and only
+/// 5.4 and later a converter.
 #[derive(Clone, Copy)]
 pub struct LoadedModelPlugin {
     info: extern "C" fn() -> PluginInfo,
@@ -139,7 +143,15 @@ pub struct LoadedModelPlugin {
     option_specs: extern "C" fn() -> RVec<OptionSpec>,
     load: ModelLoader,
     load_for_cloning: Option<LoadFn>,
+    converter: Option<Converter>,
     abi_version: &'static str,
+}
+
+/// A family's converter (ABI 5.4): what it reads, and the conversion.
+#[derive(Clone, Copy)]
+struct Converter {
+    info: extern "C" fn() -> ConverterInfo,
+    convert: extern "C" fn(&ConvertRequest) -> RResult<ConvertOutput, RString>,
 }
 
 type LoadFn = extern "C" fn(&ModelLoadRequest, &BackendHandle) -> RResult<ModelBox, RString>;
@@ -159,7 +171,24 @@ impl LoadedModelPlugin {
             option_specs: m.option_specs(),
             load: ModelLoader::Current(m.load()),
             load_for_cloning: m.load_for_cloning(),
+            // Both or neither: a plugin that declares one without the other converts nothing.
+            converter: match (m.converter(), m.convert()) {
+                (Some(info), Some(convert)) => Some(Converter { info, convert }),
+                _ => None,
+            },
             abi_version: crate::abi::PLUGIN_ABI_VERSION,
+        }
+    }
+
+    fn v5_3(m: v5_3::ModelPluginRef) -> Self {
+        LoadedModelPlugin {
+            info: m.info(),
+            family: m.family(),
+            option_specs: m.option_specs(),
+            load: ModelLoader::Current(m.load()),
+            load_for_cloning: m.load_for_cloning(),
+            converter: None,
+            abi_version: v5_3::PLUGIN_ABI_VERSION,
         }
     }
 
@@ -170,6 +199,7 @@ impl LoadedModelPlugin {
             option_specs: m.option_specs(),
             load: ModelLoader::Current(m.load()),
             load_for_cloning: None,
+            converter: None,
             abi_version: v5_2::PLUGIN_ABI_VERSION,
         }
     }
@@ -181,6 +211,7 @@ impl LoadedModelPlugin {
             option_specs: m.option_specs(),
             load: ModelLoader::V5_1(m.load()),
             load_for_cloning: None,
+            converter: None,
             abi_version: v5_1::PLUGIN_ABI_VERSION,
         }
     }
@@ -219,6 +250,20 @@ impl LoadedModelPlugin {
         }
     }
 
+    /// What the family's converter reads (ABI 5.4); `None` where it has none.
+    pub fn converter(&self) -> Option<ConverterInfo> {
+        self.converter.map(|c| (c.info)())
+    }
+
+    /// Converts a checkpoint with the family's converter; an error where it
+    /// has none.
+    pub fn convert(&self, request: &ConvertRequest) -> RResult<ConvertOutput, RString> {
+        match self.converter {
+            Some(c) => (c.convert)(request),
+            None => RResult::RErr(RString::from(format!("the {} plugin (ABI {}) has no converter", self.family().family, self.abi_version))),
+        }
+    }
+
     /// The plugin ABI version the plugin was built against.
     pub fn abi_version(&self) -> &'static str {
         self.abi_version
@@ -235,18 +280,23 @@ pub fn load_backend(path: &Path) -> Result<(LoadedBackendPlugin, PluginInfo), Pl
 
 /// Loads a model plugin through the current interface or, when abi_stable
 /// refuses it for that one (an older minor version), through the interface of
-/// ABI 5.2, then of 5.1 (newest first: a 5.2 plugin would pass 5.1's check
-/// too, and lose what it has); the error reported is the current interface's.
+/// ABI 5.3, then 5.2, then 5.1 (newest first: a 5.3 plugin would pass 5.2's
+/// check too, and lose what it has); the error reported is the current
+/// interface's.
 pub fn load_model(path: &Path) -> Result<(LoadedModelPlugin, PluginInfo), PluginError> {
     let module = match load_root::<ModelPluginRef>(path) {
         Ok(m) => LoadedModelPlugin::current(m),
-        Err(current @ (PluginError::AbiVersion { .. } | PluginError::AbiLayout { .. })) => match load_root::<v5_2::ModelPluginRef>(path) {
-            Ok(m) => LoadedModelPlugin::v5_2(m),
-            Err(_) => match load_root::<v5_1::ModelPluginRef>(path) {
-                Ok(m) => LoadedModelPlugin::v5_1(m),
-                Err(_) => return Err(current),
-            },
-        },
+        Err(current @ (PluginError::AbiVersion { .. } | PluginError::AbiLayout { .. })) => {
+            if let Ok(m) = load_root::<v5_3::ModelPluginRef>(path) {
+                LoadedModelPlugin::v5_3(m)
+            } else if let Ok(m) = load_root::<v5_2::ModelPluginRef>(path) {
+                LoadedModelPlugin::v5_2(m)
+            } else if let Ok(m) = load_root::<v5_1::ModelPluginRef>(path) {
+                LoadedModelPlugin::v5_1(m)
+            } else {
+                return Err(current);
+            }
+        }
         Err(e) => return Err(e),
     };
     let info = module.info();

@@ -352,11 +352,14 @@ fn convert(spec: &OptionSpec, value: &toml::Value, base: &Path) -> Result<Option
 /// its spec's kind; the error names the key (`option `speed`: ...`) or the
 /// unknown key with the known ones.
 pub fn apply_overrides(list: &mut OptionList, family: &str, specs: &[OptionSpec], overrides: &[(String, String)]) -> Result<(), String> {
+    apply_named_overrides(list, "synthesis option", &format!("the {family} model"), specs, overrides)
+}
+
+/// [`apply_overrides`] for options of another kind (`what`: "converter
+/// option") taken by `owner` ("the chatterbox converter").
+pub fn apply_named_overrides(list: &mut OptionList, what: &str, owner: &str, specs: &[OptionSpec], overrides: &[(String, String)]) -> Result<(), String> {
     for (key, text) in overrides {
-        let spec = specs
-            .iter()
-            .find(|s| s.key.as_str() == key)
-            .ok_or_else(|| format!("unknown synthesis option `{key}` for the {family} model (known: {})", spec_keys(specs)))?;
+        let spec = specs.iter().find(|s| s.key.as_str() == key).ok_or_else(|| format!("unknown {what} `{key}` for {owner} (known: {})", spec_keys(specs)))?;
         let value = parse_override(spec, text).map_err(|message| format!("option `{key}`: {message}"))?;
         for Tuple2(k, v) in list.iter_mut() {
             if k.as_str() == key {

@@ -135,6 +135,7 @@ fn test(extra: &[String]) -> Result<(), String> {
     build_all(false)?;
     build_abi_5_1_fixture()?;
     build_abi_5_2_fixture()?;
+    build_abi_5_3_fixture()?;
     openai_client()?;
     converter_python()?;
     check_bundle()?;
@@ -212,6 +213,18 @@ fn build_abi_5_2_fixture() -> Result<(), String> {
     c.args(["build", "-p", "tts-test-plugin-tone", "--features", "abi-5-2", "--profile", "abi-5-2"]);
     run(&mut c)?;
     std::env::set_var("TTS_REQUIRE_ABI_5_2_FIXTURE", "1");
+    Ok(())
+}
+
+/// The tone test plugin as built against plugin ABI 5.3 (the root module of
+/// then, before the converter, which `engine_core::abi::v5_3` keeps);
+/// `cli/tests/convert.rs` loads it into this host, and fails rather than
+/// skips when this ran.
+fn build_abi_5_3_fixture() -> Result<(), String> {
+    let mut c = cargo();
+    c.args(["build", "-p", "tts-test-plugin-tone", "--features", "abi-5-3", "--profile", "abi-5-3"]);
+    run(&mut c)?;
+    std::env::set_var("TTS_REQUIRE_ABI_5_3_FIXTURE", "1");
     Ok(())
 }
 

@@ -11,8 +11,10 @@ use crate::profile::{DeviceChoice, Profile};
 use abi_stable::std_types::RResult;
 use std::path::{Path, PathBuf};
 
+mod convert;
 mod report;
 
+pub use convert::{convert_checkpoint, converters, ConvertReport, Converter};
 pub use report::{BackendReport, DeviceReport, DevicesReport, OptionGroup, OptionRow, OptionsReport, PluginReport, ProbeReport, Selection};
 
 /// The environment variable naming plugin directories (`:`-separated, as

@@ -30,9 +30,9 @@ use abi_stable::{
     std_types::{RResult, RString, RVec},
 };
 use engine_core::abi::{
-    AudioSink, BackendHandle, LoadedModelInfo, Model, ModelBox, ModelCatalog, ModelFamilyInfo, ModelLoadRequest, ModelPlugin, ModelPluginRef, Model_TO,
-    OptionKind, OptionList, OptionSpec, OptionValue, PluginInfo, StreamSummary, SynthesisOutput, SynthesisRequest, TokenTrace, VoiceCloneOutput,
-    VoiceCloneRequest,
+    AudioSink, BackendHandle, ConvertOutput, ConvertRequest, ConvertedFile, ConverterInfo, LoadedModelInfo, Model, ModelBox, ModelCatalog, ModelFamilyInfo,
+    ModelLoadRequest, ModelPlugin, ModelPluginRef, Model_TO, OptionKind, OptionList, OptionSpec, OptionValue, PluginInfo, StreamSummary, SynthesisOutput,
+    SynthesisRequest, TokenTrace, VoiceCloneOutput, VoiceCloneRequest,
 };
 use engine_core::backend_kit::spec;
 use engine_core::model_kit::Result;
@@ -42,7 +42,29 @@ use t3::guided::GuidanceMode;
 
 #[export_root_module]
 pub fn get_library() -> ModelPluginRef {
-    ModelPlugin { info, family, option_specs, load, load_for_cloning: Some(load_for_cloning) }.leak_into_prefix()
+    ModelPlugin { info, family, option_specs, load, load_for_cloning: Some(load_for_cloning), converter: Some(converter), convert: Some(convert_checkpoint) }
+        .leak_into_prefix()
+}
+
+/// The converter from the official checkpoint directory (ABI 5.4; `tts
+/// convert`, `tts pull`): [`convert`].
+extern "C" fn converter() -> ConverterInfo {
+    ConverterInfo {
+        description: convert::DESCRIPTION.into(),
+        marker_files: convert::MARKER_FILES.iter().map(|f| RString::from(*f)).collect(),
+        options: convert::option_specs().into(),
+    }
+}
+
+extern "C" fn convert_checkpoint(request: &ConvertRequest) -> RResult<ConvertOutput, RString> {
+    guarded("chatterbox converter", || {
+        let options = convert::ConvertOptions::from_list(&request.options)?;
+        let done = convert::convert_with(std::path::Path::new(request.source.as_str()), std::path::Path::new(request.out_dir.as_str()), &options)?;
+        Ok(ConvertOutput {
+            files: done.files.iter().map(|f| ConvertedFile { path: f.path.to_string_lossy().as_ref().into(), summary: f.summary.as_str().into() }).collect(),
+            variant: done.variant.name().into(),
+        })
+    })
 }
 
 extern "C" fn info() -> PluginInfo {

@@ -22,8 +22,9 @@ use abi_stable::{
     std_types::{RResult, RString, RVec},
 };
 use engine_core::abi::{
-    AudioSink, BackendHandle, LoadedModelInfo, Model, ModelBox, ModelCatalog, ModelFamilyInfo, ModelLoadRequest, ModelPlugin, ModelPluginRef, Model_TO,
-    OptionKind, OptionList, OptionSpec, OptionValue, PluginInfo, StreamSummary, SynthesisOutput, SynthesisRequest,
+    AudioSink, BackendHandle, ConvertOutput, ConvertRequest, ConvertedFile, ConverterInfo, LoadedModelInfo, Model, ModelBox, ModelCatalog, ModelFamilyInfo,
+    ModelLoadRequest, ModelPlugin, ModelPluginRef, Model_TO, OptionKind, OptionList, OptionSpec, OptionValue, PluginInfo, StreamSummary, SynthesisOutput,
+    SynthesisRequest,
 };
 use engine_core::backend_kit::spec;
 use engine_core::model_kit::Result;
@@ -33,7 +34,36 @@ use model::{NoiseSource, Supertonic, SynthesisParams, VoiceChoice};
 #[export_root_module]
 pub fn get_library() -> ModelPluginRef {
     // Supertonic does not clone voices.
-    ModelPlugin { info, family, option_specs, load, load_for_cloning: None }.leak_into_prefix()
+    ModelPlugin { info, family, option_specs, load, load_for_cloning: None, converter: Some(converter), convert: Some(convert_checkpoint) }.leak_into_prefix()
+}
+
+/// The converter from the official ONNX bundle (ABI 5.4; `tts convert`,
+/// `tts pull`): [`convert`].
+extern "C" fn converter() -> ConverterInfo {
+    ConverterInfo {
+        description: "an official Supertonic 1/2/3 bundle (onnx/*.onnx, tts.json, unicode_indexer.json, voice_styles/*.json)".into(),
+        marker_files: convert::MARKER_FILES.iter().map(|f| RString::from(*f)).collect(),
+        options: convert::option_specs().into(),
+    }
+}
+
+extern "C" fn convert_checkpoint(request: &ConvertRequest) -> RResult<ConvertOutput, RString> {
+    guarded("supertonic converter", || {
+        let options = convert::ConvertOptions::from_list(&request.options)?;
+        let files = convert::convert_with(std::path::Path::new(request.source.as_str()), std::path::Path::new(request.out_dir.as_str()), &options)?;
+        // One file, `supertonic-<version>.gguf`: the version is the variant.
+        let variant = files
+            .first()
+            .and_then(|f| f.path.file_stem())
+            .and_then(|stem| stem.to_str())
+            .and_then(|stem| stem.strip_prefix("supertonic-"))
+            .unwrap_or_default()
+            .to_string();
+        Ok(ConvertOutput {
+            files: files.iter().map(|f| ConvertedFile { path: f.path.to_string_lossy().as_ref().into(), summary: f.summary.as_str().into() }).collect(),
+            variant: variant.into(),
+        })
+    })
 }
 
 extern "C" fn info() -> PluginInfo {

@@ -23,13 +23,19 @@ use engine_core::abi::v5_1::{Model, ModelBox, ModelPlugin, ModelPluginRef, Model
 // model trait is the current one.
 #[cfg(feature = "abi-5-2")]
 use engine_core::abi::v5_2::{ModelPlugin, ModelPluginRef};
+// With `abi-5-3`: the root module of 5.3, before the converter.
+#[cfg(feature = "abi-5-3")]
+use engine_core::abi::v5_3::{ModelPlugin, ModelPluginRef};
 #[cfg(not(feature = "abi-5-1"))]
 use engine_core::abi::{AudioSink, Model, ModelBox, Model_TO, StreamSummary};
-#[cfg(not(any(feature = "abi-5-1", feature = "abi-5-2")))]
+#[cfg(not(any(feature = "abi-5-1", feature = "abi-5-2", feature = "abi-5-3")))]
 use engine_core::abi::{ModelPlugin, ModelPluginRef};
 use engine_core::backend_kit::spec;
 use ggml_sys::gguf::GgufFile;
 use ggml_sys::{Backend, Context, TYPE_F32};
+
+#[cfg(not(any(feature = "abi-5-1", feature = "abi-5-2", feature = "abi-5-3")))]
+mod converter;
 
 pub const ARCH: &str = "tts-test-tone";
 
@@ -38,8 +44,10 @@ pub fn get_library() -> ModelPluginRef {
     #[cfg(any(feature = "abi-5-1", feature = "abi-5-2"))]
     let plugin = ModelPlugin { info, family, option_specs, load };
     // No cloning-only load: the host clones with the full model.
-    #[cfg(not(any(feature = "abi-5-1", feature = "abi-5-2")))]
+    #[cfg(feature = "abi-5-3")]
     let plugin = ModelPlugin { info, family, option_specs, load, load_for_cloning: None };
+    #[cfg(not(any(feature = "abi-5-1", feature = "abi-5-2", feature = "abi-5-3")))]
+    let plugin = ModelPlugin { info, family, option_specs, load, load_for_cloning: None, converter: Some(converter::info), convert: Some(converter::convert) };
     plugin.leak_into_prefix()
 }
 
