@@ -126,8 +126,10 @@ pub fn pull(request: &PullRequest, convert: Converter) -> Result<PathBuf, String
 
     let (variant, written) = convert(&source_dir, &model_dir, Some(&entry.family), &options)?;
     if !request.quiet {
-        for (_, summary) in &written {
-            eprintln!("{summary}");
+        // By final file name: the temporary's path would mislead.
+        for (path, summary) in &written {
+            let summary = summary.strip_prefix(&format!("{}: ", path.display())).unwrap_or(summary);
+            eprintln!("{}: {summary}", path.file_name().unwrap_or_default().to_string_lossy());
         }
     }
     let mut gguf_names = Vec::new();
