@@ -509,3 +509,39 @@ fn tokenizer_ids_beyond_the_text_embedding_are_refused_as_convert_py_does() {
         assert_eq!(stderr.trim_end(), format!("convert.py: {}: {e}", dir.display()));
     }
 }
+
+/// Full-size random checkpoints in the official formats (tools/chatterbox/
+/// make_fixtures.py and make_mtl_fixtures.py with `--size full --no-dumps`):
+/// `TTS_CHATTERBOX_FULL_TURBO` and/or `TTS_CHATTERBOX_FULL_MTL` name the
+/// directories, `TTS_CHATTERBOX_FULL_WEIGHTS` the storages (comma-separated,
+/// default f32). Each conversion must equal convert.py's byte for byte. Skips
+/// with a message when neither directory or the venv is given: several GB
+/// and minutes per storage are too much for every run.
+#[test]
+fn full_size_checkpoints_equal_the_python_converter() {
+    let dirs: Vec<(&str, PathBuf)> = [("turbo", "TTS_CHATTERBOX_FULL_TURBO"), ("mtl", "TTS_CHATTERBOX_FULL_MTL")]
+        .iter()
+        .filter_map(|(v, var)| Some((*v, PathBuf::from(std::env::var_os(var)?))))
+        .collect();
+    let Some(python) = python().filter(|_| !dirs.is_empty()) else {
+        eprintln!("skipped: set TTS_CHATTERBOX_FULL_TURBO / TTS_CHATTERBOX_FULL_MTL to full-size official-format directories (and have the converter venv)");
+        return;
+    };
+    let weights = std::env::var("TTS_CHATTERBOX_FULL_WEIGHTS").unwrap_or_else(|_| "f32".into());
+    for (variant, dir) in &dirs {
+        for w in weights.split(',') {
+            let tmp = tempfile::tempdir().unwrap();
+            let options = [("variant", *variant), ("weights", w)];
+            let started = std::time::Instant::now();
+            let files = convert(dir, &tmp.path().join("native"), &opts(&options)).unwrap();
+            let native_s = started.elapsed().as_secs_f64();
+            let started = std::time::Instant::now();
+            python_convert(&python, dir, &tmp.path().join("python"), &options);
+            let python_s = started.elapsed().as_secs_f64();
+            for f in &files {
+                assert_same(&f.path, &tmp.path().join("python").join(f.path.file_name().unwrap()));
+            }
+            eprintln!("{variant} weights={w}: identical ({} files; native {native_s:.1} s, convert.py {python_s:.1} s)", files.len());
+        }
+    }
+}
