@@ -22,6 +22,7 @@ use ndarray::{ArrayD, IxDyn};
 use prost::Message;
 use std::collections::HashMap;
 use std::path::{Path, PathBuf};
+use std::sync::Arc;
 
 /// The protobuf messages of `onnx.proto` (ONNX IR), reduced to the fields a
 /// converter reads; field numbers as in `onnx.proto`. prost skips the rest.
@@ -460,9 +461,21 @@ impl OnnxNode {
     }
 }
 
+/// The memory map a graph's [`Bytes`] borrow from, shared with the graph so
+/// it can give pages back ([`OnnxGraph::release`]).
+struct SharedMap(Arc<memmap2::Mmap>);
+
+impl AsRef<[u8]> for SharedMap {
+    fn as_ref(&self) -> &[u8] {
+        &self.0
+    }
+}
+
 /// One ONNX model's main graph, indexed by tensor name.
 pub struct OnnxGraph {
     path: PathBuf,
+    /// The file's map, when the graph was opened from a file.
+    map: Option<Arc<memmap2::Mmap>>,
     nodes: Vec<OnnxNode>,
     initializers: Vec<String>,
     /// Initializers, then `Constant` outputs (a later one replaces an earlier one of the same name).
@@ -480,7 +493,41 @@ impl OnnxGraph {
         // every mmap, a file truncated by another process while mapped would
         // fault, which is the same hazard every mmap-based model loader takes.
         let map = unsafe { memmap2::Mmap::map(&file) }.map_err(|e| Error::msg(format!("{}: cannot map: {e}", path.display())))?;
-        Self::decode(path, Bytes::from_owner(map))
+        let map = Arc::new(map);
+        let mut graph = Self::decode(path, Bytes::from_owner(SharedMap(map.clone())))?;
+        // Decoding touched a page or so around every field header (the
+        // kernel maps pages around each fault), a third of a large model:
+        // give them back; each tensor's pages come back when it is read.
+        // SAFETY: as in `release`: a read-only private map of a file.
+        let _ = unsafe { map.unchecked_advise(memmap2::UncheckedAdvice::DontNeed) };
+        graph.map = Some(map);
+        Ok(graph)
+    }
+
+    /// Gives back the memory of tensor `name`'s bytes in the file map (the
+    /// whole pages inside them): a converter that has read a tensor calls
+    /// this, so that reading a model tensor by tensor keeps only the tensor
+    /// in hand resident, not every page of the file read so far. Reading the
+    /// tensor again later reads it from the file again. A hint: nothing
+    /// happens for a graph decoded from memory or a tensor not in `raw_data`.
+    pub fn release(&self, name: &str) {
+        let (Some(map), Some(OnnxTensor { data: Data::Raw(raw), .. })) = (&self.map, self.values.get(name)) else {
+            return;
+        };
+        let base = map.as_ptr() as usize;
+        let Some(start) = (raw.as_ptr() as usize).checked_sub(base) else {
+            return;
+        };
+        let page = page_size();
+        let first = start.div_ceil(page) * page;
+        let end = ((start + raw.len()).min(map.len()) / page) * page;
+        if end > first {
+            // SAFETY: the map is a read-only private mapping of a file that
+            // nothing in this process writes: dropping its pages only makes
+            // the next read fault them in from the file again, so every
+            // `Bytes` borrowing them still reads the same values.
+            let _ = unsafe { map.unchecked_advise_range(memmap2::UncheckedAdvice::DontNeed, first, end - first) };
+        }
     }
 
     /// Decodes an ONNX model image (`path` names it in errors).
@@ -533,7 +580,7 @@ impl OnnxGraph {
             }
             nodes.push(node);
         }
-        Ok(OnnxGraph { path: path.to_path_buf(), nodes, initializers, values, producer, consumers })
+        Ok(OnnxGraph { path: path.to_path_buf(), map: None, nodes, initializers, values, producer, consumers })
     }
 
     pub fn path(&self) -> &Path {
@@ -583,4 +630,11 @@ impl OnnxGraph {
     pub fn consumer(&self, name: &str, op_type: &str) -> Option<&OnnxNode> {
         self.consumers(name).find(|n| n.op_type == op_type)
     }
+}
+
+/// The system's page size (4096 where it cannot be read).
+fn page_size() -> usize {
+    // SAFETY: sysconf has no preconditions.
+    let n = unsafe { libc::sysconf(libc::_SC_PAGESIZE) };
+    usize::try_from(n).ok().filter(|&n| n > 0).unwrap_or(4096)
 }

@@ -149,20 +149,20 @@ impl<'g> Lazy<'g> {
             Lazy::Initializer { graph, name, ops, shape } => {
                 let tensor = graph.value(name).ok_or_else(|| Error::msg(format!("{}: no tensor {name}", graph.path().display())))?;
                 let mut a = tensor.to_f32();
+                // Read once: its pages of the file map are not needed any more.
+                graph.release(name);
                 for op in ops {
                     a = match op {
                         Op::ReverseAxes => a.reversed_axes(),
                         Op::Index(axis, i) => a.index_axis_move(Axis(*axis), *i),
                         Op::Permute(order) => a.permuted_axes(IxDyn(order)),
-                        Op::Reshape(dims) => a
-                            .as_standard_layout()
-                            .into_owned()
-                            .into_shape_with_order(IxDyn(dims))
-                            .map_err(|e| Error::msg(format!("{}: reshape to {dims:?}: {e}", self.origin())))?,
+                        Op::Reshape(dims) => {
+                            standard(a).into_shape_with_order(IxDyn(dims)).map_err(|e| Error::msg(format!("{}: reshape to {dims:?}: {e}", self.origin())))?
+                        }
                     };
                 }
                 debug_assert_eq!(a.shape(), shape.as_slice());
-                Ok(a.as_standard_layout().into_owned())
+                Ok(standard(a))
             }
             Lazy::TanhKeys { prototype, weight, bias, shape } => tanh_keys(&prototype.values()?, &weight.values()?, &bias.values()?, shape),
             Lazy::Ready(a) => Ok(a.clone()),
@@ -183,6 +183,15 @@ impl<'g> Lazy<'g> {
             return Err(bias.shape_error(&format!("the style key bias must be [{units}]")));
         }
         Ok(Lazy::TanhKeys { prototype: Box::new(prototype), weight: Box::new(weight), bias: Box::new(bias), shape: vec![tokens, units] })
+    }
+}
+
+/// `a` in row-major order, copied only when it is not already.
+fn standard(a: ArrayD<f32>) -> ArrayD<f32> {
+    if a.is_standard_layout() {
+        a
+    } else {
+        a.as_standard_layout().into_owned()
     }
 }
 
