@@ -146,6 +146,47 @@ fn every_storage_matches_the_python_converter() {
     }
 }
 
+/// Full-size random bundles (tools/supertonic/make_bundle.py --config v2|v3,
+/// 250 and 400 MB of ONNX) against convert.py, every storage: run with
+/// `TTS_SUPERTONIC_FULL=1` where the venv exists (about a minute in a release
+/// build); skipped otherwise.
+#[test]
+fn full_size_bundles_match_the_python_converter() {
+    let python = repo_root().join("target/chatterbox-venv/bin/python");
+    if std::env::var_os("TTS_SUPERTONIC_FULL").is_none() || !python.exists() {
+        eprintln!("skipping the full-size comparison: set TTS_SUPERTONIC_FULL=1 with {} present", python.display());
+        return;
+    }
+    let dir = tempfile::tempdir().unwrap();
+    for config in ["v2", "v3"] {
+        let bundle = dir.path().join(config);
+        let status = Command::new(&python)
+            .arg(repo_root().join("tools/supertonic/make_bundle.py"))
+            .args(["--config", config, "--seed", "0", "--out"])
+            .arg(&bundle)
+            .stdout(std::process::Stdio::null())
+            .status()
+            .unwrap();
+        assert!(status.success(), "make_bundle.py --config {config}");
+        for storage in ["f32", "f16", "bf16", "q8_0"] {
+            let out = dir.path().join(format!("{config}-{storage}"));
+            let files = convert(&bundle, &out, &options(&[("weights", storage)])).unwrap();
+            let want = out.join("python.gguf");
+            let status = Command::new(&python)
+                .arg(repo_root().join("tools/supertonic/convert.py"))
+                .arg(&bundle)
+                .arg(&want)
+                .args(["--weights", storage])
+                .stdout(std::process::Stdio::null())
+                .status()
+                .unwrap();
+            assert!(status.success(), "convert.py {config} {storage}");
+            assert_same_bytes(&files[0].path, &want);
+            std::fs::remove_dir_all(&out).unwrap();
+        }
+    }
+}
+
 /// A copy of the tiny v2 bundle that a test may spoil.
 fn bundle_copy(dir: &Path) -> PathBuf {
     let src = fixture("tiny-v2").join("official");
