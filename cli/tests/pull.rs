@@ -72,8 +72,8 @@ fn is_lfs(name: &str) -> bool {
 
 #[derive(Default)]
 struct Faults {
-    /// "repo/file": the next body download is cut after half its bytes.
-    cut_once: HashSet<String>,
+    /// "repo/file" → N: the next N body downloads are cut after half their bytes.
+    cuts: BTreeMap<String, usize>,
     /// "repo/file": the next body download has one byte changed.
     corrupt_once: HashSet<String>,
     /// "repo/file": every body download has one byte changed.
@@ -223,12 +223,16 @@ fn serve(mut stream: TcpStream, state: &HubState) {
             Some((a, b)) => (a.parse::<usize>().unwrap_or(0), b.parse::<usize>().map_or(total, |e| (e + 1).min(total))),
             None => (0, total),
         };
+        if range.is_some() && start >= total {
+            return respond(&mut stream, "416 Range Not Satisfiable", &[("Content-Range", format!("bytes */{total}"))], b"");
+        }
         let probe = range.as_deref() == Some("bytes=0-0");
         let mut body = bytes[start.min(total)..end.max(start).min(total)].to_vec();
         let mut cut = None;
         if !probe {
             let mut faults = state.faults.lock().unwrap();
-            if faults.cut_once.remove(&key) {
+            if let Some(n) = faults.cuts.get_mut(&key).filter(|n| **n > 0) {
+                *n -= 1;
                 cut = Some(body.len() / 2);
             }
             if (faults.corrupt_once.remove(&key) || faults.corrupt_always.contains(&key)) && !body.is_empty() {
@@ -484,7 +488,7 @@ fn downloads(hub: &FakeHub, file: &str) -> Vec<String> {
 #[test]
 fn an_interrupted_download_resumes_where_it_stopped() {
     let file = "Supertone/supertonic-2/onnx/vector_estimator.onnx";
-    let hub = FakeHub::start(all_repos(), Faults { cut_once: [file.to_string()].into(), ..Faults::default() });
+    let hub = FakeHub::start(all_repos(), Faults { cuts: [(file.to_string(), 1)].into(), ..Faults::default() });
     let m = Machine::new();
     let o = m.pull(&hub.url, "supertonic-2", &[], &[]);
     let ranges = downloads(&hub, file);
@@ -495,6 +499,48 @@ fn an_interrupted_download_resumes_where_it_stopped() {
     assert!(resumed_at > 0 && resumed_at < size, "resumed at {resumed_at} of {size}");
     assert_ok(&o, "pull");
     m.assert_models(&["supertonic-2"]);
+}
+
+#[test]
+fn a_download_cut_more_often_than_retried_resumes_in_the_next_pull() {
+    let file = "Supertone/supertonic-2/onnx/vector_estimator.onnx";
+    // The first download and its three retries are all cut.
+    let hub = FakeHub::start(all_repos(), Faults { cuts: [(file.to_string(), 4)].into(), ..Faults::default() });
+    let m = Machine::new();
+    let o = m.pull(&hub.url, "supertonic-2", &[], &[]);
+    assert_one_line_error(&o, "Supertone/supertonic-2/onnx/vector_estimator.onnx: download failed: ");
+    assert!(stderr(&o).contains("(run `tts pull` again to resume)"), "{}", stderr(&o));
+    m.assert_models(&[]);
+    let blobs = dir_names(&m.cache().join("models--Supertone--supertonic-2/blobs"));
+    let want = sha256(&std::fs::read(fixture("supertonic/tiny-v2/official/onnx/vector_estimator.onnx")).unwrap());
+    assert!(blobs.contains(&format!("{want}.part")), "the partial download is kept: {blobs:?}");
+    assert!(blobs.iter().all(|b| !b.ends_with(".lock")), "no lock is left: {blobs:?}");
+    let first = downloads(&hub, file);
+    assert_eq!(first.len(), 4, "{first:?}");
+    let kept: u64 = first[3].strip_prefix("bytes=").and_then(|r| r.strip_suffix('-')).unwrap().parse().unwrap();
+
+    let o = m.pull(&hub.url, "supertonic-2", &[], &[]);
+    assert_ok(&o, "the next pull");
+    let all = downloads(&hub, file);
+    assert_eq!(all.len(), 5, "one more request: {all:?}");
+    let resumed_at: u64 = all[4].strip_prefix("bytes=").and_then(|r| r.strip_suffix('-')).unwrap().parse().unwrap();
+    assert!(resumed_at > kept, "the next pull starts from the partial file ({resumed_at} > {kept})");
+    m.assert_models(&["supertonic-2"]);
+}
+
+#[test]
+fn a_partial_download_as_long_as_the_file_starts_over() {
+    // A run ended between the last byte and the rename: resuming would ask
+    // for bytes past the end.
+    let file = "Supertone/supertonic-2/onnx/vocoder.onnx";
+    let bytes = std::fs::read(fixture("supertonic/tiny-v2/official/onnx/vocoder.onnx")).unwrap();
+    let hub = FakeHub::start(all_repos(), Faults::default());
+    let m = Machine::new();
+    let blobs = m.cache().join("models--Supertone--supertonic-2/blobs");
+    std::fs::create_dir_all(&blobs).unwrap();
+    std::fs::write(blobs.join(format!("{}.part", sha256(&bytes))), &bytes).unwrap();
+    assert_ok(&m.pull(&hub.url, "supertonic-2", &[], &[]), "pull");
+    assert_eq!(downloads(&hub, file), ["bytes=0-"]);
 }
 
 #[test]

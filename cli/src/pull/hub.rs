@@ -141,7 +141,7 @@ impl Hub {
             .with_cache_dir(self.cache.clone())
             .with_token(self.token.clone())
             .with_progress(false)
-            .with_retries(DOWNLOAD_RETRIES)
+            .with_retries(0)
             .build()
             .map_err(|e| format!("starting the Hub client: {e}"))
     }
@@ -196,27 +196,47 @@ impl Hub {
                 }
             }
         }
-        self.check_etag(repo, commit, name)?;
+        let etag = self.check_etag(repo, commit, name)?;
+        // A partial download as long as the file (a run ended between the
+        // last byte and the rename) would be resumed past its end, which
+        // servers refuse: it starts over.
+        let part = self.repo_dir(repo).join("blobs").join(format!("{etag}.part"));
+        if let (Ok(meta), Some(size)) = (std::fs::metadata(&part), expect.size) {
+            if meta.len() >= size {
+                let _ = std::fs::remove_file(&part);
+            }
+        }
         let handle = api.repo(Repo::with_revision(repo.to_string(), RepoType::Model, commit.to_string()));
         let ref_by_commit = self.repo_dir(repo).join("refs").join(commit);
         let had_ref_by_commit = ref_by_commit.exists();
-        let mut attempt = 0;
+        let (mut mismatches, mut dropped) = (0, 0);
         loop {
-            attempt += 1;
-            let path = handle.download_with_progress(name, Bar::new(self.progress)).map_err(|e| self.download_error(repo, name, e))?;
+            // The retries are ours, not hf-hub's: its loop reports the last
+            // failure even when the final retry succeeded, leaving a whole
+            // file as a `.part` no later run could finish.
+            let result = handle.download_with_progress(name, Bar::new(self.progress));
             // hf-hub leaves its lock beside the blob and names a ref after the
             // commit; huggingface_hub does neither.
-            if let Ok(blob) = std::fs::canonicalize(&path) {
-                let _ = std::fs::remove_file(blob.with_extension("lock"));
-            }
+            let _ = std::fs::remove_file(part.with_extension("lock"));
             if !had_ref_by_commit {
                 let _ = std::fs::remove_file(&ref_by_commit);
             }
+            let path = match result {
+                Ok(path) => path,
+                Err(e) if dropped < DOWNLOAD_RETRIES && network_failure(&e) => {
+                    dropped += 1;
+                    tracing::info!("{repo}/{name}: {e}; resuming (retry {dropped} of {DOWNLOAD_RETRIES})");
+                    std::thread::sleep(std::time::Duration::from_millis(250 << dropped));
+                    continue;
+                }
+                Err(e) => return Err(self.download_error(repo, name, e)),
+            };
             match expect.check(&path) {
                 Ok(()) => return Ok(path),
                 Err(e) => {
                     remove_cached(&path);
-                    if attempt == 2 {
+                    mismatches += 1;
+                    if mismatches == 2 {
                         return Err(format!("{repo}/{name}: {e} again after a second download; removed from the cache"));
                     }
                     tracing::info!("{repo}/{name}: {e}; removed, fetching it once more");
@@ -229,7 +249,7 @@ impl Hub {
     /// one that is not a plain token (`../x`) could write outside the cache.
     /// The same first request it makes is made here first, and such an ETag
     /// refused.
-    fn check_etag(&self, repo: &str, commit: &str, name: &str) -> Result<(), String> {
+    fn check_etag(&self, repo: &str, commit: &str, name: &str) -> Result<String, String> {
         let url = format!("{}/{repo}/resolve/{commit}/{name}", self.endpoint);
         let agent = ureq2::AgentBuilder::new()
             .redirects(0)
@@ -251,7 +271,7 @@ impl Hub {
         if etag.is_empty() || etag.len() > 128 || !etag.bytes().all(|b| b.is_ascii_alphanumeric() || b == b'-' || b == b'_') {
             return Err(format!("{repo}/{name}: the Hub's ETag `{}` is not a plain hash", etag.escape_debug()));
         }
-        Ok(())
+        Ok(etag)
     }
 
     fn download_error(&self, repo: &str, name: &str, e: ApiError) -> String {
@@ -263,6 +283,7 @@ impl Hub {
             },
             // The last of the retries says what went wrong.
             ApiError::TooManyRetries(e) => self.download_error(repo, name, *e),
+            ApiError::IoError(e) if network_io(&e) => format!("{repo}/{name}: download failed: {e} (run `tts pull` again to resume)"),
             ApiError::IoError(e) => format!("{repo}/{name}: writing the cache under {}: {e}", self.cache.display()),
             ApiError::InvalidResume => {
                 format!(
@@ -308,6 +329,27 @@ impl Hub {
         }
         Ok(Resolved { commit, files })
     }
+}
+
+/// Whether a download failed on the way (worth resuming) rather than at
+/// either end.
+fn network_failure(e: &ApiError) -> bool {
+    match e {
+        ApiError::RequestError(e) => matches!(**e, ureq2::Error::Transport(_)),
+        ApiError::IoError(e) => network_io(e),
+        _ => false,
+    }
+}
+
+/// hf-hub copies the response into the file, so an I/O error is either
+/// side's: the OS errors of sockets are the network's, as is ureq's own (no
+/// OS error: a body cut short); any other OS error is the file's (a full
+/// disk, no permission).
+fn network_io(e: &std::io::Error) -> bool {
+    matches!(
+        e.raw_os_error(),
+        None | Some(libc::ECONNRESET | libc::ECONNABORTED | libc::ETIMEDOUT | libc::EPIPE | libc::ENETDOWN | libc::ENETUNREACH | libc::EHOSTUNREACH)
+    )
 }
 
 /// Why the model-info request failed: the Hub could not be reached (the
