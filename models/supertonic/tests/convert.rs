@@ -257,6 +257,15 @@ fn an_unnamed_or_unexpected_initializer_is_refused() {
     assert!(e.starts_with(&format!("{}: expected one input convolution, found [", path.display())), "{e}");
     assert!(e.ends_with("\"tts.ae.extra.weight\"]"), "{e}");
 
+    // A weight of the wrong rank: a one-line error, not a panic.
+    let bundle = bundle_copy(&dir.path().join("rank"));
+    let path = edit_graph(&bundle, "duration_predictor", |m| {
+        let g = m.graph.as_mut().unwrap();
+        let t = g.initializer.iter_mut().find(|t| t.name == "tts.dp.sentence_encoder.attn_encoder.attn_layers.0.emb_rel_k").unwrap();
+        *t = TensorProto { name: t.name.clone(), dims: vec![3], data_type: 1, float_data: vec![0.0; 3], ..Default::default() };
+    });
+    assert_eq!(convert_err(dir.path(), &bundle, &[]), format!("{}: dp.attn.0.rel_k has shape [], no axis 0", path.display()));
+
     // A weight the converter needs, missing.
     let bundle = bundle_copy(&dir.path().join("fourth"));
     let path = edit_graph(&bundle, "duration_predictor", |m| {

@@ -89,7 +89,8 @@ pub fn convnext_hparams(src: &Weights, old: &str, n: usize) -> Result<ConvNextHp
         dilations.push(conv_dilation(src.graph, &name)?);
         kernel = *src.shape(&name)?.get(2).ok_or_else(|| Error::msg(format!("{}: {name} is not a 1-D convolution weight", file(src.graph))))?;
     }
-    let inner = src.shape(&format!("{old}.0.pwconv1.weight"))?[0];
+    let pw1 = format!("{old}.0.pwconv1.weight");
+    let inner = *src.shape(&pw1)?.first().ok_or_else(|| Error::msg(format!("{}: {pw1} is a scalar, not a convolution weight", file(src.graph))))?;
     Ok(ConvNextHp { kernel, inner, dilations })
 }
 
@@ -125,11 +126,8 @@ pub fn attn_encoder_tensors<'g>(src: &Weights<'g>, old: &str, new: &str, out: &m
 
 /// The encoder's hyper-parameters but its heads (found later in the graph).
 pub fn attn_hparams(out: &Out, graph: &OnnxGraph, new: &str, layers: usize) -> Result<AttnHp> {
-    let shape = |key: &str| -> Result<Vec<usize>> {
-        out.get(key).map(|t| t.shape().to_vec()).ok_or_else(|| Error::msg(format!("{}: missing tensor or key {key}", file(graph))))
-    };
-    let filter = shape(&format!("{new}.0.ffn.up.weight"))?[0];
-    let window = (shape(&format!("{new}.0.rel_k"))?[0] as i64 - 1).div_euclid(2);
+    let filter = dim(out, graph, &format!("{new}.0.ffn.up.weight"), 0)?;
+    let window = (dim(out, graph, &format!("{new}.0.rel_k"), 0)? as i64 - 1).div_euclid(2);
     Ok(AttnHp { layers, heads: 0, filter, window })
 }
 

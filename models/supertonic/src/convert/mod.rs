@@ -262,7 +262,7 @@ pub fn convert_with(source: &Path, out_dir: &Path, options: &ConvertOptions) -> 
     let (dp_tokens, dp_dim) = (voices[0].style_dp.shape()[0], voices[0].style_dp.shape()[1]);
     let vocab = indexer.iter().copied().max().unwrap_or(0) as i64 + 1;
     for key in ["dp.char_emb", "te.char_emb"] {
-        let rows = out.get(key).map_or(0, |t| t.shape()[0]);
+        let rows = out.get(key).and_then(|t| t.shape().first().copied()).unwrap_or(0);
         if (rows as i64) < vocab {
             return Err(Error::msg(format!("{}: {key} has {rows} rows but the indexer uses {vocab}", source.display())));
         }
