@@ -325,6 +325,11 @@ impl Machine {
         for k in ["HF_TOKEN", "HF_HUB_OFFLINE", "HF_HUB_CACHE", "HUGGINGFACE_HUB_CACHE", "XDG_CACHE_HOME", "XDG_DATA_HOME", "TTS_PLUGIN_PATH"] {
             cmd.env_remove(k);
         }
+        // ureq reads the proxy variables and has no NO_PROXY: loopback must
+        // not go through a proxy of the machine's.
+        for k in ["ALL_PROXY", "HTTPS_PROXY", "HTTP_PROXY", "all_proxy", "https_proxy", "http_proxy"] {
+            cmd.env_remove(k);
+        }
         cmd.env("HF_HOME", self.dir.path().join("hf")).env("HF_ENDPOINT", hub).env("TTS_MODELS_DIR", self.models());
         cmd.env("PATH", self.dir.path().join("bin")).env("HOME", self.dir.path());
         cmd.stdout(std::process::Stdio::piped()).stderr(std::process::Stdio::piped());

@@ -149,7 +149,11 @@ impl Hub {
     /// `GET {endpoint}/api/models/{repo}/revision/{revision}?blobs=true`.
     fn model_info(&self, repo: &str, revision: &str) -> Result<ModelInfo, Failure> {
         let url = format!("{}/api/models/{repo}/revision/{revision}", self.endpoint);
-        let agent = ureq2::AgentBuilder::new().timeout_connect(std::time::Duration::from_secs(30)).timeout_read(std::time::Duration::from_secs(120)).build();
+        let agent = ureq2::AgentBuilder::new()
+            .try_proxy_from_env(true)
+            .timeout_connect(std::time::Duration::from_secs(30))
+            .timeout_read(std::time::Duration::from_secs(120))
+            .build();
         let mut request = agent.get(&url).query("blobs", "true");
         if let Some(token) = &self.token {
             request = request.set("Authorization", &format!("Bearer {token}"));
@@ -252,6 +256,7 @@ impl Hub {
     fn check_etag(&self, repo: &str, commit: &str, name: &str) -> Result<String, String> {
         let url = format!("{}/{repo}/resolve/{commit}/{name}", self.endpoint);
         let agent = ureq2::AgentBuilder::new()
+            .try_proxy_from_env(true)
             .redirects(0)
             .timeout_connect(std::time::Duration::from_secs(30))
             .timeout_read(std::time::Duration::from_secs(120))
