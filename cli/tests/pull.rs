@@ -704,7 +704,16 @@ fn models_lists_and_removes_what_was_pulled() {
     let o = m.run(&hub.url, &["models"], &[]);
     assert_ok(&o, "models");
     assert!(String::from_utf8_lossy(&o.stdout).contains("`tts pull NAME` installs one of:"));
+    // Temporaries of pulls a signal ended: removed by the next pull when
+    // their process is gone, kept while it runs.
+    let mut dead = Command::new("/bin/sh").args(["-c", "exit 0"]).spawn().unwrap();
+    dead.wait().unwrap();
+    std::fs::create_dir_all(m.models().join(format!(".pull-{}-abc/model", dead.id()))).unwrap();
+    let alive = format!(".pull-{}-def", std::process::id());
+    std::fs::create_dir_all(m.models().join(&alive)).unwrap();
     assert_ok(&m.pull(&hub.url, "supertonic-2", &["--weights", "f16"], &[]), "pull");
+    assert_eq!(dir_names(&m.models()), [alive.as_str(), "supertonic-2"]);
+    std::fs::remove_dir(m.models().join(&alive)).unwrap();
     // Pulling again replaces the model, leaving one directory.
     assert_ok(&m.pull(&hub.url, "supertonic-2", &["--weights", "f16"], &[]), "pull again");
     m.assert_models(&["supertonic-2"]);
