@@ -124,7 +124,22 @@ pub fn pull(request: &PullRequest, convert: Converter) -> Result<PathBuf, String
         std::os::unix::fs::symlink(&target, &link).map_err(|e| format!("{}: {e}", link.display()))?;
     }
 
-    let (variant, written) = convert(&source_dir, &model_dir, Some(&entry.family), &options)?;
+    // A full-size conversion takes minutes: a spinner says it is alive
+    // (indicatif draws nothing when stderr is not a terminal).
+    let spinner = (!request.quiet).then(|| {
+        let bar = indicatif::ProgressBar::new_spinner();
+        if let Ok(style) = indicatif::ProgressStyle::with_template("{spinner} {elapsed} {msg}") {
+            bar.set_style(style);
+        }
+        bar.set_message(format!("converting {} ({}, weights {storage})", entry.name, entry.family));
+        bar.enable_steady_tick(std::time::Duration::from_millis(120));
+        bar
+    });
+    let converted = convert(&source_dir, &model_dir, Some(&entry.family), &options);
+    if let Some(bar) = spinner {
+        bar.finish_and_clear();
+    }
+    let (variant, written) = converted?;
     if !request.quiet {
         // By final file name: the temporary's path would mislead.
         for (path, summary) in &written {
