@@ -111,12 +111,12 @@ impl Hub {
             }
             Err(Failure::Refused(e)) => return Err(e),
         };
+        check_commit(&info.sha).map_err(|e| format!("{repo}@{revision}: the Hub answered {e}"))?;
         let names: Vec<String> = info.siblings.iter().map(|s| s.rfilename.clone()).collect();
         let (chosen, missing) = super::catalog::select(patterns, &names);
         if !missing.is_empty() {
             return Err(format!("{repo}@{revision} has no {} (the Hub lists {} files at commit {})", missing.join(", "), names.len(), info.sha));
         }
-        check_commit(&info.sha).map_err(|e| format!("{repo}@{revision}: the Hub answered {e}"))?;
         let api = self.api()?;
         let mut files = Vec::new();
         for name in chosen {
