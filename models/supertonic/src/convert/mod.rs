@@ -33,7 +33,7 @@ use ndarray::{ArrayD, IxDyn};
 use source::Lazy;
 use std::path::{Path, PathBuf};
 
-/// One file written, and the line convert.py prints for it.
+/// One file written and what it holds: convert.py prints `{path}: {summary}`.
 #[derive(Clone, Debug, PartialEq, Eq)]
 pub struct ConvertedFile {
     pub path: PathBuf,
@@ -352,7 +352,7 @@ pub fn convert_with(source: &Path, out_dir: &Path, options: &ConvertOptions) -> 
     w.write_atomically(&path)?;
     let stored = if options.weights != Weights::F32 { format!(", {stored} stored {}", options.weights.name()) } else { String::new() };
     let names: Vec<&str> = voices.iter().map(|v| v.name.as_str()).collect();
-    let summary = format!("{}: Supertonic {}, {tensor_count} tensors{stored}, voices {}", path.display(), version.name(), names.join(", "));
+    let summary = format!("Supertonic {}, {tensor_count} tensors{stored}, voices {}", version.name(), names.join(", "));
     Ok(vec![ConvertedFile { path, summary }])
 }
 
