@@ -545,3 +545,14 @@ fn full_size_checkpoints_equal_the_python_converter() {
         }
     }
 }
+
+#[test]
+fn a_multilingual_directory_with_only_v3_is_detected_and_read() {
+    let tmp = tempfile::tempdir().unwrap();
+    let dir = copy_official("mtl-tiny", tmp.path());
+    std::fs::rename(dir.join("t3_mtl23ls_v2.safetensors"), dir.join("t3_mtl23ls_v3.safetensors")).unwrap();
+    let out = tmp.path().join("first");
+    let files = convert(&dir, &out, &opts(&[("t3_heads", "4"), ("cfm_heads", "2"), ("aligned_heads", "2:3,3:1,1:2")])).unwrap();
+    assert_eq!(names(&files), ["t3-mtl.gguf", "s3gen.gguf"]);
+    assert_same(&files[0].path, &fixtures().join("mtl-tiny/t3-mtl.gguf"));
+}

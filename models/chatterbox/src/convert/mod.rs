@@ -107,7 +107,8 @@ pub fn convert_with(source: &Path, out_dir: &Path, options: &ConvertOptions) -> 
             return Err(Error::msg(format!("t3_file {name}: a Multilingual T3 is one of {}", MTL_T3_FILES.join(", "))));
         }
         (_, Some(name)) => name,
-        (Variant::Mtl, None) => MTL_T3_FILES[0],
+        // v2 as convert.py takes by default, else v3 when only it was downloaded.
+        (Variant::Mtl, None) => MTL_T3_FILES.into_iter().find(|f| source.join(f).is_file()).unwrap_or(MTL_T3_FILES[0]),
         (Variant::Nano, None) => NANO_T3,
         (Variant::Turbo, None) => TURBO_T3,
     };
