@@ -131,7 +131,9 @@ fn a_plugin_built_against_abi_5_3_loads_without_a_converter() {
 fn the_family_plugins_convert_the_official_tiny_checkpoints_to_the_committed_ggufs() {
     let plugins = plugins_with(&["cpu"], &["chatterbox", "supertonic"]);
     let fixtures = repo().join("tests/fixtures");
-    let cases: [(&str, &[&str], &[(&str, &str)]); 3] = [
+    // (fixture, the GGUFs in order, converter options)
+    type Case<'a> = (&'a str, &'a [&'a str], &'a [(&'a str, &'a str)]);
+    let cases: [Case; 3] = [
         ("chatterbox/turbo-tiny", &["t3-turbo.gguf", "s3gen-meanflow.gguf"], &[("t3_heads", "2"), ("cfm_heads", "2")]),
         ("chatterbox/mtl-tiny", &["t3-mtl.gguf", "s3gen.gguf"], &[("variant", "mtl"), ("t3_heads", "4"), ("cfm_heads", "2"), ("aligned_heads", "2:3,3:1,1:2")]),
         ("supertonic/tiny-v2", &["model.gguf"], &[]),
@@ -163,4 +165,25 @@ fn the_family_plugins_convert_the_official_tiny_checkpoints_to_the_committed_ggu
             assert!(written == committed, "{case}: {} differs from the committed {name}", file["path"]);
         }
     }
+}
+
+/// Supertonic 1 has no short-chunk languages: the converters leave the empty
+/// `text.short_chunk_languages` out (as gguf-py leaves empty strings out), and
+/// the model reads its absence as none.
+#[test]
+fn a_converted_supertonic_1_bundle_speaks() {
+    let plugins = plugins_with(&["cpu"], &["supertonic"]);
+    let dir = tempfile::tempdir().unwrap();
+    let out = dir.path().join("out");
+    let source = repo().join("tests/fixtures/supertonic/tiny-v1/official");
+    let o = run(&["convert", s(&source), s(&out), "--plugin-dir", s(plugins.path())]);
+    assert!(o.status.success(), "{}", stderr(&o));
+    let gguf = out.join("supertonic-v1.gguf");
+    let file = ggml_sys::gguf::GgufFile::open(&gguf).unwrap();
+    assert!(!file.keys().iter().any(|k| k == "supertonic.text.short_chunk_languages"));
+    let profile = profile_on(dir.path(), "cpu", &[gguf]);
+    let wav = dir.path().join("a.wav");
+    let o = run(&["--profile", s(&profile), "--plugin-dir", s(plugins.path()), "--text", "Hello.", "--out", s(&wav)]);
+    assert!(o.status.success(), "{}", stderr(&o));
+    assert!(!read_wav(&wav).1.is_empty());
 }

@@ -315,6 +315,9 @@ fn check_bundle() -> Result<(), String> {
     std::fs::remove_file(bundle.join("plugins/libtts_backend_vulkan.so")).map_err(|e| e.to_string())?;
     devices(&[&base, "no plugin file libtts_backend_vulkan.so", "\"backend\": \"cpu\""], &["software-gpu"])?;
     eprintln!("bundle check: ok ({})", bundle.display());
+    // cli/tests/pull.rs then runs `tts pull` and speaks with the pulled
+    // models from this bundle, as a user of a fresh one would.
+    std::env::set_var("TTS_TEST_BUNDLE", &bundle);
     Ok(())
 }
 

@@ -103,6 +103,17 @@ impl<'a> HparamReader<'a> {
         Ok(self.meta.str(key)?)
     }
 
+    /// A string that may be absent, read as empty: GGUF writers (gguf-py, and
+    /// `model_kit::convert::GgufWriter` after it) leave empty strings out.
+    pub fn string_or_empty(&self, key: &str) -> Result<String> {
+        let full = format!("{}.{key}", self.arch);
+        if self.file.keys().contains(&full) {
+            self.string(key)
+        } else {
+            Ok(String::new())
+        }
+    }
+
     /// One of `allowed`.
     pub fn choice(&self, key: &str, allowed: &[&str]) -> Result<String> {
         let v = self.meta.str(key)?;

@@ -201,7 +201,7 @@ impl Hparams {
                 default_language: r.string("text.default_language")?,
                 chunk_chars,
                 short_chunk_chars: r.count("text.short_chunk_chars", 1..=chunk_chars)?,
-                short_chunk_languages: r.string("text.short_chunk_languages")?.split(',').filter(|l| !l.is_empty()).map(str::to_string).collect(),
+                short_chunk_languages: r.string_or_empty("text.short_chunk_languages")?.split(',').filter(|l| !l.is_empty()).map(str::to_string).collect(),
                 languages,
             },
             dp: DurationHp {
