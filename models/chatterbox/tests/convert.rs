@@ -556,3 +556,36 @@ fn a_multilingual_directory_with_only_v3_is_detected_and_read() {
     assert_eq!(names(&files), ["t3-mtl.gguf", "s3gen.gguf"]);
     assert_same(&files[0].path, &fixtures().join("mtl-tiny/t3-mtl.gguf"));
 }
+
+/// The tokenizer JSON of a GPT-2-style directory with tokens JSON must
+/// escape (quotes, backslashes, non-ASCII, byte-level `Ġ`), a special
+/// end-of-text token and added tags: the tokenizers crate's `to_string`
+/// gives what Python's `Tokenizer.to_str()` gives for the same build.
+#[test]
+fn the_tokenizer_json_equals_pythons_to_str() {
+    let Some(python) = python() else {
+        eprintln!("skipped: no Python converter venv (the committed fixtures cover the plain case)");
+        return;
+    };
+    let tmp = tempfile::tempdir().unwrap();
+    let dir = tmp.path();
+    let vocab =
+        r#"{"<|endoftext|>": 0, "a": 1, "b": 2, "ab": 3, "Ġ": 4, "Ġab": 5, "\"": 6, "\\": 7, "é": 8, "日": 9, "本": 10, "日本": 11, "'": 12, "\u0001": 13}"#;
+    std::fs::write(dir.join("vocab.json"), vocab).unwrap();
+    std::fs::write(dir.join("merges.txt"), "#version: 0.2\na b\nĠ ab\n日 本\n").unwrap();
+    std::fs::write(dir.join("added_tokens.json"), r#"{"[sigh]": 15, "[laugh]": 14, "\"quoted\"": 16, "日本語": 17}"#).unwrap();
+    let native = tts_model_chatterbox::convert::tokenizer::gpt2_tokenizer_json(dir, 18).unwrap();
+    let script = format!(
+        "import sys; sys.path.insert(0, {:?}); from pathlib import Path; import convert; sys.stdout.write(convert.tokenizer_json(Path(sys.argv[1]), 18))",
+        repo().join("tools/chatterbox").display().to_string()
+    );
+    let o = Command::new(python).args(["-c", &script]).arg(dir).output().unwrap();
+    assert!(o.status.success(), "{}", String::from_utf8_lossy(&o.stderr));
+    assert_eq!(native, String::from_utf8(o.stdout).unwrap());
+    // One row short of the largest id: the id check refuses, naming the token.
+    let e = tts_model_chatterbox::convert::tokenizer::gpt2_tokenizer_json(dir, 17).unwrap_err().to_string();
+    assert_eq!(
+        e,
+        format!("{}: the tokenizer can produce id 17 ('日本語'), beyond T3's text embedding of 17 rows (ids 0..16)", dir.join("vocab.json").display())
+    );
+}
