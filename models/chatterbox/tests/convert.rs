@@ -589,3 +589,16 @@ fn the_tokenizer_json_equals_pythons_to_str() {
         format!("{}: the tokenizer can produce id 17 ('日本語'), beyond T3's text embedding of 17 rows (ids 0..16)", dir.join("vocab.json").display())
     );
 }
+
+/// The mismatch report names what is at an offset: the first key, a
+/// tensor's info, the last tensor's data.
+#[test]
+fn a_mismatch_is_located_by_key_or_tensor() {
+    let bytes = std::fs::read(fixtures().join("turbo-tiny/t3-turbo.gguf")).unwrap();
+    assert_eq!(locate(&bytes, 3), "the header");
+    assert!(locate(&bytes, 30).starts_with("metadata key 'general.architecture'"), "{}", locate(&bytes, 30));
+    assert!(locate(&bytes, bytes.len() - 1).starts_with("data of tensor 'voice.builtin.speaker_emb'"), "{}", locate(&bytes, bytes.len() - 1));
+    // The first tensor info follows the last key.
+    let key_end = (0..bytes.len()).find(|&i| !locate(&bytes, i).starts_with("metadata") && i > 24).unwrap();
+    assert!(locate(&bytes, key_end).starts_with("tensor info of 't3.blk.0.attn.out.bias'"), "{}", locate(&bytes, key_end));
+}
