@@ -52,6 +52,7 @@ T3_FILES = {"turbo": "t3_turbo_v1.safetensors", "nano": "t3_nano_v1.safetensors"
 # Multilingual T3 files of the same shapes: `--t3-file` picks one.
 MTL_T3_FILES = ("t3_mtl23ls_v2.safetensors", "t3_mtl23ls_v3.safetensors")
 MTL_TOKENIZER = "grapheme_mtl_merged_expanded_v1.json"
+MTL_CANGJIE = "Cangjie5_TC.json"
 START_TEXT, STOP_TEXT = 255, 0
 # The reference's Llama_520M configuration (t3/llama_configs.py): what the weights cannot show.
 LLAMA_ROPE_THETA = 500000.0
@@ -531,6 +532,10 @@ def convert_t3(ckpt: Path, out_dir: Path, variant: str, weights: str, conds: dic
                  *((f"{a}.rope.scaling.{k}", float(v)) for k, v in LLAMA_ROPE_SCALING.items()),
                  (f"{a}.start_text_token", START_TEXT), (f"{a}.stop_text_token", STOP_TEXT),
                  *((f"{a}.{k}", v) for k, v in extra)]
+        # The Cangjie table Chinese preprocessing reads, embedded when the directory has it.
+        cangjie = ckpt / MTL_CANGJIE
+        if cangjie.is_file():
+            meta.append((f"{a}.cangjie5_tc", cangjie.read_text(encoding="utf-8")))
     else:
         t3, hp = t3_tensors(load_state(ckpt, t3_file or T3_FILES[variant]), n_head)
         meta = t3_meta(a, variant, "gpt2", weights, hp, [("layer_norm_eps", 1e-5)], conds, ve_hp,

@@ -201,7 +201,7 @@ struct Case {
     native_skips: &'static [&'static str],
 }
 
-fn storage_cases(nano_dir: &Path) -> Vec<Case> {
+fn storage_cases(nano_dir: &Path, cangjie_dir: &Path) -> Vec<Case> {
     let mut cases = Vec::new();
     let storages: [&[(&str, &str)]; 4] = [&[("weights", "f16")], &[("weights", "q8_0")], &[("weights", "q4_0")], &[("decoder_weights", "f16")]];
     for (family, dir, base) in [
@@ -219,7 +219,19 @@ fn storage_cases(nano_dir: &Path) -> Vec<Case> {
         let label = storage.iter().map(|(k, v)| format!(",{k}={v}")).collect::<String>();
         cases.push(Case { name: format!("nano detected{label}"), dir: nano_dir.to_path_buf(), options, native_skips: &["variant"] });
     }
+    // Multilingual with the Cangjie table beside it: embedded in T3.
+    let mtl = vec![("variant", "mtl"), ("t3_heads", "4"), ("cfm_heads", "2"), ("aligned_heads", "2:3,3:1,1:2")];
+    cases.push(Case { name: "mtl with Cangjie5_TC.json".into(), dir: cangjie_dir.to_path_buf(), options: mtl, native_skips: &[] });
     cases
+}
+
+/// A copy of the Multilingual directory with a small `Cangjie5_TC.json`
+/// (tab-separated character and code, as the official file; a line ending
+/// in CR LF, which both converters read as LF).
+fn cangjie_dir(parent: &Path) -> PathBuf {
+    let dir = copy_official("mtl-tiny", &parent.join("cangjie"));
+    std::fs::write(dir.join("Cangjie5_TC.json"), "日\ta\r\n月\tb\n\"\t\\\n").unwrap();
+    dir
 }
 
 /// A copy of the Turbo directory as Nano ships it: `t3_nano_v1.safetensors`.
@@ -238,13 +250,15 @@ fn nano_dir(parent: &Path) -> PathBuf {
 fn every_storage_equals_the_python_converter() {
     let tmp = tempfile::tempdir().unwrap();
     let nano = nano_dir(tmp.path());
+    std::fs::create_dir(tmp.path().join("cangjie")).unwrap();
+    let cangjie = cangjie_dir(tmp.path());
     let committed = committed_digests();
     let python = python();
     if python.is_none() {
         eprintln!("no Python converter venv (target/chatterbox-venv or TTS_CHATTERBOX_PYTHON): checking against {}", digests_path().display());
     }
     let mut from_python = BTreeMap::new();
-    for (i, case) in storage_cases(&nano).iter().enumerate() {
+    for (i, case) in storage_cases(&nano, &cangjie).iter().enumerate() {
         let native_out = tmp.path().join(format!("native{i}"));
         let native_options: Vec<_> = case.options.iter().filter(|(k, _)| !case.native_skips.contains(k)).copied().collect();
         let files = convert(&case.dir, &native_out, &opts(&native_options)).unwrap_or_else(|e| panic!("{}: {e}", case.name));

@@ -69,6 +69,9 @@ pub const TURBO_T3: &str = "t3_turbo_v1.safetensors";
 pub const NANO_T3: &str = "t3_nano_v1.safetensors";
 pub const MTL_T3_FILES: [&str; 2] = ["t3_mtl23ls_v2.safetensors", "t3_mtl23ls_v3.safetensors"];
 pub const MTL_TOKENIZER: &str = "grapheme_mtl_merged_expanded_v1.json";
+/// Chinese preprocessing's character → Cangjie code table (Multilingual):
+/// embedded in the T3 file as `chatterbox.cangjie5_tc` when present.
+pub const MTL_CANGJIE: &str = "Cangjie5_TC.json";
 const START_TEXT: usize = 255;
 const STOP_TEXT: usize = 0;
 const START_SPEECH: usize = 6561;
@@ -209,6 +212,12 @@ fn plan_t3<'a>(
         meta.push((format!("{a}.stop_text_token"), MetaValue::U32(STOP_TEXT as u32)));
     }
     meta.extend(plan.extra.into_iter().map(|(k, v)| (format!("{a}.{k}"), v)));
+    // The Cangjie table Chinese preprocessing reads, embedded when the
+    // directory has it, so that Chinese needs no download later.
+    let cangjie = dir.join(MTL_CANGJIE);
+    if variant == Variant::Mtl && cangjie.is_file() {
+        meta.push((format!("{a}.cangjie5_tc"), MetaValue::Str(read_text(&cangjie)?)));
+    }
 
     let mut tensors = plan.tensors;
     tensors.extend(ve);
