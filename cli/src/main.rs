@@ -765,7 +765,10 @@ fn run(cli: Cli) -> Result<(), String> {
             let dir = pull::pull(&request, &convert)?;
             if !cli.quiet {
                 let name = dir.file_name().map(|n| n.to_string_lossy().into_owned()).unwrap_or_default();
-                eprintln!("installed {} (speak with: tts --model-name {name} --text \"Hello.\" --out hello.wav)", engine_core::logging::escape(&dir.display().to_string()));
+                eprintln!(
+                    "installed {} (speak with: tts --model-name {name} --text \"Hello.\" --out hello.wav)",
+                    engine_core::logging::escape(&dir.display().to_string())
+                );
             }
             Ok(())
         }
@@ -781,7 +784,8 @@ fn run(cli: Cli) -> Result<(), String> {
                 }
                 None => {
                     let installed = pull::list(&models)?;
-                    let text = if json { serde_json::to_string_pretty(&installed).map_err(|e| e.to_string())? + "\n" } else { pull::render(&models, &installed) };
+                    let text =
+                        if json { serde_json::to_string_pretty(&installed).map_err(|e| e.to_string())? + "\n" } else { pull::render(&models, &installed) };
                     write_stdout(&text)
                 }
             }

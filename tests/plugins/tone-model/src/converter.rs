@@ -31,7 +31,7 @@ fn convert_guarded(request: &ConvertRequest) -> Result<ConvertOutput> {
     let json: serde_json::Value = serde_json::from_str(&text).map_err(|e| format!("{}: {e}", source.display()))?;
     let number = |key: &str| json.get(key).and_then(|v| v.as_f64()).ok_or_else(|| format!("{}: no number `{key}`", source.display()));
     let (frequency, sample_rate) = (number("frequency")?, number("sample_rate")?);
-    if !(frequency > 0.0 && sample_rate >= 1.0 && sample_rate <= 384_000.0 && frequency < sample_rate / 2.0) {
+    if !(frequency > 0.0 && (1.0..=384_000.0).contains(&sample_rate) && frequency < sample_rate / 2.0) {
         return Err(format!("{}: frequency {frequency} Hz at {sample_rate} Hz is not a tone this model plays", source.display()).into());
     }
     let octave = match find_option(&request.options, "octave") {
