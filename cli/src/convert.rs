@@ -30,19 +30,25 @@ pub struct ConvertedFile {
 /// `options` are converter options (`weights`, `variant`, …) as KEY=VALUE
 /// text. Plugins come from `common`'s plugin directories.
 pub fn convert_checkpoint(common: &Common, source: &Path, out_dir: &Path, family: Option<&str>, options: &[(String, String)]) -> Result<ConvertReport, String> {
-    let profile = match common.profiles.as_slice() {
-        [] => Profile::embedded_default(),
-        [one] => Profile::load(one).map_err(|e| e.to_string())?,
-        more => return Err(format!("--profile is given {} times; a conversion takes one", more.len())),
-    };
-    let exe = std::env::current_exe().ok();
-    let dirs = engine::plugin_dirs(&profile, exe.as_deref(), &common.plugin_dirs, common.trust_profile_plugins).map_err(|e| e.to_string())?;
+    let dirs = plugin_dirs(common)?;
     let report = engine::convert_checkpoint(&dirs, source, out_dir, family, options).map_err(|e| e.to_string())?;
     Ok(ConvertReport {
         family: report.family,
         variant: report.variant,
         files: report.files.into_iter().map(|(path, summary)| ConvertedFile { path, summary }).collect(),
     })
+}
+
+/// Where the model plugins are, as for synthesis: `--plugin-dir`,
+/// `TTS_PLUGIN_PATH`, the profile's (trusted) directories, the bundle's own.
+fn plugin_dirs(common: &Common) -> Result<Vec<PathBuf>, String> {
+    let profile = match common.profiles.as_slice() {
+        [] => Profile::embedded_default(),
+        [one] => Profile::load(one).map_err(|e| e.to_string())?,
+        more => return Err(format!("--profile is given {} times; a conversion takes one", more.len())),
+    };
+    let exe = std::env::current_exe().ok();
+    engine::plugin_dirs(&profile, exe.as_deref(), &common.plugin_dirs, common.trust_profile_plugins).map_err(|e| e.to_string())
 }
 
 /// `tts convert SOURCE OUT_DIR`: converts, with a spinner on a terminal, and
@@ -82,13 +88,7 @@ pub fn run(
 /// `tts convert --list`: each converter's family, what it reads, its marker
 /// files and its options.
 pub fn list(common: &Common, json: bool) -> Result<String, String> {
-    let profile = match common.profiles.as_slice() {
-        [] => Profile::embedded_default(),
-        [one] => Profile::load(one).map_err(|e| e.to_string())?,
-        more => return Err(format!("--profile is given {} times; a conversion takes one", more.len())),
-    };
-    let exe = std::env::current_exe().ok();
-    let dirs = engine::plugin_dirs(&profile, exe.as_deref(), &common.plugin_dirs, common.trust_profile_plugins).map_err(|e| e.to_string())?;
+    let dirs = plugin_dirs(common)?;
     let converters = engine::converters(&dirs);
     let options = |c: &engine::Converter| c.info.options.iter().map(engine::OptionRow::from_spec).collect::<Vec<_>>();
     let markers = |c: &engine::Converter| c.info.marker_files.iter().map(|f| f.to_string()).collect::<Vec<_>>();

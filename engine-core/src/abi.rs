@@ -497,6 +497,12 @@ pub struct ConvertedFile {
     pub summary: RString,
 }
 
+impl ConvertedFile {
+    pub fn new(path: &std::path::Path, summary: &str) -> Self {
+        ConvertedFile { path: path.to_string_lossy().as_ref().into(), summary: summary.into() }
+    }
+}
+
 /// What a conversion wrote, in the order a profile's `[model] files` lists
 /// them.
 #[repr(C)]

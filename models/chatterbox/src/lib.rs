@@ -60,10 +60,7 @@ extern "C" fn convert_checkpoint(request: &ConvertRequest) -> RResult<ConvertOut
     guarded("chatterbox converter", || {
         let options = convert::ConvertOptions::from_list(&request.options)?;
         let done = convert::convert_with(std::path::Path::new(request.source.as_str()), std::path::Path::new(request.out_dir.as_str()), &options)?;
-        Ok(ConvertOutput {
-            files: done.files.iter().map(|f| ConvertedFile { path: f.path.to_string_lossy().as_ref().into(), summary: f.summary.as_str().into() }).collect(),
-            variant: done.variant.name().into(),
-        })
+        Ok(ConvertOutput { files: done.files.iter().map(|f| ConvertedFile::new(&f.path, &f.summary)).collect(), variant: done.variant.name().into() })
     })
 }
 

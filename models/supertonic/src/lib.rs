@@ -59,10 +59,7 @@ extern "C" fn convert_checkpoint(request: &ConvertRequest) -> RResult<ConvertOut
             .and_then(|stem| stem.strip_prefix("supertonic-"))
             .unwrap_or_default()
             .to_string();
-        Ok(ConvertOutput {
-            files: files.iter().map(|f| ConvertedFile { path: f.path.to_string_lossy().as_ref().into(), summary: f.summary.as_str().into() }).collect(),
-            variant: variant.into(),
-        })
+        Ok(ConvertOutput { files: files.iter().map(|f| ConvertedFile::new(&f.path, &f.summary)).collect(), variant: variant.into() })
     })
 }
 

@@ -317,34 +317,26 @@ impl From<std::io::Error> for WriteError {
 /// Encodes and writes `values` in `storage`, a chunk at a time; returns the
 /// bytes written.
 fn write_values(out: &mut impl Write, name: &str, storage: GgmlType, values: &Values, chunk: &mut Vec<u8>) -> Result<u64, WriteError> {
-    let mut bytes = 0u64;
-    match (values, storage) {
-        (Values::F32(a), s) if s.is_float() => {
-            for_chunks(a, |part| {
-                chunk.clear();
-                s.encode_into(part, chunk);
-                bytes += chunk.len() as u64;
-                out.write_all(chunk)
-            })?;
-        }
-        (Values::I32(a), GgmlType::I32) => {
-            for_chunks(a, |part| {
-                chunk.clear();
-                part.iter().for_each(|v| chunk.extend_from_slice(&v.to_le_bytes()));
-                bytes += chunk.len() as u64;
-                out.write_all(chunk)
-            })?;
-        }
-        (Values::I16(a), GgmlType::I16) => {
-            for_chunks(a, |part| {
-                chunk.clear();
-                part.iter().for_each(|v| chunk.extend_from_slice(&v.to_le_bytes()));
-                bytes += chunk.len() as u64;
-                out.write_all(chunk)
-            })?;
-        }
+    let bytes = match (values, storage) {
+        (Values::F32(a), s) if s.is_float() => encode_chunks(out, a, chunk, |part, buf| s.encode_into(part, buf))?,
+        (Values::I32(a), GgmlType::I32) => encode_chunks(out, a, chunk, |part, buf| part.iter().for_each(|v| buf.extend_from_slice(&v.to_le_bytes())))?,
+        (Values::I16(a), GgmlType::I16) => encode_chunks(out, a, chunk, |part, buf| part.iter().for_each(|v| buf.extend_from_slice(&v.to_le_bytes())))?,
         (v, s) => return Err(WriteError::Kind(format!("tensor '{name}': produced {} values for {} storage", v.kind(), s.name().to_uppercase()))),
-    }
+    };
+    Ok(bytes)
+}
+
+/// Writes `a` encoded by `encode` (a chunk of values appended to the buffer
+/// as bytes), a chunk at a time through the reused `chunk`; returns the
+/// bytes written.
+fn encode_chunks<T: Copy>(out: &mut impl Write, a: &ArrayD<T>, chunk: &mut Vec<u8>, encode: impl Fn(&[T], &mut Vec<u8>)) -> std::io::Result<u64> {
+    let mut bytes = 0u64;
+    for_chunks(a, |part| {
+        chunk.clear();
+        encode(part, chunk);
+        bytes += chunk.len() as u64;
+        out.write_all(chunk)
+    })?;
     Ok(bytes)
 }
 
