@@ -1,10 +1,12 @@
 //! Audio output: checks what a model produced and encodes it as WAV; the file
 //! itself is written by [`crate::output`]. Reading recordings is [`input`],
-//! converting rates [`resample`], measuring loudness [`loudness`].
+//! converting rates [`resample`], measuring loudness [`loudness`],
+//! changing the speed at the same pitch [`stretch`].
 
 pub mod input;
 pub mod loudness;
 pub mod resample;
+pub mod stretch;
 
 /// Sample rates the engine writes (a model reporting another is refused).
 pub const SAMPLE_RATE_RANGE: std::ops::RangeInclusive<u32> = 1000..=384_000;
