@@ -1,8 +1,10 @@
 //! Audio output: checks what a model produced and encodes it as WAV; the file
-//! itself is written by [`crate::output`]. Reading recordings is [`input`],
+//! itself is written by [`crate::output`]. Every output format, streamed, is
+//! [`encode`]. Reading recordings is [`input`],
 //! converting rates [`resample`], measuring loudness [`loudness`],
 //! changing the speed at the same pitch [`stretch`].
 
+pub mod encode;
 pub mod input;
 pub mod loudness;
 pub mod resample;

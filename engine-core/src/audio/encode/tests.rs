@@ -1,0 +1,206 @@
+//! Every format decoded by a decoder other than ours: symphonia for WAV,
+//! FLAC and MP3; ffmpeg for Opus and AAC (skipped with a message where it is
+//! not installed; CI installs it, see xtask's APT list).
+
+use super::*;
+use crate::audio::input::decode_mono;
+use std::process::Command;
+
+fn tone(rate: u32, n: usize) -> Vec<f32> {
+    (0..n).map(|i| 0.3 * (i as f32 * 440.0 * std::f32::consts::TAU / rate as f32).sin()).collect()
+}
+
+/// `samples` pushed in pieces of `piece`; the streamed bytes and the final header.
+fn stream(format: AudioFormat, samples: &[f32], rate: u32, piece: usize) -> (Vec<u8>, Option<Vec<u8>>) {
+    let mut encoder = StreamEncoder::new(format, rate).unwrap();
+    let mut out = Vec::new();
+    for p in samples.chunks(piece) {
+        encoder.push(p, &mut out).unwrap();
+    }
+    let header = encoder.finish(&mut out).unwrap();
+    (out, header)
+}
+
+#[test]
+fn names_and_extensions() {
+    for f in AudioFormat::ALL {
+        assert_eq!(AudioFormat::parse(f.name()), Some(f));
+        for ext in f.extensions() {
+            assert_eq!(AudioFormat::from_extension(Path::new(&format!("a/b.{ext}"))), Ok(Some(f)));
+            assert_eq!(AudioFormat::from_extension(Path::new(&format!("B.{}", ext.to_uppercase()))), Ok(Some(f)));
+        }
+    }
+    assert_eq!(AudioFormat::from_extension(Path::new("out")), Ok(None));
+    assert_eq!(AudioFormat::from_extension(Path::new("x.ogg")), Ok(Some(AudioFormat::Opus)));
+    assert_eq!(AudioFormat::from_extension(Path::new("x.raw")), Ok(Some(AudioFormat::Pcm)));
+    assert_eq!(
+        AudioFormat::from_extension(Path::new("dir/x.m4a")).unwrap_err(),
+        "dir/x.m4a: unknown audio extension `.m4a`; formats: wav (.wav), pcm (.pcm .raw), f32 (.f32), flac (.flac), mp3 (.mp3), opus (.opus .ogg), aac (.aac)"
+    );
+    assert_eq!(AudioFormat::parse("ogg"), None);
+}
+
+#[test]
+fn bad_rates_are_refused_for_every_format() {
+    for f in AudioFormat::ALL {
+        let e = StreamEncoder::new(f, 0).err().unwrap();
+        assert!(e.starts_with("the model reports a sample rate of 0 Hz"), "{f:?}: {e}");
+    }
+}
+
+#[test]
+fn streamed_wav_has_unknown_sizes_and_the_whole_one_exact_sizes() {
+    let samples = tone(24_000, 2500);
+    let (streamed, header) = stream(AudioFormat::Wav, &samples, 24_000, 700);
+    assert_eq!(&streamed[..44], &wav_header(24_000, None), "0xFFFFFFFF sizes while streaming");
+    assert_eq!(&streamed[4..8], &[0xff; 4]);
+    assert_eq!(&streamed[40..44], &[0xff; 4]);
+    assert_eq!(header.as_deref(), Some(&wav_header(24_000, Some(5000))[..]));
+    let whole = encode_all(AudioFormat::Wav, &samples, 24_000).unwrap();
+    assert_eq!(whole, crate::audio::encode_wav(&samples, 24_000).unwrap(), "exact sizes, hound's bytes");
+    assert_eq!(&whole[44..], &streamed[44..]);
+    let clip = decode_mono(&whole, 10.0).unwrap();
+    assert_eq!((clip.sample_rate, clip.samples.len()), (24_000, samples.len()));
+    // Nothing at all: a whole, empty WAV.
+    assert_eq!(stream(AudioFormat::Wav, &[], 24_000, 1), (wav_header(24_000, Some(0)).to_vec(), None));
+}
+
+#[test]
+fn raw_formats_are_the_samples() {
+    let samples = [0.0, 0.5, -1.0, 2.0];
+    let (pcm, header) = stream(AudioFormat::Pcm, &samples, 24_000, 3);
+    assert_eq!((pcm, header), ([0i16, 16384, -32767, 32767].iter().flat_map(|s| s.to_le_bytes()).collect(), None));
+    let (f32s, _) = stream(AudioFormat::F32, &samples, 24_000, 3);
+    assert_eq!(f32s, samples.iter().flat_map(|s| s.to_le_bytes()).collect::<Vec<u8>>());
+}
+
+#[test]
+fn streamed_flac_is_encode_flac_and_decodes_losslessly() {
+    for n in [0, 1, 999, 4096, 44_100] {
+        let samples = tone(44_100, n);
+        assert_eq!(encode_all(AudioFormat::Flac, &samples, 44_100).unwrap(), encode_flac(&samples, 44_100).unwrap(), "{n} samples");
+    }
+    let samples = tone(24_000, 30_011);
+    let (streamed, header) = stream(AudioFormat::Flac, &samples, 24_000, 997);
+    let header = header.unwrap();
+    let whole = [&header[..], &streamed[header.len()..]].concat();
+    assert_eq!(whole, encode_flac(&samples, 24_000).unwrap());
+    let clip = decode_mono(&whole, 10.0).unwrap();
+    assert_eq!((clip.sample_rate, clip.samples.len()), (24_000, samples.len()));
+    let worst = clip.samples.iter().zip(&samples).map(|(a, b)| (a - b).abs()).fold(0f32, f32::max);
+    assert!(worst <= 1.0 / 32768.0 + 1e-6, "16-bit lossless: {worst}");
+    let mut bad = samples.clone();
+    bad[7] = f32::NAN;
+    let mut e = StreamEncoder::new(AudioFormat::Flac, 24_000).unwrap();
+    e.push(&bad, &mut Vec::new()).unwrap();
+    assert!(e.finish(&mut Vec::new()).unwrap_err().starts_with("the model produced 1 non-finite samples"));
+}
+
+#[test]
+fn mp3_decodes_with_symphonia() {
+    for rate in [24_000, 44_100] {
+        let samples = tone(rate, rate as usize);
+        let (bytes, header) = stream(AudioFormat::Mp3, &samples, rate, 1000);
+        assert!(header.is_none());
+        let clip = decode_mono(&bytes, 10.0).unwrap();
+        assert_eq!(clip.sample_rate, rate);
+        // LAME's delay and the last frame's padding: at most two frames and a granule.
+        let extra = clip.samples.len() as i64 - samples.len() as i64;
+        assert!((0..=2 * 1152 + 576).contains(&extra), "{} samples for {}", clip.samples.len(), samples.len());
+    }
+}
+
+/// What ffprobe and ffmpeg make of `bytes` (written as `name`): the
+/// container, the codec, the sample rate and the decoded mono samples; None
+/// when ffmpeg is not installed.
+struct Probed {
+    container: String,
+    codec: String,
+    rate: u32,
+    samples: Vec<f32>,
+}
+
+fn ffmpeg(bytes: &[u8], name: &str) -> Option<Probed> {
+    if Command::new("ffprobe").arg("-version").output().is_err() || Command::new("ffmpeg").arg("-version").output().is_err() {
+        eprintln!("skipped: ffmpeg/ffprobe are not installed (Debian package ffmpeg); the Opus and AAC outputs were not decoded");
+        return None;
+    }
+    let dir = tempfile::tempdir().unwrap();
+    let path = dir.path().join(name);
+    std::fs::write(&path, bytes).unwrap();
+    let probe = Command::new("ffprobe")
+        .args(["-v", "error", "-show_entries", "format=format_name:stream=codec_name,sample_rate,channels", "-of", "json"])
+        .arg(&path)
+        .output()
+        .unwrap();
+    assert!(probe.status.success(), "ffprobe: {}", String::from_utf8_lossy(&probe.stderr));
+    let json: serde_json::Value = serde_json::from_slice(&probe.stdout).unwrap();
+    let stream = &json["streams"][0];
+    assert_eq!(stream["channels"], 1, "mono");
+    let decoded = Command::new("ffmpeg").args(["-v", "error", "-i"]).arg(&path).args(["-f", "f32le", "-"]).output().unwrap();
+    assert!(decoded.status.success(), "ffmpeg: {}", String::from_utf8_lossy(&decoded.stderr));
+    Some(Probed {
+        container: json["format"]["format_name"].as_str().unwrap().to_string(),
+        codec: stream["codec_name"].as_str().unwrap().to_string(),
+        rate: stream["sample_rate"].as_str().unwrap().parse().unwrap(),
+        samples: decoded.stdout.chunks_exact(4).map(|b| f32::from_le_bytes([b[0], b[1], b[2], b[3]])).collect(),
+    })
+}
+
+/// The frequency of the strongest zero-crossing rate of `samples`: a 440 Hz
+/// tone must come back at 440 Hz (a codec that garbles the audio would not).
+fn crossings_hz(samples: &[f32], rate: u32) -> f64 {
+    let ups = samples.windows(2).filter(|w| w[0] < 0.0 && w[1] >= 0.0).count();
+    ups as f64 * rate as f64 / samples.len() as f64
+}
+
+#[test]
+fn opus_in_ogg_decodes_with_ffmpeg_at_48_khz_with_the_length_kept() {
+    for (rate, n) in [(24_000u32, 24_000usize), (44_100, 30_000), (48_000, 47_000)] {
+        let samples = tone(rate, n);
+        let (bytes, header) = stream(AudioFormat::Opus, &samples, rate, 1234);
+        assert!(header.is_none());
+        assert!(bytes.starts_with(b"OggS"));
+        let Some(p) = ffmpeg(&bytes, "t.opus") else { return };
+        assert_eq!((p.container.as_str(), p.codec.as_str(), p.rate), ("ogg", "opus", 48_000), "{rate} Hz");
+        let want = (n as f64 * 48_000.0 / rate as f64).round() as i64;
+        assert!((p.samples.len() as i64 - want).abs() <= 960, "{rate} Hz: {} samples decoded for {want}", p.samples.len());
+        let middle = &p.samples[4800..p.samples.len() - 4800];
+        assert!((crossings_hz(middle, 48_000) - 440.0).abs() < 5.0, "{rate} Hz: {}", crossings_hz(middle, 48_000));
+    }
+    // Streamed in pieces: the first bytes are the two header pages, sent with the first piece.
+    let mut e = StreamEncoder::new(AudioFormat::Opus, 24_000).unwrap();
+    let mut first = Vec::new();
+    e.push(&tone(24_000, 100), &mut first).unwrap();
+    assert!(first.starts_with(b"OggS") && first.windows(8).any(|w| w == b"OpusHead") && first.windows(8).any(|w| w == b"OpusTags"));
+    // Nothing synthesized: still a stream ffmpeg reads.
+    let (empty, _) = stream(AudioFormat::Opus, &[], 24_000, 1);
+    if let Some(p) = ffmpeg(&empty, "e.opus") {
+        assert_eq!((p.codec.as_str(), p.samples.len()), ("opus", 0));
+    }
+}
+
+#[test]
+fn aac_in_adts_decodes_with_ffmpeg() {
+    for (rate, coded, n) in [(24_000u32, 24_000u32, 24_000usize), (44_100, 44_100, 30_000), (22_000, 48_000, 22_000)] {
+        let samples = tone(rate, n);
+        let (bytes, header) = stream(AudioFormat::Aac, &samples, rate, 1234);
+        assert!(header.is_none());
+        assert_eq!((bytes[0], bytes[1] & 0xf6), (0xff, 0xf0), "an ADTS sync word");
+        let Some(p) = ffmpeg(&bytes, "t.aac") else { return };
+        assert_eq!((p.container.as_str(), p.codec.as_str(), p.rate), ("aac", "aac", coded), "{rate} Hz");
+        // ADTS cannot say where the audio starts or ends: the decoded length
+        // is FDK's delay (2048 samples here) plus the audio, rounded up to a
+        // whole frame of 1024, and the audio is all there: the tone goes on
+        // until the delay's end after it.
+        let want = (n as f64 * coded as f64 / rate as f64).round() as i64;
+        let extra = p.samples.len() as i64 - want;
+        assert!((2048..2048 + 1024).contains(&extra), "{rate} Hz: {} samples decoded for {want}", p.samples.len());
+        let rms = |s: &[f32]| (s.iter().map(|v| v * v).sum::<f32>() / s.len() as f32).sqrt();
+        let end = want as usize + 2048;
+        assert!(rms(&p.samples[end - 512..end]) > 0.15, "{rate} Hz: the last audio decodes");
+        assert!(rms(&p.samples[..256]) < 0.02, "{rate} Hz: the delay is silence");
+        let middle = &p.samples[4096..p.samples.len() - 4096];
+        assert!((crossings_hz(middle, coded) - 440.0).abs() < 5.0, "{rate} Hz: {}", crossings_hz(middle, coded));
+    }
+}
