@@ -41,6 +41,8 @@ const APT_PACKAGES: &[&str] = &[
     "pkg-config",
     "libsoxr-dev",
     "curl",
+    // cli/tests/web_page.rs: the server's page in headless Chromium.
+    "chromium",
 ];
 
 fn main() {

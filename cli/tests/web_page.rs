@@ -1,0 +1,150 @@
+//! The web page `tts serve` answers at `/`, in headless Chromium (Debian's
+//! `chromium`; `cargo xtask deps` installs it): it loads, lists the served
+//! models and their voices from the API, synthesizes while streaming, and
+//! its `<audio>` element plays the result, with no script error. The test
+//! reads the DOM Chromium prints once the page is done (`--dump-dom` after
+//! a virtual-time budget); the page fills its form from the query and
+//! speaks at once with `run=1`. Without Chromium the tests report themselves
+//! skipped, unless `TTS_REQUIRE_CHROMIUM` is set (CI sets it).
+
+mod common;
+
+use common::{plugins_with, repo, supertonic_fixture, tts, wait_or_kill};
+use std::io::{BufRead, BufReader};
+use std::path::{Path, PathBuf};
+use std::process::{Child, Command, Stdio};
+use std::time::{Duration, Instant};
+
+struct Server {
+    child: Child,
+    base: String,
+    _dir: tempfile::TempDir,
+    _plugins: tempfile::TempDir,
+}
+
+impl Drop for Server {
+    fn drop(&mut self) {
+        let _ = self.child.kill();
+        let _ = self.child.wait();
+    }
+}
+
+fn profile(dir: &Path, name: &str, model: &str) -> PathBuf {
+    let p = dir.join(format!("{name}.toml"));
+    std::fs::write(&p, format!("[backend]\nprefer = [\"cpu\"]\nfallback = false\n[backends.cpu]\nthreads = 1\n[model]\nfiles = [{model}]\n")).unwrap();
+    p
+}
+
+/// Supertonic (`supertonic`) and Chatterbox Turbo (`turbo`) on the tiny
+/// fixtures, with `extra` flags.
+fn serve(extra: &[&str]) -> Server {
+    let plugins = plugins_with(&["cpu"], &["supertonic", "chatterbox"]);
+    let dir = tempfile::tempdir().unwrap();
+    let turbo = repo().join("tests/fixtures/chatterbox/turbo-tiny");
+    let supertonic = profile(dir.path(), "supertonic", &format!("\"{}\"", supertonic_fixture().display()));
+    let turbo = profile(dir.path(), "turbo", &format!("\"{}\", \"{}\"", turbo.join("t3-turbo.gguf").display(), turbo.join("s3gen-meanflow.gguf").display()));
+    let mut args: Vec<String> = vec!["serve".into(), "--port".into(), "0".into(), "--plugin-dir".into(), plugins.path().display().to_string()];
+    for p in [&supertonic, &turbo] {
+        args.push("--profile".into());
+        args.push(p.display().to_string());
+    }
+    args.extend(extra.iter().map(|s| s.to_string()));
+    let mut child =
+        Command::new(tts()).args(&args).env_remove("TTS_LOG").env_remove("TTS_API_KEY").stdout(Stdio::null()).stderr(Stdio::piped()).spawn().unwrap();
+    let mut lines = BufReader::new(child.stderr.take().unwrap()).lines();
+    let first = lines.next().expect("tts serve printed nothing").unwrap();
+    let base = first.strip_prefix("listening on ").and_then(|r| r.split_whitespace().next()).unwrap_or_else(|| panic!("first line: {first}")).to_string();
+    std::thread::spawn(move || lines.for_each(drop));
+    let server = Server { child, base, _dir: dir, _plugins: plugins };
+    let agent: ureq::Agent = ureq::Agent::config_builder().http_status_as_error(false).build().into();
+    let started = Instant::now();
+    while agent.get(format!("{}/health", server.base)).call().map(|r| r.status().as_u16()).unwrap_or(0) != 200 {
+        assert!(started.elapsed() < Duration::from_secs(120), "the models did not load (hang guard)");
+        std::thread::sleep(Duration::from_millis(50));
+    }
+    server
+}
+
+fn chromium() -> Option<PathBuf> {
+    ["chromium", "chromium-browser", "google-chrome"]
+        .iter()
+        .find_map(|name| std::env::var_os("PATH").and_then(|paths| std::env::split_paths(&paths).map(|d| d.join(name)).find(|p| p.is_file())))
+}
+
+/// The DOM of `url` after the page's scripts ran (at most `budget_ms` of
+/// virtual time), from a Chromium with a private profile directory.
+fn dump_dom(chromium: &Path, url: &str, budget_ms: u32) -> String {
+    let profile = tempfile::tempdir().unwrap();
+    let child = Command::new(chromium)
+        .args([
+            "--headless=new",
+            "--no-sandbox",
+            "--disable-gpu",
+            "--no-first-run",
+            "--disable-extensions",
+            "--mute-audio",
+            "--autoplay-policy=no-user-gesture-required",
+        ])
+        .arg(format!("--user-data-dir={}", profile.path().display()))
+        .arg(format!("--virtual-time-budget={budget_ms}"))
+        .args(["--dump-dom", url])
+        .env("HOME", profile.path())
+        .stdout(Stdio::piped())
+        .stderr(Stdio::piped())
+        .spawn()
+        .unwrap();
+    let out = wait_or_kill(child, Duration::from_secs(120), "chromium --dump-dom");
+    assert!(out.status.success(), "chromium failed: {}", String::from_utf8_lossy(&out.stderr));
+    String::from_utf8_lossy(&out.stdout).into_owned()
+}
+
+/// The text of the element with `id` in `dom` (a flat element: no nested tags).
+fn text_of<'a>(dom: &'a str, id: &str) -> &'a str {
+    let start = dom.find(&format!("id=\"{id}\"")).unwrap_or_else(|| panic!("no #{id} in {dom}"));
+    let open = start + dom[start..].find('>').unwrap() + 1;
+    &dom[open..open + dom[open..].find('<').unwrap()]
+}
+
+fn require_chromium() -> Option<PathBuf> {
+    let found = chromium();
+    if found.is_none() {
+        assert!(std::env::var_os("TTS_REQUIRE_CHROMIUM").is_none(), "TTS_REQUIRE_CHROMIUM is set but no chromium is on PATH (cargo xtask deps installs it)");
+        eprintln!("skipped: no chromium on PATH (apt install chromium)");
+    }
+    found
+}
+
+#[test]
+fn the_page_lists_the_models_speaks_while_streaming_and_plays() {
+    let Some(chromium) = require_chromium() else { return };
+    let server = serve(&[]);
+    let url = format!("{}/?model=supertonic&voice=M1&text=Hello%20there.&format=mp3&run=1", server.base);
+    let dom = dump_dom(&chromium, &url, 30_000);
+    assert_eq!(text_of(&dom, "errors"), "", "script or API errors");
+    for model in ["supertonic", "turbo"] {
+        assert!(dom.contains(&format!("<option value=\"{model}\">{model}</option>")), "{model} not listed: {dom}");
+    }
+    assert!(dom.contains("<option value=\"M1\" selected=\"\">M1</option>") || dom.contains("value=\"M1\""), "voices not listed: {dom}");
+    let status = text_of(&dom, "status");
+    assert!(status.starts_with("done: "), "status: {status}");
+    let player = &dom[dom.find("id=\"player\"").unwrap()..];
+    let player = &player[..player.find('>').unwrap()];
+    assert!(player.contains("src=\"blob:"), "the audio element has the utterance: {player}");
+    assert!(player.contains("data-state=\"playing\"") || player.contains("data-state=\"ended\""), "the audio element did not play: {player}");
+    let seconds: f64 = player.split("data-seconds=\"").nth(1).and_then(|s| s.split('"').next()).unwrap().parse().unwrap();
+    assert!(seconds > 0.1, "{seconds} s of audio");
+    let link = &dom[dom.find("id=\"download\"").unwrap()..];
+    assert!(link.contains("download=\"speech.mp3\""), "the download is the chosen format: {link}");
+}
+
+#[test]
+fn the_page_reports_an_api_error_in_the_page() {
+    let Some(chromium) = require_chromium() else { return };
+    let server = serve(&[]);
+    // Speed 9 is outside OpenAI's range: the server's message shows in the page.
+    let url = format!("{}/?model=supertonic&text=Hello.&speed=9&run=1", server.base);
+    let dom = dump_dom(&chromium, &url, 20_000);
+    let errors = text_of(&dom, "errors");
+    assert!(errors.contains("speed"), "errors: {errors}");
+    assert_eq!(text_of(&dom, "status"), "failed");
+}
