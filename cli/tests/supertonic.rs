@@ -236,8 +236,8 @@ fn bad_inputs_are_one_line_errors_and_leave_no_file() {
     check("Hello.", &["language=de"], "language 'de' is not supported by Supertonic v2 (supported: en, ko, es, pt, fr)");
     check("Hello.", &["steps=0"], "steps must be in 1..=100 (v3: 1..=50), got 0");
     check("Hello.", &["steps=101"], "steps must be in 1..=100 for Supertonic v2, got 101");
-    check("Hello.", &["speed=2.5"], "speed must be in 0.5..=2, got 2.5");
-    check("Hello.", &["speed=0.1"], "speed must be in 0.5..=2, got 0.1");
+    check("Hello.", &["speed=4.5"], "speed must be in 0.25..=4, got 4.5");
+    check("Hello.", &["speed=0.1"], "speed must be in 0.25..=4, got 0.1");
     check("Hello.", &["seed=-3"], "seed must be in 0..=4294967295, got -3");
     check("Hello.", &["noise_npy=/nonexistent/noise.npy"], "noise file /nonexistent/noise.npy");
 

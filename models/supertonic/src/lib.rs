@@ -85,7 +85,7 @@ extern "C" fn option_specs() -> RVec<OptionSpec> {
             OptionValue::Int(-1),
             "denoising steps, 1..=100 (v3: 1..=50, as the official helper) (-1 = the model's default: 5 for v1/v2, 8 for v3)",
         ),
-        spec("speed", OptionKind::Float, OptionValue::Float(1.05), "speaking rate, 0.5..=2.0"),
+        spec("speed", OptionKind::Float, OptionValue::Float(1.05), "speaking rate, 0.25..=4.0 (0.5..=2.0 by the model's duration control; beyond, that range's nearest end time-stretched at the same pitch)"),
         spec("seed", OptionKind::Int, OptionValue::Int(42), "noise seed (NumPy legacy randn compatible), 0..=4294967295"),
         spec("noise_npy", OptionKind::Path, OptionValue::Str("".into()), "initial noise from a .npy file instead of the seed"),
         spec(

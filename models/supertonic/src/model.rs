@@ -9,6 +9,7 @@ use crate::noise::NumpyLegacyRng;
 use crate::tensors;
 use crate::text::{self, Encoded, Indexer, UnsupportedChars};
 use crate::voice::{Voice, VoiceShape};
+use engine_core::audio::stretch::{self, TimeStretch};
 use engine_core::model_kit::builder::compute_graph;
 use engine_core::model_kit::{finite, npy, OpPolicy, PieceSender, Timings, Weights};
 use engine_core::model_kit::{Error, Result};
@@ -18,9 +19,13 @@ use std::collections::BTreeMap;
 use std::path::Path;
 use std::time::Instant;
 
-/// Valid values of the user-facing options (the official helper's ranges;
-/// steps: [`crate::hparams::Version::max_steps`]).
-pub const SPEED_RANGE: std::ops::RangeInclusive<f64> = 0.5..=2.0;
+/// The speeds the model's own duration control makes (the official helper's
+/// range; steps: [`crate::hparams::Version::max_steps`]). A `speed` beyond it
+/// (up to [`SPEED_RANGE`]) is made at the nearest end of this range, then
+/// time-stretched by the rest.
+pub const NATIVE_SPEED_RANGE: std::ops::RangeInclusive<f32> = 0.5..=2.0;
+/// The speeds the option takes (OpenAI's range).
+pub const SPEED_RANGE: std::ops::RangeInclusive<f64> = stretch::SPEED_RANGE;
 /// Silence between chunks, seconds.
 pub const CHUNK_SILENCE_S: f32 = 0.3;
 
@@ -228,9 +233,7 @@ impl Supertonic {
                 return err(format!("steps must be in 1..={max} for Supertonic {}, got {steps}", self.hp.version.as_str()));
             }
         }
-        if !SPEED_RANGE.contains(&(params.speed as f64)) {
-            return err(format!("speed must be in {}..={}, got {}", SPEED_RANGE.start(), SPEED_RANGE.end(), params.speed));
-        }
+        stretch::check_speed(params.speed as f64)?;
         Ok(())
     }
 
@@ -378,8 +381,39 @@ impl Supertonic {
         self.run(text, params, out, params.stream_first_chars)
     }
 
+    /// A speed the duration control makes is synthesized as it is; another at
+    /// the nearest speed it makes, every piece then time-stretched by the rest
+    /// through one [`TimeStretch`] (so the joins between pieces stretch too).
     fn run(&mut self, text: &str, params: &SynthesisParams, out: &mut PieceSender, first_chars: usize) -> Result<Timings> {
         self.validate(params)?;
+        let native = params.speed.clamp(*NATIVE_SPEED_RANGE.start(), *NATIVE_SPEED_RANGE.end());
+        if native == params.speed {
+            return self.run_native(text, params, out, first_chars);
+        }
+        let mut stretcher = TimeStretch::new(self.hp.sample_rate, params.speed as f64 / native as f64)?;
+        let mut stretch_ms = 0f64;
+        let mut timings = {
+            let mut stretched = PieceSender::new(|piece| {
+                let start = Instant::now();
+                let piece = stretcher.push(piece);
+                stretch_ms += start.elapsed().as_secs_f64() * 1e3;
+                out.send(&piece)
+            });
+            let timings = self.run_native(text, &SynthesisParams { speed: native, ..params.clone() }, &mut stretched, first_chars)?;
+            if stretched.cancelled {
+                return Ok(timings);
+            }
+            timings
+        };
+        let start = Instant::now();
+        let rest = stretcher.finish();
+        timings.add("time_stretch", stretch_ms + start.elapsed().as_secs_f64() * 1e3);
+        out.send(&rest);
+        Ok(timings)
+    }
+
+    /// The synthesis loop at a speed the duration control makes.
+    fn run_native(&mut self, text: &str, params: &SynthesisParams, out: &mut PieceSender, first_chars: usize) -> Result<Timings> {
         let language = self.language(params).to_string();
         let voice = self.resolve_voice(&params.voice)?;
         let steps = params.steps.unwrap_or(self.hp.default_steps as usize);
