@@ -69,9 +69,10 @@ struct SynthArgs {
     /// Output file; `-` streams the audio to stdout as it is produced.
     #[arg(long, value_name = "FILE")]
     out: Option<PathBuf>,
-    /// Audio encoding of the output.
-    #[arg(long, value_enum, default_value_t = synth::Format::Wav)]
-    format: synth::Format,
+    /// Audio encoding of the output; without it, --out's extension decides
+    /// (.wav .pcm .raw .f32 .flac .mp3 .opus .ogg .aac; WAV for stdout).
+    #[arg(long, value_enum)]
+    format: Option<synth::Format>,
     #[command(flatten)]
     flags: SynthesisFlags,
     /// Override a [synthesis] option, e.g. --set steps=8 (repeatable).
@@ -800,6 +801,7 @@ fn run(cli: Cli) -> Result<(), String> {
             let Some(out) = args.out.as_deref() else {
                 return Err("give --out FILE (or --out - for stdout) to synthesize, or a subcommand (see --help)".into());
             };
+            let format = synth::Format::for_output(out, args.format)?;
             let set = args.flags.merged(&args.set)?;
             let text = synth::read_text(args.text.as_deref(), args.text_file.as_deref())?;
             if text.trim().is_empty() {
@@ -816,7 +818,7 @@ fn run(cli: Cli) -> Result<(), String> {
                 extra.extend(args.text_file.iter().filter(|p| p.as_os_str() != "-").map(|p| ("text file".to_string(), p.clone())));
                 session.refuse_input_as_output(out, &extra).map_err(|e| e.to_string())?;
             }
-            let written = synth::synthesize(&mut session, &text, out, args.format, &synth::Progress::new(cli.quiet))?;
+            let written = synth::synthesize(&mut session, &text, out, format, &synth::Progress::new(cli.quiet))?;
             // On stderr: stdout may be the audio.
             if args.print_tokens || (cli.verbose > 0 && !cli.quiet) {
                 eprint!("{}", synth::token_lines(session.info.family.as_str(), &written.tokens));

@@ -3,7 +3,7 @@
 
 use clap::ValueEnum;
 use engine_core::abi::TokenTrace;
-use engine_core::audio::{wav_header, RawFormat};
+use engine_core::audio::encode::{AudioFormat, StreamEncoder};
 use engine_core::engine::{EngineError, ModelSession};
 use std::io::{IsTerminal, Read, Seek, SeekFrom, Write};
 use std::os::fd::AsFd;
@@ -12,17 +12,61 @@ use std::path::Path;
 /// The most text read from a file or stdin: the cap every text input shares.
 const MAX_TEXT_BYTES: u64 = engine_core::model_kit::files::caps::TEXT;
 
-/// Audio encodings `--format` names.
+/// Audio encodings `--format` names (without it, `--out`'s extension decides).
 #[derive(Debug, Clone, Copy, PartialEq, Eq, ValueEnum)]
 pub enum Format {
-    /// 16-bit PCM WAV (streamed to stdout with a header of unknown length)
+    /// 16-bit PCM WAV (.wav; streamed to stdout with a header of unknown length)
     Wav,
-    /// raw 16-bit signed little-endian samples, mono
+    /// raw 16-bit signed little-endian samples, mono (.pcm, .raw)
+    #[value(alias = "pcm")]
     Pcm16,
-    /// raw 32-bit float little-endian samples, mono
+    /// raw 32-bit float little-endian samples, mono (.f32)
     F32,
-    /// 16-bit FLAC (streamed too; the sizes and checksum are filled in at the end where the output can seek)
+    /// 16-bit FLAC (.flac; streamed too; the sizes and checksum are filled in at the end where the output can seek)
     Flac,
+    /// MP3, 96 kbit/s (.mp3)
+    Mp3,
+    /// Opus in Ogg, 48 kHz (.opus, .ogg)
+    Opus,
+    /// AAC-LC in ADTS frames (.aac)
+    Aac,
+}
+
+impl Format {
+    /// The encoder layer's format.
+    pub fn audio(self) -> AudioFormat {
+        match self {
+            Format::Wav => AudioFormat::Wav,
+            Format::Pcm16 => AudioFormat::Pcm,
+            Format::F32 => AudioFormat::F32,
+            Format::Flac => AudioFormat::Flac,
+            Format::Mp3 => AudioFormat::Mp3,
+            Format::Opus => AudioFormat::Opus,
+            Format::Aac => AudioFormat::Aac,
+        }
+    }
+
+    /// The format of `out`: `--format` when given, else what the file's
+    /// extension names (WAV for stdout and for a name without one); an
+    /// extension of no format is an error listing the formats.
+    pub fn for_output(out: &Path, given: Option<Format>) -> Result<Format, String> {
+        if let Some(f) = given {
+            return Ok(f);
+        }
+        if out == Path::new("-") {
+            return Ok(Format::Wav);
+        }
+        let audio = AudioFormat::from_extension(out).map_err(|e| format!("--out {e} (or name one with --format)"))?;
+        Ok(match audio.unwrap_or(AudioFormat::Wav) {
+            AudioFormat::Wav => Format::Wav,
+            AudioFormat::Pcm => Format::Pcm16,
+            AudioFormat::F32 => Format::F32,
+            AudioFormat::Flac => Format::Flac,
+            AudioFormat::Mp3 => Format::Mp3,
+            AudioFormat::Opus => Format::Opus,
+            AudioFormat::Aac => Format::Aac,
+        })
+    }
 }
 
 /// The text to speak: `--text` (`-`: stdin), `--text-file` (`-`: stdin), or
@@ -107,6 +151,7 @@ impl Drop for Progress {
 /// What one synthesis wrote.
 pub struct Written {
     pub seconds: f64,
+    /// The rate of the audio written (Opus: 48 kHz whatever the model's).
     pub sample_rate: u32,
     /// stdout's reader went away before the end; the synthesis stopped there.
     pub reader_gone: bool,
@@ -193,75 +238,6 @@ struct StreamError {
     message: String,
 }
 
-/// Pieces as bytes of `format`: the header before the first (WAV with
-/// unknown sizes, FLAC with unknown totals), then each piece's audio.
-enum Encoder {
-    Raw(RawFormat),
-    Wav,
-    Flac(Option<Box<engine_core::audio::FlacStream>>),
-}
-
-impl Encoder {
-    fn new(format: Format) -> Encoder {
-        match format {
-            Format::Wav => Encoder::Wav,
-            Format::Flac => Encoder::Flac(None),
-            other => Encoder::Raw(raw(other)),
-        }
-    }
-
-    fn piece(&mut self, piece: &[f32], rate: u32, first: bool, out: &mut Vec<u8>) -> Result<(), String> {
-        match self {
-            Encoder::Raw(f) => f.encode(piece, out),
-            Encoder::Wav => {
-                if first {
-                    out.extend_from_slice(&wav_header(rate, None));
-                }
-                RawFormat::Pcm16.encode(piece, out);
-            }
-            Encoder::Flac(stream) => {
-                if stream.is_none() {
-                    *stream = Some(Box::new(start_flac(rate, out)?));
-                }
-                stream.as_mut().expect("started").push(piece, out)?;
-            }
-        }
-        Ok(())
-    }
-
-    /// The stream's last bytes into `out` (a whole empty stream when no piece
-    /// came), and the header with the real sizes for an output that can seek
-    /// back to where the stream started (None: nothing to rewrite, or the
-    /// sizes do not fit).
-    fn finish(self, rate: u32, samples: u64, out: &mut Vec<u8>) -> Result<Option<Vec<u8>>, String> {
-        match self {
-            Encoder::Raw(_) => Ok(None),
-            Encoder::Wav => {
-                let size = u32::try_from(samples * 2).ok();
-                if samples == 0 {
-                    out.extend_from_slice(&wav_header(rate, Some(0)));
-                    return Ok(None);
-                }
-                Ok(size.map(|s| wav_header(rate, Some(s)).to_vec()))
-            }
-            Encoder::Flac(stream) => {
-                let stream = match stream {
-                    Some(s) => *s,
-                    None => start_flac(rate, out)?,
-                };
-                stream.finish(out).map(Some)
-            }
-        }
-    }
-}
-
-/// A FLAC stream at `rate`, its header (totals unknown) appended to `out`.
-fn start_flac(rate: u32, out: &mut Vec<u8>) -> Result<engine_core::audio::FlacStream, String> {
-    let stream = engine_core::audio::FlacStream::new(rate)?;
-    out.extend_from_slice(&stream.header()?);
-    Ok(stream)
-}
-
 /// Synthesizes `text` (with `overrides`) into `file` as `format`, each piece
 /// written as it arrives. Where `file` is a regular file, the header is
 /// rewritten at the end with the real sizes (a pipe keeps the streaming one).
@@ -278,12 +254,16 @@ fn stream_into(
     let fail = |message: String| StreamError { message };
     let io = |e: std::io::Error| fail(format!("writing {what}: {e}"));
     let start = file.stream_position().ok();
-    let (mut samples, mut reader_gone, mut encoder) = (0u64, false, Encoder::new(format));
+    // Started by the first piece, which brings the model's rate.
+    let (mut samples, mut reader_gone, mut encoder) = (0u64, false, None::<StreamEncoder>);
     let mut buffer = Vec::new();
     let summary = session
         .synthesize_streaming_with(text, overrides, |piece, rate| {
             buffer.clear();
-            encoder.piece(piece, rate, samples == 0, &mut buffer).map_err(EngineError)?;
+            if encoder.is_none() {
+                encoder = Some(StreamEncoder::new(format.audio(), rate).map_err(EngineError)?);
+            }
+            encoder.as_mut().expect("set above").push(piece, &mut buffer).map_err(EngineError)?;
             samples += piece.len() as u64;
             progress.audio(samples as f64 / rate as f64);
             match file.write_all(&buffer) {
@@ -301,12 +281,16 @@ fn stream_into(
     }
     let rate = summary.sample_rate;
     let tokens = summary.tokens.to_vec();
-    let written = Written { seconds: samples as f64 / rate.max(1) as f64, sample_rate: rate, reader_gone, tokens };
+    let written = Written { seconds: samples as f64 / rate.max(1) as f64, sample_rate: format.audio().output_rate(rate), reader_gone, tokens };
     if reader_gone {
         return Ok(written);
     }
     buffer.clear();
-    let header = encoder.finish(rate, samples, &mut buffer).map_err(fail)?;
+    let encoder = match encoder {
+        Some(e) => e,
+        None => StreamEncoder::new(format.audio(), rate).map_err(fail)?,
+    };
+    let header = encoder.finish(&mut buffer).map_err(fail)?;
     match file.write_all(&buffer) {
         Err(e) if target.reader_may_go && e.kind() == std::io::ErrorKind::BrokenPipe => return Ok(Written { reader_gone: true, ..written }),
         other => other.map_err(io)?,
@@ -323,11 +307,4 @@ fn stream_into(
         }
     }
     Ok(written)
-}
-
-fn raw(format: Format) -> RawFormat {
-    match format {
-        Format::F32 => RawFormat::F32,
-        _ => RawFormat::Pcm16,
-    }
 }

@@ -53,19 +53,23 @@ impl ApiError {
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 pub enum ResponseFormat {
     Mp3,
+    Opus,
+    Aac,
+    Flac,
     Wav,
     Pcm,
-    Flac,
 }
 
 impl ResponseFormat {
-    pub const SUPPORTED: &'static str = "mp3, wav, pcm, flac";
+    pub const SUPPORTED: &'static str = "mp3, opus, aac, flac, wav, pcm";
 
-    /// OpenAI's names; `opus` and `aac` (which OpenAI also lists) and anything
-    /// else are refused with the supported list.
+    /// OpenAI's names (all six it lists); anything else is refused with the
+    /// supported list.
     pub fn parse(name: &str) -> Result<ResponseFormat, String> {
         match name {
             "mp3" => Ok(ResponseFormat::Mp3),
+            "opus" => Ok(ResponseFormat::Opus),
+            "aac" => Ok(ResponseFormat::Aac),
             "wav" => Ok(ResponseFormat::Wav),
             "pcm" => Ok(ResponseFormat::Pcm),
             "flac" => Ok(ResponseFormat::Flac),
@@ -76,6 +80,9 @@ impl ResponseFormat {
     pub fn content_type(self) -> &'static str {
         match self {
             ResponseFormat::Mp3 => "audio/mpeg",
+            // Opus in Ogg pages, as OpenAI sends it.
+            ResponseFormat::Opus => "audio/ogg",
+            ResponseFormat::Aac => "audio/aac",
             ResponseFormat::Wav => "audio/wav",
             ResponseFormat::Pcm => "audio/pcm",
             ResponseFormat::Flac => "audio/flac",

@@ -1,9 +1,11 @@
 //! The response formats of `/v1/audio/speech`, encoded piece by piece as the
-//! model produces audio (FLAC alone is sent whole at the end: its header
-//! holds the totals).
+//! model produces audio through engine-core's one encoder layer
+//! ([`engine_core::audio::encode`]). What is particular to the API is here:
+//! OpenAI's `pcm` is 24 kHz whatever the model's rate, and FLAC is sent whole
+//! at the end (its header holds the totals, and a response cannot go back).
 
+use engine_core::audio::encode::{AudioFormat, StreamEncoder};
 use engine_core::audio::resample::StreamResampler;
-use engine_core::audio::{wav_header, FlacStream, RawFormat};
 
 /// OpenAI's `pcm` is 24 kHz 16-bit mono whatever the model's rate: clients
 /// play it without a header telling them otherwise.
@@ -11,155 +13,121 @@ pub const PCM_RATE: u32 = 24_000;
 
 pub use tts_serve_api::ResponseFormat;
 
+/// The encoder layer's format for a response format.
+pub fn audio_format(format: ResponseFormat) -> AudioFormat {
+    match format {
+        ResponseFormat::Mp3 => AudioFormat::Mp3,
+        ResponseFormat::Opus => AudioFormat::Opus,
+        ResponseFormat::Aac => AudioFormat::Aac,
+        ResponseFormat::Flac => AudioFormat::Flac,
+        ResponseFormat::Wav => AudioFormat::Wav,
+        ResponseFormat::Pcm => AudioFormat::Pcm,
+    }
+}
+
+/// The sampling rate a response of `format` carries for a model at `rate`
+/// (what `x-sample-rate` should say: Opus is 48 kHz whatever the model's rate).
+// The response's headers are written in api.rs, which takes this up next.
+#[allow(dead_code)]
+pub fn response_rate(format: ResponseFormat, rate: u32) -> u32 {
+    match format {
+        ResponseFormat::Pcm => PCM_RATE,
+        other => audio_format(other).output_rate(rate),
+    }
+}
+
 /// One response's encoder. `piece` returns the bytes ready to send (possibly
-/// none while an MP3 frame fills), `finish` the rest.
+/// none while a codec's frame fills, and always none for FLAC), `finish` the
+/// rest.
 pub struct Encoder {
-    state: State,
-    started: bool,
+    format: ResponseFormat,
+    /// Started by the first piece, which brings the model's rate.
+    stream: Option<Stream>,
 }
 
-enum State {
-    Wav,
-    Pcm(Option<Box<StreamResampler>>),
-    Mp3(Option<Box<mp3lame_encoder::Encoder>>),
-    Flac(Box<FlacBody>),
+struct Stream {
+    encoder: StreamEncoder,
+    /// `pcm` from a model whose rate is not 24 kHz.
+    to_pcm_rate: Option<StreamResampler>,
+    /// FLAC: everything so far, sent by `finish` with the final header.
+    held: Option<Vec<u8>>,
 }
 
-/// FLAC encoded as the pieces come, kept until the end: the frames so far,
-/// and what `finish` checks as [`engine_core::audio::encode_flac`] did over
-/// the whole signal.
-#[derive(Default)]
-struct FlacBody {
-    /// None before the first piece (or when the rate was refused).
-    stream: Option<FlacStream>,
-    frames: Vec<u8>,
-    samples: usize,
-    non_finite: usize,
-    /// The first encoder error, reported by `finish`.
-    error: Option<String>,
-}
-
-impl FlacBody {
-    fn push(&mut self, samples: &[f32], rate: u32) {
-        self.samples += samples.len();
-        self.non_finite += engine_core::model_kit::finite::count_non_finite_f32(samples);
-        if self.error.is_some() {
-            return;
-        }
-        if self.stream.is_none() {
-            match FlacStream::new(rate) {
-                Ok(s) => self.stream = Some(s),
-                Err(e) => return self.error = Some(e),
+impl Stream {
+    fn new(format: ResponseFormat, rate: u32) -> Result<Stream, String> {
+        let (to_pcm_rate, encoder_rate) = match format {
+            ResponseFormat::Pcm if rate != PCM_RATE => {
+                engine_core::audio::check_samples(&[], rate)?;
+                (Some(StreamResampler::new(rate, PCM_RATE)?), PCM_RATE)
             }
-        }
-        if let Err(e) = self.stream.as_mut().expect("set above").push(samples, &mut self.frames) {
-            self.error = Some(e);
-        }
+            _ => (None, rate),
+        };
+        let held = (format == ResponseFormat::Flac).then(Vec::new);
+        Ok(Stream { encoder: StreamEncoder::new(audio_format(format), encoder_rate)?, to_pcm_rate, held })
     }
 
-    /// The whole stream: the header with the real totals, then the frames.
-    fn finish(&mut self, rate: u32) -> Result<Vec<u8>, String> {
-        engine_core::audio::check_sample_counts(rate, || self.non_finite, self.samples)?;
-        if self.samples == 0 {
-            return engine_core::audio::encode_flac(&[], rate);
+    fn push(&mut self, samples: &[f32]) -> Result<Vec<u8>, String> {
+        let mut out = Vec::new();
+        match &mut self.to_pcm_rate {
+            Some(r) => self.encoder.push(&r.push(samples)?, &mut out)?,
+            None => self.encoder.push(samples, &mut out)?,
         }
-        if let Some(e) = self.error.take() {
-            return Err(e);
+        if let Some(held) = &mut self.held {
+            held.append(&mut out);
         }
-        let stream = self.stream.take().expect("samples came");
-        let mut frames = std::mem::take(&mut self.frames);
-        let mut out = stream.finish(&mut frames)?;
-        out.append(&mut frames);
         Ok(out)
+    }
+
+    fn finish(mut self) -> Result<Vec<u8>, String> {
+        let mut out = Vec::new();
+        if let Some(r) = &mut self.to_pcm_rate {
+            self.encoder.push(&r.finish()?, &mut out)?;
+        }
+        let header = self.encoder.finish(&mut out)?;
+        match (self.held, header) {
+            (Some(mut held), Some(header)) => {
+                held.append(&mut out);
+                held[..header.len()].copy_from_slice(&header);
+                Ok(held)
+            }
+            (Some(mut held), None) => {
+                held.append(&mut out);
+                Ok(held)
+            }
+            // A stream's own header stays: WAV's sizes are unknown, as
+            // OpenAI's own WAV stream states them.
+            (None, _) => Ok(out),
+        }
     }
 }
 
 impl Encoder {
     pub fn new(format: ResponseFormat) -> Encoder {
-        let state = match format {
-            ResponseFormat::Wav => State::Wav,
-            ResponseFormat::Pcm => State::Pcm(None),
-            ResponseFormat::Mp3 => State::Mp3(None),
-            ResponseFormat::Flac => State::Flac(Box::default()),
-        };
-        Encoder { state, started: false }
+        Encoder { format, stream: None }
     }
 
     pub fn piece(&mut self, samples: &[f32], rate: u32) -> Result<Vec<u8>, String> {
-        let first = !self.started;
-        self.started = true;
-        let mut out = Vec::new();
-        match &mut self.state {
-            State::Wav => {
-                if first {
-                    // Sizes unknown while streaming (0xFFFFFFFF), as OpenAI's own WAV stream.
-                    out.extend_from_slice(&wav_header(rate, None));
-                }
-                RawFormat::Pcm16.encode(samples, &mut out);
-            }
-            State::Pcm(resampler) => {
-                if resampler.is_none() {
-                    *resampler = Some(Box::new(StreamResampler::new(rate, PCM_RATE)?));
-                }
-                let resampled = resampler.as_mut().expect("set above").push(samples)?;
-                RawFormat::Pcm16.encode(&resampled, &mut out);
-            }
-            State::Mp3(encoder) => {
-                if encoder.is_none() {
-                    *encoder = Some(Box::new(mp3_encoder(rate)?));
-                }
-                let encoder = encoder.as_mut().expect("set above");
-                out.reserve(mp3lame_encoder::max_required_buffer_size(samples.len()));
-                encoder.encode_to_vec(mp3lame_encoder::MonoPcm(samples), &mut out).map_err(|e| format!("MP3 encoding: {e:?}"))?;
-            }
-            State::Flac(flac) => flac.push(samples, rate),
+        if self.stream.is_none() {
+            self.stream = Some(Stream::new(self.format, rate)?);
         }
-        Ok(out)
+        self.stream.as_mut().expect("set above").push(samples)
     }
 
-    /// The bytes after the last piece: the MP3 encoder's last frames, the
-    /// whole FLAC stream, the resampler's tail; a header alone when no audio
+    /// The bytes after the last piece: the codec's last frames, the whole
+    /// FLAC stream, the resampler's tail; a whole empty stream when no audio
     /// came at all.
     pub fn finish(&mut self, rate: u32) -> Result<Vec<u8>, String> {
-        let mut out = Vec::new();
-        match &mut self.state {
-            State::Wav if !self.started => out.extend_from_slice(&wav_header(rate, Some(0))),
-            State::Wav => {}
-            State::Pcm(resampler) => {
-                if let Some(r) = resampler {
-                    RawFormat::Pcm16.encode(&r.finish()?, &mut out);
-                }
-            }
-            State::Mp3(encoder) => {
-                if let Some(e) = encoder {
-                    out.reserve(7200);
-                    e.flush_to_vec::<mp3lame_encoder::FlushGap>(&mut out).map_err(|e| format!("MP3 encoding: {e:?}"))?;
-                }
-            }
-            State::Flac(flac) => out = flac.finish(rate)?,
+        match self.stream.take() {
+            Some(stream) => stream.finish(),
+            None => Stream::new(self.format, rate)?.finish(),
         }
-        self.started = true;
-        Ok(out)
     }
-}
-
-fn mp3_encoder(rate: u32) -> Result<mp3lame_encoder::Encoder, String> {
-    let bad = |what: &str| format!("MP3 encoder: {what} (model rate {rate} Hz)");
-    let mut b = mp3lame_encoder::Builder::new().ok_or_else(|| bad("LAME did not start"))?;
-    b.set_num_channels(1).map_err(|e| bad(&format!("{e:?}")))?;
-    b.set_sample_rate(rate).map_err(|e| bad(&format!("{e:?}")))?;
-    b.set_brate(mp3lame_encoder::Bitrate::Kbps96).map_err(|e| bad(&format!("{e:?}")))?;
-    b.set_quality(mp3lame_encoder::Quality::Good).map_err(|e| bad(&format!("{e:?}")))?;
-    // No Xing/LAME tag: LAME writes it before the audio and fills it in only
-    // at the end, which a stream cannot go back to; decoders would trim the
-    // audio by the tag's unfilled fields.
-    b.set_to_write_vbr_tag(false).map_err(|e| bad(&format!("{e:?}")))?;
-    b.build().map_err(|e| bad(&format!("{e:?}")))
 }
 
 #[cfg(test)]
 mod tests {
     use super::*;
+    use engine_core::audio::{wav_header, RawFormat};
 
     fn tone(rate: u32, n: usize) -> Vec<f32> {
         (0..n).map(|i| 0.3 * (i as f32 * 440.0 * std::f32::consts::TAU / rate as f32).sin()).collect()
@@ -197,6 +165,7 @@ mod tests {
         let mut raw = Vec::new();
         RawFormat::Pcm16.encode(&tone(24_000, 5000), &mut raw);
         assert_eq!(at_24k, raw);
+        assert_eq!(response_rate(ResponseFormat::Pcm, 44_100), 24_000);
     }
 
     #[test]
@@ -217,6 +186,27 @@ mod tests {
     }
 
     #[test]
+    fn opus_and_aac_are_the_encoder_layers_streams() {
+        let samples = tone(44_100, 30_000);
+        for (format, audio) in [(ResponseFormat::Opus, AudioFormat::Opus), (ResponseFormat::Aac, AudioFormat::Aac)] {
+            let bytes = encode(format, &samples, 44_100);
+            let mut e = StreamEncoder::new(audio, 44_100).unwrap();
+            let mut want = Vec::new();
+            for piece in samples.chunks(1000) {
+                e.push(piece, &mut want).unwrap();
+            }
+            e.finish(&mut want).unwrap();
+            assert_eq!(bytes, want, "{format:?}");
+            assert_eq!(format.content_type(), audio.content_type());
+        }
+        assert!(encode(ResponseFormat::Opus, &samples, 44_100).starts_with(b"OggS"));
+        assert_eq!(response_rate(ResponseFormat::Opus, 44_100), 48_000);
+        assert_eq!(response_rate(ResponseFormat::Aac, 44_100), 44_100);
+        // Nothing synthesized: still a stream with its headers.
+        assert!(encode(ResponseFormat::Opus, &[], 24_000).starts_with(b"OggS"));
+    }
+
+    #[test]
     fn streamed_flac_is_encode_flac_over_the_whole_signal() {
         for n in [0, 1, 999, 4096, 44_100] {
             let samples = tone(44_100, n);
@@ -230,16 +220,27 @@ mod tests {
             assert!(e.piece(piece, 24_000).unwrap().is_empty(), "FLAC sends nothing before the end");
         }
         assert_eq!(e.finish(24_000), engine_core::audio::encode_flac(&bad, 24_000));
+        // A rate out of range is refused at the first piece, as encode_flac refuses it.
         let mut e = Encoder::new(ResponseFormat::Flac);
-        e.piece(&bad[..10], 10).unwrap();
-        assert_eq!(e.finish(10), engine_core::audio::encode_flac(&bad[..10], 10));
+        assert_eq!(e.piece(&bad[..10], 10).map(|_| ()), engine_core::audio::encode_flac(&bad[..10], 10).map(|_| ()));
     }
 
     #[test]
-    fn unsupported_formats_name_the_supported_ones() {
-        for name in ["opus", "aac", "ogg", ""] {
+    fn every_openai_format_is_supported_and_others_name_them() {
+        for (name, format) in [
+            ("mp3", ResponseFormat::Mp3),
+            ("opus", ResponseFormat::Opus),
+            ("aac", ResponseFormat::Aac),
+            ("flac", ResponseFormat::Flac),
+            ("wav", ResponseFormat::Wav),
+            ("pcm", ResponseFormat::Pcm),
+        ] {
+            assert_eq!(ResponseFormat::parse(name), Ok(format));
+            assert_eq!(audio_format(format).name(), name);
+        }
+        for name in ["ogg", "m4a", ""] {
             let e = ResponseFormat::parse(name).unwrap_err();
-            assert_eq!(e, format!("response_format `{name}` is not supported; supported: mp3, wav, pcm, flac"));
+            assert_eq!(e, format!("response_format `{name}` is not supported; supported: mp3, opus, aac, flac, wav, pcm"));
         }
     }
 }

@@ -15,6 +15,15 @@ const BITRATE: u32 = 64_000;
 /// 6144 bits of payload plus its header.
 const OUT_CHUNK: usize = 8192;
 
+/// The rate `rate` is coded at: itself where ADTS can state it, else 48 kHz.
+pub(super) fn coded_rate(rate: u32) -> u32 {
+    if AAC_RATES.contains(&rate) {
+        rate
+    } else {
+        48_000
+    }
+}
+
 pub(super) struct Adts {
     encoder: fdk_aac::enc::Encoder,
     resampler: Option<StreamResampler>,
@@ -31,7 +40,7 @@ fn aac_error(e: fdk_aac::enc::EncoderError) -> String {
 
 impl Adts {
     pub(super) fn new(rate: u32) -> Result<Adts, String> {
-        let coded = if AAC_RATES.contains(&rate) { rate } else { 48_000 };
+        let coded = coded_rate(rate);
         let encoder = fdk_aac::enc::Encoder::new(fdk_aac::enc::EncoderParams {
             bit_rate: fdk_aac::enc::BitRate::Cbr(BITRATE),
             sample_rate: coded,

@@ -83,6 +83,17 @@ impl AudioFormat {
         }
     }
 
+    /// The sampling rate of the encoded audio for a model at `rate`: Opus
+    /// codes 48 kHz, AAC a rate of its list (48 kHz for any other), the rest
+    /// keep the model's rate.
+    pub fn output_rate(self, rate: u32) -> u32 {
+        match self {
+            AudioFormat::Opus => opus::OPUS_RATE,
+            AudioFormat::Aac => aac::coded_rate(rate),
+            _ => rate,
+        }
+    }
+
     /// The format named `name` (as [`AudioFormat::name`] gives it).
     pub fn parse(name: &str) -> Option<AudioFormat> {
         AudioFormat::ALL.into_iter().find(|f| f.name() == name)

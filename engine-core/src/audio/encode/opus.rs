@@ -10,7 +10,7 @@ use crate::audio::resample::StreamResampler;
 use ogg::writing::{PacketWriteEndInfo, PacketWriter};
 
 /// The rate Opus codes (and Ogg Opus granule positions count) in.
-const OPUS_RATE: u32 = 48_000;
+pub(super) const OPUS_RATE: u32 = 48_000;
 /// 20 ms: Opus's usual frame.
 const FRAME: usize = 960;
 /// Mono speech is transparent well below this.

@@ -162,7 +162,7 @@ fn opus_in_ogg_decodes_with_ffmpeg_at_48_khz_with_the_length_kept() {
         assert!(header.is_none());
         assert!(bytes.starts_with(b"OggS"));
         let Some(p) = ffmpeg(&bytes, "t.opus") else { return };
-        assert_eq!((p.container.as_str(), p.codec.as_str(), p.rate), ("ogg", "opus", 48_000), "{rate} Hz");
+        assert_eq!((p.container.as_str(), p.codec.as_str(), p.rate), ("ogg", "opus", AudioFormat::Opus.output_rate(rate)), "{rate} Hz");
         let want = (n as f64 * 48_000.0 / rate as f64).round() as i64;
         assert!((p.samples.len() as i64 - want).abs() <= 960, "{rate} Hz: {} samples decoded for {want}", p.samples.len());
         let middle = &p.samples[4800..p.samples.len() - 4800];
@@ -189,6 +189,7 @@ fn aac_in_adts_decodes_with_ffmpeg() {
         assert_eq!((bytes[0], bytes[1] & 0xf6), (0xff, 0xf0), "an ADTS sync word");
         let Some(p) = ffmpeg(&bytes, "t.aac") else { return };
         assert_eq!((p.container.as_str(), p.codec.as_str(), p.rate), ("aac", "aac", coded), "{rate} Hz");
+        assert_eq!(AudioFormat::Aac.output_rate(rate), coded);
         // ADTS cannot say where the audio starts or ends: the decoded length
         // is FDK's delay (2048 samples here) plus the audio, rounded up to a
         // whole frame of 1024, and the audio is all there: the tone goes on
