@@ -162,6 +162,8 @@ fn bad_inputs_are_one_line_errors_and_leave_no_file() {
     check(&profile, "Hello.", &["max_new_tokens=0"], "max_new_tokens must be in 1..=8000, got 0");
     check(&profile, "Hello.", &["cfm_steps=0"], "cfm_steps must be in 1..=10 (or -1), got 0");
     check(&profile, "Hello.", &["seed=-1"], "seed must be non-negative, got -1");
+    check(&profile, "Hello.", &["speed=4.1"], "speed must be in 0.25..=4, got 4.1");
+    check(&profile, "Hello.", &["speed=0.2"], "speed must be in 0.25..=4, got 0.2");
     check(&profile, "Hello.", &["temperature=hot"], "temperature");
     check(&profile, "Hello.", &["draws=/nonexistent/draws"], "draws: /nonexistent/draws does not exist");
 

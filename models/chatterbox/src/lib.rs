@@ -115,6 +115,12 @@ extern "C" fn option_specs() -> RVec<OptionSpec> {
         spec("max_chars", OptionKind::Int, OptionValue::Int(300), "split text longer than this at sentence ends (0 = never split)"),
         spec("crossfade_ms", OptionKind::Float, OptionValue::Float(20.0), "crossfade between chunks, 0..=500 ms"),
         spec(
+            "speed",
+            OptionKind::Float,
+            OptionValue::Float(1.0),
+            "speaking rate, 0.25..=4.0: the audio time-stretched at the same pitch (1 = the model's own rate, untouched)",
+        ),
+        spec(
             "stream_tokens",
             OptionKind::Int,
             OptionValue::Int(25),
@@ -179,6 +185,7 @@ pub fn params_from_options(options: &OptionList) -> Result<SynthesisParams> {
     let min_new_tokens = o.count("min_new_tokens")?;
     let max_chars = o.count("max_chars")?;
     let crossfade_ms = o.float_in("crossfade_ms", 0.0..=500.0)? as f32;
+    let speed = o.float_in("speed", engine_core::audio::stretch::SPEED_RANGE)? as f32;
     let stream_tokens = o.int_in("stream_tokens", 0..=1000)? as usize;
     let stream_first_tokens = o.int_in("stream_first_tokens", 1..=1000)? as usize;
     let steps = |key: &str| -> Result<Option<usize>> {
@@ -211,6 +218,7 @@ pub fn params_from_options(options: &OptionList) -> Result<SynthesisParams> {
         seed,
         max_chars,
         crossfade_ms,
+        speed,
         stream_tokens,
         stream_first_tokens,
         stream_context_tokens: o.int_in("stream_context_tokens", 0..=8000)? as usize,

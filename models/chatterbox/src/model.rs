@@ -20,6 +20,7 @@ use crate::t3::guided::{GuidanceMode, GuidedT3};
 use crate::t3::{TokenLimits, T3};
 use crate::text::multilingual::{self, MultilingualTokenizer};
 use crate::text::{self, TextTokenizer};
+use engine_core::audio::stretch::{self, TimeStretch};
 use engine_core::model_kit::{npy, OpPolicy, PieceSender, Timings};
 use engine_core::model_kit::{Error, Result};
 use ggml_sys::gguf::GgufFile;
@@ -158,6 +159,9 @@ pub struct SynthesisParams {
     /// Longest chunk of text synthesised at once (0 = no splitting).
     pub max_chars: usize,
     pub crossfade_ms: f32,
+    /// Speaking rate, 0.25..=4: the model has no control of its own, so any
+    /// speed but 1 time-stretches its audio at the same pitch.
+    pub speed: f32,
     /// Streaming: hand audio on every this many speech tokens (0: per text chunk).
     pub stream_tokens: usize,
     /// Streaming: the first hop, shorter so the first audio comes sooner.
@@ -194,6 +198,7 @@ impl Default for SynthesisParams {
             seed: 0,
             max_chars: 300,
             crossfade_ms: 20.0,
+            speed: 1.0,
             stream_tokens: 25,
             stream_first_tokens: 10,
             stream_context_tokens: 50,
@@ -435,7 +440,36 @@ impl Chatterbox {
         self.run(text, params, out, params.stream_tokens)
     }
 
+    /// Speed 1 is the model's audio as it is; another speed sends every piece
+    /// through one [`TimeStretch`], so streamed pieces join to the one-shot samples.
     fn run(&mut self, text: &str, params: &SynthesisParams, out: &mut PieceSender, token_hop: usize) -> Result<StreamedTrace> {
+        stretch::check_speed(params.speed as f64)?;
+        if params.speed == 1.0 {
+            return self.run_at_model_speed(text, params, out, token_hop);
+        }
+        let mut stretcher = TimeStretch::new(self.sample_rate(), params.speed as f64)?;
+        let mut stretch_ms = 0f64;
+        let mut trace = {
+            let mut stretched = PieceSender::new(|piece| {
+                let start = std::time::Instant::now();
+                let piece = stretcher.push(piece);
+                stretch_ms += start.elapsed().as_secs_f64() * 1e3;
+                out.send(&piece)
+            });
+            let trace = self.run_at_model_speed(text, params, &mut stretched, token_hop)?;
+            if stretched.cancelled {
+                return Ok(trace);
+            }
+            trace
+        };
+        let start = std::time::Instant::now();
+        let rest = stretcher.finish();
+        trace.timings.add("time_stretch", stretch_ms + start.elapsed().as_secs_f64() * 1e3);
+        out.send(&rest);
+        Ok(trace)
+    }
+
+    fn run_at_model_speed(&mut self, text: &str, params: &SynthesisParams, out: &mut PieceSender, token_hop: usize) -> Result<StreamedTrace> {
         if text.trim().is_empty() {
             return Err("text is empty".into());
         }
