@@ -40,6 +40,8 @@ const APT_PACKAGES: &[&str] = &[
     "python3",
     "pkg-config",
     "libsoxr-dev",
+    // engine-core's MP3 encoder links LAME (LGPL) as the shared library.
+    "libmp3lame-dev",
     "curl",
     // cli/tests/web_page.rs: the server's page in headless Chromium.
     "chromium",

@@ -1,39 +1,126 @@
-//! MP3 through LAME (`mp3lame-encoder`): 96 kbit/s CBR, frames sent as LAME
-//! completes them.
+//! MP3 through LAME: 96 kbit/s CBR, frames sent as LAME completes them.
+//!
+//! LAME is LGPL, so it is linked as the system's shared `libmp3lame.so.0`
+//! (Debian: `libmp3lame-dev` to build, `libmp3lame0` to run), never compiled
+//! into the binary: a bundle ships it as the separate library it is, which a
+//! user may replace (docs/licenses.md). The ten functions used are declared
+//! here as `lame.h` gives them.
 
 use super::Codec;
+use std::os::raw::{c_int, c_uchar};
+
+/// LAME's `lame_global_flags`, used only through a pointer.
+#[repr(C)]
+struct LameFlags {
+    _opaque: [u8; 0],
+}
+
+#[link(name = "mp3lame")]
+extern "C" {
+    fn lame_init() -> *mut LameFlags;
+    fn lame_set_num_channels(flags: *mut LameFlags, channels: c_int) -> c_int;
+    fn lame_set_in_samplerate(flags: *mut LameFlags, rate: c_int) -> c_int;
+    fn lame_set_brate(flags: *mut LameFlags, kbps: c_int) -> c_int;
+    fn lame_set_quality(flags: *mut LameFlags, quality: c_int) -> c_int;
+    fn lame_set_bWriteVbrTag(flags: *mut LameFlags, write: c_int) -> c_int;
+    fn lame_init_params(flags: *mut LameFlags) -> c_int;
+    fn lame_encode_buffer_ieee_float(flags: *mut LameFlags, left: *const f32, right: *const f32, samples: c_int, mp3: *mut c_uchar, mp3_size: c_int) -> c_int;
+    fn lame_encode_flush(flags: *mut LameFlags, mp3: *mut c_uchar, size: c_int) -> c_int;
+    fn lame_close(flags: *mut LameFlags) -> c_int;
+}
+
+const KBPS: c_int = 96;
+/// LAME's scale: 0 best and slowest, 9 worst; 5 is its "good" default.
+const QUALITY: c_int = 5;
+/// The most samples given to LAME in one call (its counts are C ints).
+const CALL_SAMPLES: usize = 1 << 16;
 
 pub(super) struct Mp3 {
-    encoder: mp3lame_encoder::Encoder,
+    flags: *mut LameFlags,
 }
+
+// SAFETY: the LAME handle is owned by this value alone and used through
+// `&mut self`; LAME keeps its state in the handle, not in thread-local or
+// global storage, so the handle may move to another thread.
+unsafe impl Send for Mp3 {}
 
 impl Mp3 {
     pub(super) fn new(rate: u32) -> Result<Mp3, String> {
-        let bad = |what: String| format!("MP3 encoder: {what} (model rate {rate} Hz)");
-        let mut b = mp3lame_encoder::Builder::new().ok_or_else(|| bad("LAME did not start".into()))?;
-        b.set_num_channels(1).map_err(|e| bad(format!("{e:?}")))?;
-        b.set_sample_rate(rate).map_err(|e| bad(format!("{e:?}")))?;
-        b.set_brate(mp3lame_encoder::Bitrate::Kbps96).map_err(|e| bad(format!("{e:?}")))?;
-        b.set_quality(mp3lame_encoder::Quality::Good).map_err(|e| bad(format!("{e:?}")))?;
-        // No Xing/LAME tag: LAME writes it before the audio and fills it in
-        // only at the end, which a stream cannot go back to; decoders would
-        // trim the audio by the tag's unfilled fields.
-        b.set_to_write_vbr_tag(false).map_err(|e| bad(format!("{e:?}")))?;
-        Ok(Mp3 { encoder: b.build().map_err(|e| bad(format!("{e:?}")))? })
+        let bad = |what: &str| format!("MP3 encoder: {what} (model rate {rate} Hz)");
+        // SAFETY: lame_init has no preconditions; a null return is checked.
+        let flags = unsafe { lame_init() };
+        if flags.is_null() {
+            return Err(bad("LAME did not start"));
+        }
+        let mp3 = Mp3 { flags };
+        let rate = c_int::try_from(rate).map_err(|_| bad("rate out of range"))?;
+        // SAFETY: `flags` is a live handle from lame_init, closed only on drop.
+        let failed = unsafe {
+            // No Xing/LAME tag: LAME writes it before the audio and fills it
+            // in only at the end, which a stream cannot go back to; decoders
+            // would trim the audio by the tag's unfilled fields.
+            [
+                lame_set_num_channels(flags, 1),
+                lame_set_in_samplerate(flags, rate),
+                lame_set_brate(flags, KBPS),
+                lame_set_quality(flags, QUALITY),
+                lame_set_bWriteVbrTag(flags, 0),
+            ]
+            .iter()
+            .any(|r| *r < 0)
+                || lame_init_params(flags) < 0
+        };
+        if failed {
+            return Err(bad("LAME refused the settings"));
+        }
+        Ok(mp3)
     }
+}
+
+impl Drop for Mp3 {
+    fn drop(&mut self) {
+        // SAFETY: `flags` came from lame_init and is closed once, here.
+        unsafe { lame_close(self.flags) };
+    }
+}
+
+fn lame_error(code: c_int) -> String {
+    format!("MP3 encoding: LAME error {code}")
 }
 
 impl Codec for Mp3 {
     fn push(&mut self, samples: &[f32], _first: bool, out: &mut Vec<u8>) -> Result<(), String> {
-        out.reserve(mp3lame_encoder::max_required_buffer_size(samples.len()));
-        self.encoder.encode_to_vec(mp3lame_encoder::MonoPcm(samples), out).map_err(|e| format!("MP3 encoding: {e:?}"))?;
+        for part in samples.chunks(CALL_SAMPLES) {
+            // lame.h's bound for one call: 1.25 * samples + 7200 bytes.
+            let room = part.len() + part.len() / 4 + 7200;
+            let start = out.len();
+            out.resize(start + room, 0);
+            // SAFETY: `part` holds `part.len()` samples (mono: the right
+            // channel is not read), and `out[start..]` has `room` writable bytes.
+            let written = unsafe {
+                lame_encode_buffer_ieee_float(self.flags, part.as_ptr(), part.as_ptr(), part.len() as c_int, out[start..].as_mut_ptr(), room as c_int)
+            };
+            if written < 0 {
+                out.truncate(start);
+                return Err(lame_error(written));
+            }
+            out.truncate(start + written as usize);
+        }
         Ok(())
     }
 
-    fn finish(mut self: Box<Self>, _samples: u64, out: &mut Vec<u8>) -> Result<Option<Vec<u8>>, String> {
-        // LAME's documented bound for the flush: 7200 bytes.
-        out.reserve(7200);
-        self.encoder.flush_to_vec::<mp3lame_encoder::FlushGap>(out).map_err(|e| format!("MP3 encoding: {e:?}"))?;
+    fn finish(self: Box<Self>, _samples: u64, out: &mut Vec<u8>) -> Result<Option<Vec<u8>>, String> {
+        // lame.h: the flush writes at most 7200 bytes.
+        let room = 7200;
+        let start = out.len();
+        out.resize(start + room, 0);
+        // SAFETY: `out[start..]` has `room` writable bytes; the handle is live.
+        let written = unsafe { lame_encode_flush(self.flags, out[start..].as_mut_ptr(), room as c_int) };
+        if written < 0 {
+            out.truncate(start);
+            return Err(lame_error(written));
+        }
+        out.truncate(start + written as usize);
         Ok(None)
     }
 }

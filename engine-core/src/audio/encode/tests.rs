@@ -107,7 +107,12 @@ fn mp3_decodes_with_symphonia() {
         // LAME's delay and the last frame's padding: at most two frames and a granule.
         let extra = clip.samples.len() as i64 - samples.len() as i64;
         assert!((0..=2 * 1152 + 576).contains(&extra), "{} samples for {}", clip.samples.len(), samples.len());
+        let middle = &clip.samples[2400..clip.samples.len() - 2400];
+        assert!((crossings_hz(middle, rate) - 440.0).abs() < 5.0, "{rate} Hz: {}", crossings_hz(middle, rate));
     }
+    // LAME is LGPL: the system's shared library, never compiled in.
+    let maps = std::fs::read_to_string("/proc/self/maps").unwrap();
+    assert!(maps.contains("libmp3lame.so"), "LAME is not loaded as a shared library");
 }
 
 /// What ffprobe and ffmpeg make of `bytes` (written as `name`): the
