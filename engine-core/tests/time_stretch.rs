@@ -83,6 +83,29 @@ fn durations_are_the_input_over_the_speed_and_the_pitch_stays() {
     }
 }
 
+/// Supertonic's rate (a coarser first search) and low and high voices.
+#[test]
+fn low_and_high_tones_keep_their_pitch_at_44_1_khz() {
+    let rate = 44_100u32;
+    for f in [85.0, 120.0, 400.0] {
+        let input: Vec<f32> = (0..rate as usize).map(|i| (0.5 * (2.0 * std::f64::consts::PI * f * i as f64 / rate as f64).sin()) as f32).collect();
+        let f0_at = |x: &[f32]| {
+            let (a, b) = steady(x);
+            f0(x, a, b) * rate as f64 / RATE as f64
+        };
+        let want = f0_at(&input);
+        for speed in [0.25, 0.5, 2.0, 4.0] {
+            let out = stretch(&input, rate, speed).unwrap();
+            assert_eq!(out.len(), (input.len() as f64 / speed).round() as usize);
+            let got = f0_at(&out);
+            let error = (got - want).abs() / want;
+            println!("{f} Hz at 44.1 kHz, speed {speed}: f0 {got:.3} Hz ({:.3} %)", error * 100.0);
+            assert!(error < 0.01, "{f} Hz at {speed}: f0 {got}");
+            assert!(max_step(&out) < 1.1 * max_step(&input), "{f} Hz at {speed}: a click");
+        }
+    }
+}
+
 #[test]
 fn a_glide_keeps_its_pitch_at_each_point_of_its_course() {
     let input = chirp(4.0);
