@@ -542,9 +542,45 @@ fn dist(args: &[String]) -> Result<PathBuf, String> {
         std::fs::write(profiles.join(path.file_name().unwrap()), bundle_profile(&text)).map_err(|e| e.to_string())?;
     }
     bundle_shared_dependencies(&out)?;
+    bundle_static_codec_notices(&out)?;
     confine_run_paths(&out)?;
     eprintln!("bundle: {}", out.display());
     Ok(out)
+}
+
+/// C libraries compiled into `tts` from a crate's bundled source, and the
+/// file in that source whose notice a binary distribution must carry:
+/// libopus (BSD-3-Clause) and the Fraunhofer FDK AAC library (its own
+/// licence; docs/licenses.md).
+const STATIC_CODEC_NOTICES: &[(&str, &str, &str)] = &[("opusic-sys", "opus/COPYING", "libopus.COPYING"), ("fdk-aac-sys", "aac/NOTICE", "fdk-aac.NOTICE")];
+
+/// Copies [`STATIC_CODEC_NOTICES`] into `licenses/`, from the crate
+/// versions Cargo.lock names, as Cargo unpacked them under
+/// `$CARGO_HOME/registry/src`.
+fn bundle_static_codec_notices(bundle: &Path) -> Result<(), String> {
+    let lock_text = std::fs::read_to_string(root().join("Cargo.lock")).map_err(|e| format!("Cargo.lock: {e}"))?;
+    let lock: toml::Table = lock_text.parse().map_err(|e| format!("Cargo.lock: {e}"))?;
+    let packages = lock.get("package").and_then(|p| p.as_array()).ok_or("Cargo.lock: no packages")?;
+    let cargo_home = std::env::var_os("CARGO_HOME").map(PathBuf::from).or_else(|| std::env::var_os("HOME").map(|h| PathBuf::from(h).join(".cargo")));
+    let sources = cargo_home.ok_or("bundle: neither CARGO_HOME nor HOME is set")?.join("registry/src");
+    let licenses = bundle.join("licenses");
+    std::fs::create_dir_all(&licenses).map_err(|e| e.to_string())?;
+    for (krate, file, shipped_as) in STATIC_CODEC_NOTICES {
+        let version = packages
+            .iter()
+            .find(|p| p.get("name").and_then(|n| n.as_str()) == Some(krate))
+            .and_then(|p| p.get("version")?.as_str())
+            .ok_or_else(|| format!("bundle: Cargo.lock has no {krate}"))?;
+        let registries = std::fs::read_dir(&sources).map_err(|e| format!("{}: {e}", sources.display()))?;
+        let found = registries
+            .filter_map(|r| r.ok())
+            .map(|r| r.path().join(format!("{krate}-{version}")).join(file))
+            .find(|p| p.is_file())
+            .ok_or_else(|| format!("bundle: {file} of {krate} {version} not found under {}", sources.display()))?;
+        std::fs::copy(&found, licenses.join(shipped_as)).map_err(|e| format!("{}: {e}", found.display()))?;
+        eprintln!("bundle: licenses/{shipped_as} from {krate} {version}");
+    }
+    Ok(())
 }
 
 /// Libraries every Linux system a bundle targets provides (the C and C++
@@ -989,6 +1025,17 @@ fn soak(args: &[String]) -> Result<(), String> {
 #[cfg(test)]
 mod tests {
     use std::path::Path;
+
+    /// The notices of the codecs compiled into `tts` are found for the
+    /// versions Cargo.lock pins, and are the licences docs/licenses.md names.
+    #[test]
+    fn static_codec_notices_are_bundled() {
+        let bundle = tempfile::tempdir().unwrap();
+        super::bundle_static_codec_notices(bundle.path()).unwrap();
+        let read = |name: &str| std::fs::read_to_string(bundle.path().join("licenses").join(name)).unwrap();
+        assert!(read("libopus.COPYING").contains("Redistribution and use in source and binary forms"));
+        assert!(read("fdk-aac.NOTICE").starts_with("Software License for The Fraunhofer FDK AAC Codec Library"));
+    }
 
     /// The run-path rule on synthetic cases: the host at the bundle's top may
     /// not reach `../lib` (the probe planted a libgcc_s.so.1 there), a plugin
