@@ -548,15 +548,19 @@ fn dist(args: &[String]) -> Result<PathBuf, String> {
     Ok(out)
 }
 
-/// C libraries compiled into `tts` from a crate's bundled source, and the
-/// file in that source whose notice a binary distribution must carry:
-/// libopus (BSD-3-Clause) and the Fraunhofer FDK AAC library (its own
-/// licence; docs/licenses.md).
-const STATIC_CODEC_NOTICES: &[(&str, &str, &str)] = &[("opusic-sys", "opus/COPYING", "libopus.COPYING"), ("fdk-aac-sys", "aac/NOTICE", "fdk-aac.NOTICE")];
+/// C libraries compiled into `tts` from a crate's bundled source, the file
+/// in that source whose notice a binary distribution must carry, and
+/// whether the source itself must come along: libopus (BSD-3-Clause) and
+/// the Fraunhofer FDK AAC library, whose licence asks that recipients of
+/// the binary get its complete source free of charge (docs/licenses.md).
+const STATIC_CODEC_NOTICES: &[(&str, &str, &str, bool)] =
+    &[("opusic-sys", "opus/COPYING", "libopus.COPYING", false), ("fdk-aac-sys", "aac/NOTICE", "fdk-aac.NOTICE", true)];
 
 /// Copies [`STATIC_CODEC_NOTICES`] into `licenses/`, from the crate
 /// versions Cargo.lock names, as Cargo unpacked them under
-/// `$CARGO_HOME/registry/src`.
+/// `$CARGO_HOME/registry/src`; a source that must come along is the
+/// registry's `.crate` archive of that version (the exact source built),
+/// copied as it is.
 fn bundle_static_codec_notices(bundle: &Path) -> Result<(), String> {
     let lock_text = std::fs::read_to_string(root().join("Cargo.lock")).map_err(|e| format!("Cargo.lock: {e}"))?;
     let lock: toml::Table = lock_text.parse().map_err(|e| format!("Cargo.lock: {e}"))?;
@@ -565,7 +569,7 @@ fn bundle_static_codec_notices(bundle: &Path) -> Result<(), String> {
     let sources = cargo_home.ok_or("bundle: neither CARGO_HOME nor HOME is set")?.join("registry/src");
     let licenses = bundle.join("licenses");
     std::fs::create_dir_all(&licenses).map_err(|e| e.to_string())?;
-    for (krate, file, shipped_as) in STATIC_CODEC_NOTICES {
+    for (krate, file, shipped_as, with_source) in STATIC_CODEC_NOTICES {
         let version = packages
             .iter()
             .find(|p| p.get("name").and_then(|n| n.as_str()) == Some(krate))
@@ -579,6 +583,18 @@ fn bundle_static_codec_notices(bundle: &Path) -> Result<(), String> {
             .ok_or_else(|| format!("bundle: {file} of {krate} {version} not found under {}", sources.display()))?;
         std::fs::copy(&found, licenses.join(shipped_as)).map_err(|e| format!("{}: {e}", found.display()))?;
         eprintln!("bundle: licenses/{shipped_as} from {krate} {version}");
+        if *with_source {
+            let archive = format!("{krate}-{version}.crate");
+            let cache = sources.with_file_name("cache");
+            let registries = std::fs::read_dir(&cache).map_err(|e| format!("{}: {e}", cache.display()))?;
+            let found = registries
+                .filter_map(|r| r.ok())
+                .map(|r| r.path().join(&archive))
+                .find(|p| p.is_file())
+                .ok_or_else(|| format!("bundle: the source archive {archive} not found under {}", cache.display()))?;
+            std::fs::copy(&found, licenses.join(format!("{archive}.tar.gz"))).map_err(|e| format!("{}: {e}", found.display()))?;
+            eprintln!("bundle: licenses/{archive}.tar.gz, the source of {krate} {version}");
+        }
     }
     Ok(())
 }
@@ -1035,6 +1051,11 @@ mod tests {
         let read = |name: &str| std::fs::read_to_string(bundle.path().join("licenses").join(name)).unwrap();
         assert!(read("libopus.COPYING").contains("Redistribution and use in source and binary forms"));
         assert!(read("fdk-aac.NOTICE").starts_with("Software License for The Fraunhofer FDK AAC Codec Library"));
+        let sources: Vec<String> =
+            std::fs::read_dir(bundle.path().join("licenses")).unwrap().map(|e| e.unwrap().file_name().to_string_lossy().into()).collect();
+        let fdk = sources.iter().find(|n| n.starts_with("fdk-aac-sys-") && n.ends_with(".crate.tar.gz")).expect("FDK AAC's source comes along");
+        let archive = std::fs::read(bundle.path().join("licenses").join(fdk)).unwrap();
+        assert_eq!(&archive[..2], &[0x1f, 0x8b], "a gzip archive");
     }
 
     /// The run-path rule on synthetic cases: the host at the bundle's top may
