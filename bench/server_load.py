@@ -75,7 +75,7 @@ class Server:
         """(status, seconds to first body byte, seconds to the end, bytes, sample rate)."""
         start = time.perf_counter()
         c = http.client.HTTPConnection(self.host, self.port, timeout=300)
-        c.request("POST", "/v1/audio/speech", json.dumps({"model": self.model, "input": text, "response_format": fmt}),
+        c.request("POST", "/v1/audio/speech", json.dumps({"model": self.model, "voice": "default", "input": text, "response_format": fmt}),
                   {"Content-Type": "application/json"})
         r = c.getresponse()
         first = r.read(1)

@@ -297,6 +297,15 @@ enum Command {
         /// Override a [synthesis] option of every model (repeatable).
         #[arg(long = "set", value_name = "KEY=VALUE", value_parser = parse_key_value)]
         set: Vec<(String, String)>,
+        /// A web origin browsers may call the API from (CORS), e.g.
+        /// `https://app.example` (repeatable); `*`: any origin, refused with
+        /// an API key unless --cors-allow-any-with-key.
+        #[arg(long = "cors-origin", value_name = "ORIGIN")]
+        cors_origins: Vec<String>,
+        /// Allow `--cors-origin '*'` with an API key: any web page may then
+        /// send requests, with a key its user gives it.
+        #[arg(long)]
+        cors_allow_any_with_key: bool,
     },
     /// Convert an official checkpoint directory to the GGUF files `tts`
     /// loads, with the converter of the model plugin that recognises it
@@ -499,6 +508,32 @@ fn main() -> ExitCode {
     }
 }
 
+/// A profile's `[server.voices]`, each key one of OpenAI's voice names.
+fn openai_voices_of(profile: &Profile) -> Result<Vec<(String, String)>, String> {
+    let voices = profile.server_voices();
+    if let Some((name, _)) = voices.iter().find(|(name, _)| !tts_serve_api::OPENAI_VOICES.contains(&name.as_str())) {
+        let message = format!("[server.voices]: `{name}` is not an OpenAI voice name (known: {})", tts_serve_api::OPENAI_VOICES.join(", "));
+        return Err(profile.server_voice_error(name, message).to_string());
+    }
+    Ok(voices)
+}
+
+/// `--cors-origin`: exact origins (`scheme://host[:port]`, as browsers send
+/// them), or `*`, which with an API key needs `--cors-allow-any-with-key`.
+fn cors_of(origins: Vec<String>, any_with_key: bool, api_key: bool) -> Result<serve::Cors, String> {
+    let any = origins.iter().any(|o| o == "*");
+    if any && api_key && !any_with_key {
+        return Err("--cors-origin '*' with an API key lets any web page use the server with a key its user gives it; pass --cors-allow-any-with-key to allow that, or name the origins".into());
+    }
+    for o in origins.iter().filter(|o| *o != "*") {
+        let well_formed = o.split_once("://").is_some_and(|(scheme, host)| !scheme.is_empty() && !host.is_empty() && !host.contains('/')) && o.is_ascii();
+        if !well_formed {
+            return Err(format!("--cors-origin {o}: not an origin (scheme://host[:port], e.g. https://app.example, or *)"));
+        }
+    }
+    Ok(serve::Cors { origins: origins.into_iter().filter(|o| o != "*").collect(), any })
+}
+
 /// Opens the engine for `common`'s profile; `everything` also opens backends the
 /// profile does not prefer and checks model plugins (for `tts devices`).
 fn open_engine(common: &Common, everything: bool) -> Result<Engine, String> {
@@ -672,6 +707,8 @@ fn run(cli: Cli) -> Result<(), String> {
             max_connections,
             shutdown_grace,
             set,
+            cors_origins,
+            cors_allow_any_with_key,
         }) => {
             if common.profiles.len() > 1 && !common.models.is_empty() {
                 return Err("--model applies to one profile; with several, name each model file in its profile".into());
@@ -694,6 +731,7 @@ fn run(cli: Cli) -> Result<(), String> {
             if let Some(dir) = voices_dir.as_deref().filter(|d| !d.is_dir()) {
                 return Err(format!("--voices-dir {}: not a directory", dir.display()));
             }
+            let cors = cors_of(cors_origins, cors_allow_any_with_key, api_key.is_some())?;
             let profiles: Vec<Option<&std::path::Path>> = match common.profiles.is_empty() {
                 true => vec![None],
                 false => common.profiles.iter().map(|p| Some(p.as_path())).collect(),
@@ -708,7 +746,11 @@ fn run(cli: Cli) -> Result<(), String> {
             }
             let mut sources: Vec<serve::ModelSource> = Vec::new();
             for (profile, id) in profiles.into_iter().zip(ids) {
-                sources.push(serve::ModelSource { engine: open_engine_with(&common, profile, false)?, id });
+                let openai_voices = match profile {
+                    Some(p) => openai_voices_of(&Profile::load(p).map_err(|e| e.to_string())?)?,
+                    None => Vec::new(),
+                };
+                sources.push(serve::ModelSource { engine: open_engine_with(&common, profile, false)?, id, openai_voices });
             }
             let limits = serve::Limits {
                 header_timeout: std::time::Duration::from_secs_f64(header_timeout),
@@ -727,6 +769,7 @@ fn run(cli: Cli) -> Result<(), String> {
                 max_input_chars,
                 set,
                 max_connections_default: max_connections.is_none(),
+                cors,
                 limits,
             };
             serve::run(sources, options, cli.quiet)

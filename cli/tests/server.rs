@@ -1,6 +1,7 @@
 //! `tts serve` over loopback on the tiny fixtures: each response format
 //! against the CLI's audio, OpenAI's error JSON for each bad request, the
-//! model and voice lists, metrics, a full queue, a client that goes away, a
+//! model and voice lists, OpenAI's voice names, SSE, instructions, CORS,
+//! metrics, a full queue, a client that goes away, a
 //! model that panics, and draining on SIGTERM.
 
 mod common;
@@ -52,7 +53,14 @@ impl Server {
         let broken = profile(dir.path(), "broken", &format!("{cpu}[model]\nfiles = [\"{}\"]\n[synthesis]\npanic = true\n", gguf.display()));
         let voices = dir.path().join("voices");
         std::fs::create_dir(&voices).unwrap();
+        // Not a voice at all, a Supertonic style (listed for Supertonic
+        // only: the listing reads no further than the name) and a Chatterbox
+        // Turbo voice (a GGUF header naming its variant).
         std::fs::write(voices.join("mine.voice"), b"not read by the listing").unwrap();
+        std::fs::write(voices.join("mine.json"), b"{}").unwrap();
+        let mut theirs = ggml_sys::gguf::GgufWriter::new();
+        theirs.set_str("general.architecture", "chatterbox-voice").set_str("chatterbox-voice.variant", "turbo");
+        theirs.write_metadata(&voices.join("theirs.voice")).unwrap();
         let mut args: Vec<String> = ["serve", "--port", "0", "--api-key", KEY, "--max-input-chars", "50000"].map(String::from).to_vec();
         for (flag, value) in [("--profile", &supertonic), ("--profile", &broken), ("--plugin-dir", &plugins.path().to_path_buf()), ("--voices-dir", &voices)] {
             args.push(flag.into());
@@ -134,7 +142,7 @@ impl Server {
     /// [`Server::unread_request`] to `model` in `format`.
     fn unread_request_as(&self, model: &str, format: &str) -> std::net::TcpStream {
         let address = self.address();
-        let body = json!({"model": model, "input": "Go.\n\n".repeat(8000), "response_format": format}).to_string();
+        let body = json!({"model": model, "voice": "default", "input": "Go.\n\n".repeat(8000), "response_format": format}).to_string();
         let mut stream = std::net::TcpStream::connect(&address).unwrap();
         write!(
             stream,
@@ -270,12 +278,12 @@ fn each_format_carries_the_clis_audio() {
     assert_eq!(&wav[44..], cli_samples, "server and CLI synthesize the same samples");
     println!("wav: {} bytes, identical to the CLI's samples", wav.len());
 
-    let (status, headers, pcm) = server.speech(json!({"model": "supertonic", "input": TEXT, "response_format": "pcm"}));
+    let (status, headers, pcm) = server.speech(json!({"model": "supertonic", "voice": "default", "input": TEXT, "response_format": "pcm"}));
     assert_eq!((status, headers["content-type"].to_str().unwrap(), headers["x-sample-rate"].to_str().unwrap()), (200, "audio/pcm", "24000"));
     let n = (cli_samples.len() / 2) as u64;
     assert_eq!(pcm.len() as u64, 2 * (n * 24_000).div_ceil(44_100), "24 kHz: ceil(n * 24000 / 44100) samples");
 
-    let (status, _, flac) = server.speech(json!({"model": "supertonic", "input": TEXT, "response_format": "flac"}));
+    let (status, _, flac) = server.speech(json!({"model": "supertonic", "voice": "default", "input": TEXT, "response_format": "flac"}));
     assert_eq!(status, 200);
     let clip = engine_core::audio::input::decode_mono(&flac, 60.0).unwrap();
     let want: Vec<f32> = cli_samples.chunks(2).map(|b| i16::from_le_bytes([b[0], b[1]]) as f32 / 32768.0).collect();
@@ -300,7 +308,7 @@ fn each_format_carries_the_clis_audio() {
 #[test]
 fn bad_requests_get_their_status_and_openai_error_json() {
     let server = Server::start(&[]);
-    let ok = json!({"model": "supertonic", "input": "Hi.", "response_format": "wav"});
+    let ok = json!({"model": "supertonic", "voice": "default", "input": "Hi.", "response_format": "wav"});
     let with = |key: &str, value: Value| {
         let mut body = ok.clone();
         body[key] = value;
@@ -312,15 +320,24 @@ fn bad_requests_get_their_status_and_openai_error_json() {
         ("no key", ok.to_string().into_bytes(), None, 401, None),
         ("wrong key", ok.to_string().into_bytes(), Some("nope"), 401, None),
         ("unknown model", with("model", json!("tts-9")), Some(KEY), 404, Some("model")),
-        ("unknown voice", with("voice", json!("alloy")), Some(KEY), 400, Some("voice")),
+        ("unknown voice", with("voice", json!("nobody")), Some(KEY), 400, Some("voice")),
+        ("no voice", with("voice", Value::Null), Some(KEY), 400, Some("voice")),
+        ("a voice object without id", with("voice", json!({"name": "alloy"})), Some(KEY), 400, Some("voice")),
+        ("instructions over 4096 characters", with("instructions", json!("a".repeat(4097))), Some(KEY), 400, Some("instructions")),
         ("a path as voice", with("voice", json!("../voices/mine.voice")), Some(KEY), 400, Some("voice")),
         ("empty input", with("input", json!("  ")), Some(KEY), 400, Some("input")),
         ("input over the limit", with("input", json!("a".repeat(50_001))), Some(KEY), 413, Some("input")),
         ("malformed JSON", b"{\"model\": \"supertonic\", \"input\": ".to_vec(), Some(KEY), 400, None),
         ("speed 10", with("speed", json!(10)), Some(KEY), 400, Some("speed")),
-        ("speed outside the model's range", with("speed", json!(3.0)), Some(KEY), 400, Some("speed")),
+        (
+            "speed at a model with no speed control",
+            json!({"model": "broken", "voice": "default", "input": "Hi.", "speed": 2.0}).to_string().into_bytes(),
+            Some(KEY),
+            400,
+            Some("speed"),
+        ),
         ("unknown format", with("response_format", json!("ogg")), Some(KEY), 400, Some("response_format")),
-        ("sse", with("stream_format", json!("sse")), Some(KEY), 400, Some("stream_format")),
+        ("unknown stream_format", with("stream_format", json!("websocket")), Some(KEY), 400, Some("stream_format")),
         ("unknown language", with("language", json!("xx")), Some(KEY), 400, Some("language")),
     ];
     for (what, body, key, want_status, want_param) in cases {
@@ -356,8 +373,19 @@ fn models_voices_health_and_a_model_that_panics() {
     let v: Value = serde_json::from_slice(&body).unwrap();
     assert_eq!(status, 200, "{v}");
     let voices: Vec<&str> = v["voices"].as_array().unwrap().iter().map(|x| x.as_str().unwrap()).collect();
-    assert_eq!((voices.first(), voices.last()), (Some(&"default"), Some(&"mine")), "{v}");
-    assert!(voices.len() > 2, "built-in voices listed: {v}");
+    // default, the built-in voices, OpenAI's names, then the one file
+    // Supertonic can read: not the Chatterbox voice, nor the junk `.voice`.
+    let mut want = vec!["default", "F1", "M1"];
+    want.extend(tts_serve_api::OPENAI_VOICES);
+    want.push("mine");
+    assert_eq!(voices, want, "{v}");
+    assert_eq!(
+        (v["openai_voices"]["alloy"].as_str(), v["openai_voices"]["ash"].as_str(), v["openai_voices"]["coral"].as_str()),
+        (Some("F1"), Some("M1"), Some("default"))
+    );
+    // The tone model has no built-in voices and reads no voice files.
+    let v: Value = serde_json::from_slice(&server.get("/v1/audio/voices?model=broken", true).1).unwrap();
+    assert_eq!(v["voices"].as_array().unwrap().len(), 1 + tts_serve_api::OPENAI_VOICES.len(), "{v}");
     let (status, body) = server.get("/v1/audio/voices?model=nope", true);
     assert_eq!(error_of(status, &body).0, 404);
 
@@ -367,10 +395,10 @@ fn models_voices_health_and_a_model_that_panics() {
     // The tone model panics inside synthesis: a 500 for that request, and the
     // same worker serves the next one.
     for _ in 0..2 {
-        let (status, _, body) = server.speech(json!({"model": "broken", "input": "Hi.", "response_format": "wav"}));
+        let (status, _, body) = server.speech(json!({"model": "broken", "voice": "default", "input": "Hi.", "response_format": "wav"}));
         let (status, e) = error_of(status, &body);
         assert_eq!(status, 500, "{e}");
-        assert_eq!(server.speech(json!({"model": "supertonic", "input": "Hi.", "response_format": "wav"})).0, 200);
+        assert_eq!(server.speech(json!({"model": "supertonic", "voice": "default", "input": "Hi.", "response_format": "wav"})).0, 200);
     }
 }
 
@@ -383,14 +411,14 @@ fn a_full_queue_answers_429_with_retry_after() {
     server.wait_for_metric("tts_busy_workers{model=\"supertonic\"} 1");
     let waiting = server.unread_request();
     server.wait_for_metric("tts_queue_depth{model=\"supertonic\"} 1");
-    let (status, headers, body) = server.speech(json!({"model": "supertonic", "input": "Hi.", "response_format": "wav"}));
+    let (status, headers, body) = server.speech(json!({"model": "supertonic", "voice": "default", "input": "Hi.", "response_format": "wav"}));
     let (status, e) = error_of(status, &body);
     assert_eq!((status, headers.get("retry-after").map(|v| v.to_str().unwrap())), (429, Some("1")), "{e}");
     assert_eq!(e["code"], "queue_full");
     // Both clients go away: their syntheses stop, and the worker serves again.
     drop((busy, waiting));
     server.wait_for_metric("tts_cancelled_syntheses_total{model=\"supertonic\"} 2");
-    assert_eq!(server.speech(json!({"model": "supertonic", "input": "Hi.", "response_format": "wav"})).0, 200);
+    assert_eq!(server.speech(json!({"model": "supertonic", "voice": "default", "input": "Hi.", "response_format": "wav"})).0, 200);
 }
 
 #[test]
@@ -404,7 +432,7 @@ fn a_client_that_goes_away_cancels_and_sigterm_drains() {
     drop(stream);
     server.wait_for_metric("tts_cancelled_syntheses_total{model=\"supertonic\"} 1");
     server.wait_for_metric("tts_busy_workers{model=\"supertonic\"} 0");
-    assert_eq!(server.speech(json!({"model": "supertonic", "input": "Still here.", "response_format": "wav"})).0, 200);
+    assert_eq!(server.speech(json!({"model": "supertonic", "voice": "default", "input": "Still here.", "response_format": "wav"})).0, 200);
     let status = server.stop();
     assert!(status.success(), "{status:?}");
 }
@@ -600,7 +628,7 @@ fn the_key_is_checked_before_the_body_and_the_scheme_in_any_case() {
     }
     println!("{CLIENTS} unauthenticated half bodies: RSS {before:.1} MiB before, {peak:.1} MiB with them connected, {after:.1} MiB after; all 401 within {answered:?}");
     assert!(after <= before + 32.0, "RSS {before:.1} MiB before, {after:.1} MiB after the clients left");
-    assert_eq!(server.speech(json!({"model": "supertonic", "input": "Hi.", "response_format": "wav"})).0, 200);
+    assert_eq!(server.speech(json!({"model": "supertonic", "voice": "default", "input": "Hi.", "response_format": "wav"})).0, 200);
 }
 
 #[test]
@@ -775,7 +803,7 @@ fn every_format_cancels_when_its_client_leaves() {
         server.wait_for_metric(&format!("tts_cancelled_syntheses_total{{model=\"supertonic\"}} {}", i + 1));
         server.wait_for_metric("tts_busy_workers{model=\"supertonic\"} 0");
     }
-    assert_eq!(server.speech(json!({"model": "supertonic", "input": "Still here.", "response_format": "flac"})).0, 200);
+    assert_eq!(server.speech(json!({"model": "supertonic", "voice": "default", "input": "Still here.", "response_format": "flac"})).0, 200);
 }
 
 /// Both ways a model delivers audio cancel: streamed pieces (Supertonic's
@@ -813,7 +841,7 @@ fn unspeakable_input_is_the_requests_fault_and_every_error_is_json() {
     let server = Server::start(&[]);
     // Only characters the model has no row for: before, 500 `server_error`,
     // which OpenAI's clients retry.
-    let (status, _, body) = server.speech(json!({"model": "supertonic", "input": "\u{1}\u{2}\u{7f}", "response_format": "wav"}));
+    let (status, _, body) = server.speech(json!({"model": "supertonic", "voice": "default", "input": "\u{1}\u{2}\u{7f}", "response_format": "wav"}));
     let (status, e) = error_of(status, &body);
     println!("unsupported characters: {status} {e}");
     assert_eq!((status, e["type"].as_str(), e["param"].as_str()), (400, Some("invalid_request_error"), Some("input")), "{e}");
@@ -838,7 +866,7 @@ fn a_client_that_never_reads_is_cut_off_after_the_send_timeout() {
     let agent: ureq::Agent = ureq::Agent::config_builder().http_status_as_error(false).timeout_global(Some(Duration::from_secs(60))).build().into();
     let request = agent.post(format!("{}/v1/audio/speech", server.base)).header("Authorization", format!("Bearer {KEY}"));
     let mut response = request
-        .send_json(json!({"model": "supertonic", "input": "Hi.", "response_format": "wav"}))
+        .send_json(json!({"model": "supertonic", "voice": "default", "input": "Hi.", "response_format": "wav"}))
         .expect("the second request was not served within 60 s (hang guard; a 1 s send timeout)");
     let served = asked.elapsed();
     assert_eq!(response.status().as_u16(), 200);
@@ -895,4 +923,210 @@ fn the_default_connection_cap_fits_a_hard_open_file_limit_of_1024() {
     assert_eq!(code, Some(1), "{err}");
     assert_eq!(err.lines().count(), 1, "{err}");
     assert!(err.starts_with("error: --max-connections 1000 needs 1256 open files, and the hard limit is 1024"), "{err}");
+}
+
+/// A request on a bare connection (`Connection: close`): status, head (lower
+/// case), body.
+fn raw_request(server: &Server, request: &str) -> (u16, String, Vec<u8>) {
+    let mut stream = std::net::TcpStream::connect(server.address()).unwrap();
+    stream.write_all(request.as_bytes()).unwrap();
+    let (response, closed) = read_until_closed(&mut stream, Duration::from_secs(60));
+    assert!(closed, "the server did not close the connection (hang guard)");
+    let text = String::from_utf8_lossy(&response).into_owned();
+    let head = text.split_once("\r\n\r\n").map_or(text.as_str(), |(h, _)| h).to_ascii_lowercase();
+    (status_of(&response).unwrap_or_else(|| panic!("no status: {text}")), head, body_of(&response))
+}
+
+/// OpenAI's voice names map to the model's voices (alloy: F1, ash: M1 with
+/// the defaults; a profile's `[server.voices]` over them), the voice object
+/// `{"id": ...}` names the same voice as the string, and a voice another
+/// model reads is 400 with this model's list (a Chatterbox voice file at
+/// Supertonic was a 500).
+#[test]
+fn openai_voice_names_and_objects_map_to_the_models_voices() {
+    let more = [("remapped", format!("[model]\nfiles = [\"{}\"]\n[server.voices]\nalloy = \"M1\"\n", supertonic_fixture().display()))];
+    let server = Server::start_with(&more, &[]);
+    let wav = |model: &str, voice: Value| {
+        let (status, _, bytes) = server.speech(json!({"model": model, "voice": voice, "input": "Hi.", "response_format": "wav"}));
+        assert_eq!(status, 200, "{model} {voice}: {}", String::from_utf8_lossy(&bytes));
+        bytes
+    };
+    let (f1, m1) = (wav("supertonic", json!("F1")), wav("supertonic", json!("M1")));
+    assert_ne!(f1, m1);
+    assert_eq!(wav("supertonic", json!("alloy")), f1, "alloy speaks as F1");
+    assert_eq!(wav("supertonic", json!("ash")), m1, "ash speaks as M1");
+    assert_eq!(wav("supertonic", json!({"id": "ash"})), m1, "the voice object");
+    assert_eq!(wav("supertonic", json!({"id": "M1"})), m1);
+    // F2 is not in the tiny model: coral falls back to the default voice.
+    assert_eq!(wav("supertonic", json!("coral")), f1);
+    assert_eq!(wav("remapped", json!("alloy")), m1, "[server.voices] alloy = \"M1\"");
+
+    for (model, voice) in [("supertonic", "theirs"), ("broken", "F1"), ("supertonic", "nobody")] {
+        let (status, _, body) = server.speech(json!({"model": model, "voice": voice, "input": "Hi.", "response_format": "wav"}));
+        let (status, e) = error_of(status, &body);
+        let message = e["message"].as_str().unwrap();
+        println!("{model}, voice {voice}: {status} {message}");
+        assert_eq!((status, e["param"].as_str(), e["code"].as_str()), (400, Some("voice"), Some("voice_not_found")), "{e}");
+        assert!(message.starts_with(&format!("unknown voice `{voice}`")) && message.contains("its voices: default") && message.contains("alloy"), "{message}");
+    }
+    let (status, _, body) = server.speech(json!({"model": "supertonic", "input": "Hi.", "response_format": "wav"}));
+    let (status, e) = error_of(status, &body);
+    assert_eq!((status, e["param"].as_str()), (400, Some("voice")), "an omitted voice: {e}");
+}
+
+/// A profile's `[server.voices]` is checked when the server starts: a key
+/// that is no OpenAI voice (at its line), and a voice the model lacks.
+#[test]
+fn a_bad_server_voices_table_is_refused_at_start() {
+    let dir = tempfile::tempdir().unwrap();
+    let plugins = plugins_with(&["cpu"], &["supertonic"]);
+    let model = supertonic_fixture().display().to_string();
+    for (table, want) in [
+        ("[server.voices]\nalloy = \"F1\"\nbob = \"F1\"\n", "supertonic.toml:7:7: [server.voices]: `bob` is not an OpenAI voice name (known: alloy, ash,"),
+        (
+            "[server.voices]\nalloy = \"F9\"\n",
+            "model supertonic: [server.voices] alloy = \"F9\": not a voice of this model (default, F1, M1) nor a file of --voices-dir",
+        ),
+        ("[server]\nvoice = \"F1\"\n", "unknown field `voice`"),
+    ] {
+        let p = profile(dir.path(), "supertonic", &format!("[backend]\nprefer = [\"cpu\"]\n[model]\nfiles = [\"{model}\"]\n{table}"));
+        let out = common::run(&["serve", "--port", "0", "--profile", &p.display().to_string(), "--plugin-dir", &plugins.path().display().to_string()]);
+        // The model's table is checked once it loads, after `listening on`.
+        let stderr = common::stderr(&out);
+        assert!(!out.status.success() && stderr.lines().last().is_some_and(|l| l.starts_with("error: ") && l.contains(want)), "want `{want}` in: {stderr}");
+    }
+}
+
+/// `stream_format: "sse"`: `speech.audio.delta` events whose base64 audio
+/// joins to the very bytes of the audio stream, then `speech.audio.done`
+/// with the usage (input characters; 20 ms frames of audio).
+#[test]
+fn sse_carries_the_audio_streams_bytes_and_ends_with_usage() {
+    use base64::Engine as _;
+    let server = Server::start(&[]);
+    let (_, headers, wav) = server.speech(json!({"model": "supertonic", "voice": "alloy", "input": TEXT, "response_format": "wav"}));
+    let rate: u64 = headers["x-sample-rate"].to_str().unwrap().parse().unwrap();
+    // The model's samples, whatever the format (pcm is resampled to 24 kHz).
+    let samples = ((wav.len() - 44) / 2) as u64;
+    for format in ["wav", "pcm", "mp3"] {
+        let body = |stream: &str| json!({"model": "supertonic", "voice": "alloy", "input": TEXT, "response_format": format, "stream_format": stream});
+        let (status, _, audio) = server.speech(body("audio"));
+        assert_eq!(status, 200);
+        let (status, headers, events) = server.speech(body("sse"));
+        assert_eq!((status, headers["content-type"].to_str().unwrap()), (200, "text/event-stream"));
+        let text = String::from_utf8(events).unwrap();
+        assert!(text.ends_with("\n\n"), "{text}");
+        let events: Vec<Value> = text
+            .split("\n\n")
+            .filter(|e| !e.is_empty())
+            .map(|e| serde_json::from_str(e.strip_prefix("data: ").unwrap_or_else(|| panic!("not a data line: {e}"))).unwrap())
+            .collect();
+        let (done, deltas) = events.split_last().unwrap();
+        assert!(!deltas.is_empty());
+        let mut joined = Vec::new();
+        for d in deltas {
+            assert_eq!(d["type"], "speech.audio.delta", "{d}");
+            let chunk = base64::engine::general_purpose::STANDARD.decode(d["audio"].as_str().unwrap()).unwrap();
+            assert!(!chunk.is_empty(), "an empty delta");
+            joined.extend(chunk);
+        }
+        assert_eq!(joined, audio, "{format}: the SSE deltas carry the audio stream's bytes");
+        let frames = (samples * 50).div_ceil(rate);
+        let chars = TEXT.chars().count() as u64;
+        assert_eq!(*done, json!({"type": "speech.audio.done", "usage": {"input_tokens": chars, "output_tokens": frames, "total_tokens": chars + frames}}));
+        println!("{format}: {} delta events, usage {}", deltas.len(), done["usage"]);
+    }
+}
+
+/// `instructions` are taken, and the response says that the model ignored
+/// them; over 4096 characters is 400, and a 1 MB one is over the body limit.
+#[test]
+fn instructions_are_accepted_and_reported_ignored() {
+    let server = Server::start(&[]);
+    let body = |instructions: Value| json!({"model": "supertonic", "voice": "alloy", "input": "Hi.", "response_format": "wav", "instructions": instructions});
+    let (status, headers, with) = server.speech(body(json!("Speak like a pirate.")));
+    assert_eq!(status, 200);
+    assert_eq!(headers["x-tts-instructions"], "ignored (supertonic has no instruction input)");
+    let (_, headers, without) = server.speech(json!({"model": "supertonic", "voice": "alloy", "input": "Hi.", "response_format": "wav"}));
+    assert!(headers.get("x-tts-instructions").is_none());
+    assert_eq!(with, without);
+    let (status, _, bytes) = server.speech(body(json!("a".repeat(4097))));
+    let (status, e) = error_of(status, &bytes);
+    assert_eq!((status, e["param"].as_str()), (400, Some("instructions")), "{e}");
+    let (status, bytes) = server.speech_unread(body(json!("a".repeat(1 << 20))).to_string().into_bytes());
+    let (status, e) = error_of(status, &bytes);
+    println!("1 MB instructions: {status} {}", e["message"]);
+    assert_eq!(status, 413, "{e}");
+}
+
+/// CORS: a preflight from an allowed origin gets 204 with the allowed
+/// methods, headers and max age, one from any other origin 403 with OpenAI's
+/// error JSON; responses to an allowed origin carry its
+/// `Access-Control-Allow-Origin`. And `/v1/models/{id}`.
+#[test]
+fn cors_preflights_and_the_model_object() {
+    let server = Server::start(&["--cors-origin", "http://app.example", "--cors-origin", "http://localhost:3000"]);
+    let address = server.address();
+    let preflight = |origin: &str| {
+        raw_request(
+            &server,
+            &format!("OPTIONS /v1/audio/speech HTTP/1.1\r\nHost: {address}\r\nOrigin: {origin}\r\nAccess-Control-Request-Method: POST\r\nAccess-Control-Request-Headers: authorization, content-type\r\nConnection: close\r\n\r\n"),
+        )
+    };
+    for origin in ["http://app.example", "http://localhost:3000"] {
+        let (status, head, _) = preflight(origin);
+        assert_eq!(status, 204, "{head}");
+        for line in [
+            format!("access-control-allow-origin: {origin}"),
+            "access-control-allow-methods: get, post, options".into(),
+            "access-control-allow-headers: authorization, content-type".into(),
+            "access-control-max-age: 600".into(),
+        ] {
+            assert!(head.lines().any(|l| l == line), "no `{line}` in {head}");
+        }
+    }
+    let (status, head, body) = preflight("http://evil.example");
+    let (status, e) = error_of(status, &body);
+    assert_eq!((status, e["code"].as_str()), (403, Some("cors_origin_not_allowed")), "{e}");
+    assert!(!head.contains("access-control-allow-origin"), "{head}");
+
+    // The actual request: the header for an allowed origin, none for another.
+    for (origin, allowed) in [("http://app.example", true), ("http://evil.example", false)] {
+        let (status, head, _) = raw_request(
+            &server,
+            &format!("GET /v1/models HTTP/1.1\r\nHost: {address}\r\nOrigin: {origin}\r\nAuthorization: Bearer {KEY}\r\nConnection: close\r\n\r\n"),
+        );
+        assert_eq!(status, 200);
+        assert_eq!(head.lines().any(|l| l == format!("access-control-allow-origin: {origin}")), allowed, "{head}");
+    }
+    // OPTIONS that is not a preflight is still a method the path does not take.
+    let (status, _, body) = raw_request(&server, &format!("OPTIONS /v1/models HTTP/1.1\r\nHost: {address}\r\nConnection: close\r\n\r\n"));
+    assert_eq!(error_of(status, &body).0, 405);
+
+    let (status, body) = server.get("/v1/models/supertonic", true);
+    assert_eq!(
+        (status, serde_json::from_slice::<Value>(&body).unwrap()),
+        (200, json!({"id": "supertonic", "object": "model", "created": 0, "owned_by": "tts"}))
+    );
+    let (status, body) = server.get("/v1/models/tts-1", true);
+    assert_eq!((status, serde_json::from_slice::<Value>(&body).unwrap()["id"].clone()), (200, json!("tts-1")));
+    let (status, body) = server.get("/v1/models/nope", true);
+    let (status, e) = error_of(status, &body);
+    assert_eq!((status, e["code"].as_str()), (404, Some("model_not_found")), "{e}");
+    assert_eq!(server.get("/v1/models/supertonic", false).0, 401);
+}
+
+#[test]
+fn cors_flags_are_checked_in_one_line() {
+    let p = repo().join("profiles/supertonic.toml").display().to_string();
+    for (args, want) in [
+        (
+            vec!["serve", "--profile", &p, "--port", "0", "--api-key", "k", "--cors-origin", "*"],
+            "--cors-origin '*' with an API key lets any web page use the server",
+        ),
+        (vec!["serve", "--profile", &p, "--port", "0", "--cors-origin", "app.example"], "--cors-origin app.example: not an origin (scheme://host[:port]"),
+    ] {
+        let out = common::run(&args);
+        common::assert_one_line_error(&out, want);
+    }
 }

@@ -276,7 +276,7 @@ fn the_server_pays_no_more_for_marks_than_for_letters() {
         std::thread::sleep(Duration::from_millis(50));
     }
     let speak = |input: &str| {
-        let body = serde_json::json!({"model": "supertonic", "input": input, "response_format": "wav"}).to_string();
+        let body = serde_json::json!({"model": "supertonic", "voice": "default", "input": input, "response_format": "wav"}).to_string();
         let mut r = agent
             .post(format!("{base}/v1/audio/speech"))
             .header("Authorization", format!("Bearer {KEY}"))

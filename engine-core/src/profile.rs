@@ -51,6 +51,18 @@ struct RawProfile {
     model: ModelSection,
     #[serde(default)]
     synthesis: IndexMap<String, Spanned<toml::Value>>,
+    #[serde(default)]
+    server: ServerSection,
+}
+
+/// `[server]`: what `tts serve` does with this profile's model.
+#[derive(Debug, Deserialize, Default, Clone)]
+#[serde(deny_unknown_fields)]
+struct ServerSection {
+    /// OpenAI voice name -> a voice of this model (`alloy = "F2"`); the
+    /// server checks both sides when it loads the model.
+    #[serde(default)]
+    voices: IndexMap<String, Spanned<String>>,
 }
 
 #[derive(Debug, Deserialize, Default, Clone)]
@@ -149,6 +161,7 @@ pub struct Profile {
     pub deny: Vec<DenyRule>,
     pub model_files: Vec<PathBuf>,
     synthesis: IndexMap<String, Spanned<toml::Value>>,
+    server_voices: IndexMap<String, Spanned<String>>,
 }
 
 impl Profile {
@@ -268,11 +281,24 @@ impl Profile {
             deny,
             model_files: raw.model.files.iter().map(resolve).collect(),
             synthesis: raw.synthesis,
+            server_voices: raw.server.voices,
         })
     }
 
     pub fn origin(&self) -> &str {
         &self.origin
+    }
+
+    /// `[server.voices]`: (OpenAI voice name, the model's voice), in the
+    /// file's order.
+    pub fn server_voices(&self) -> Vec<(String, String)> {
+        self.server_voices.iter().map(|(k, v)| (k.clone(), v.get_ref().clone())).collect()
+    }
+
+    /// An error about `[server.voices]`'s entry for `name`, at its line.
+    pub fn server_voice_error(&self, name: &str, message: String) -> ProfileError {
+        let (line, column) = self.server_voices.get(name).map_or((0, 0), |v| line_col(&self.source, v.span().start));
+        ProfileError { origin: self.origin.clone(), line, column, message }
     }
 
     /// Validates `[backends.<name>]` against a plugin's option specs, filling defaults.

@@ -90,13 +90,64 @@ impl ResponseFormat {
     }
 }
 
-/// The JSON body as sent; unknown fields (`instructions`) are ignored.
+/// OpenAI's voice names. Each maps to a voice of the served model through
+/// [`OPENAI_VOICE_DEFAULTS`], or a profile's `[server.voices]`.
+pub const OPENAI_VOICES: [&str; 13] = ["alloy", "ash", "ballad", "coral", "echo", "fable", "nova", "onyx", "sage", "shimmer", "verse", "marin", "cedar"];
+
+/// The built-in voice each OpenAI name takes by default: OpenAI's female
+/// voices on Supertonic's F1..F5, its male ones on M1..M5, in order (wrapping
+/// round). A model without the named voice (Chatterbox has one built-in
+/// voice, unnamed) speaks every OpenAI name with its default voice.
+pub const OPENAI_VOICE_DEFAULTS: [(&str, &str); 13] = [
+    ("alloy", "F1"),
+    ("ash", "M1"),
+    ("ballad", "M2"),
+    ("coral", "F2"),
+    ("echo", "M3"),
+    ("fable", "M4"),
+    ("nova", "F3"),
+    ("onyx", "M5"),
+    ("sage", "F4"),
+    ("shimmer", "F5"),
+    ("verse", "M1"),
+    ("marin", "F1"),
+    ("cedar", "M2"),
+];
+
+/// The longest `instructions` taken, in characters (OpenAI's limit for
+/// `input`); longer is refused with 400. No served model reads them yet.
+pub const MAX_INSTRUCTIONS_CHARS: usize = 4096;
+
+/// How the audio is sent: the encoded bytes as they are made (`audio`), or
+/// server-sent events carrying them in base64 (`sse`).
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum StreamFormat {
+    Audio,
+    Sse,
+}
+
+impl StreamFormat {
+    pub const SUPPORTED: &'static str = "audio, sse";
+
+    pub fn parse(name: &str) -> Result<StreamFormat, String> {
+        match name {
+            "audio" => Ok(StreamFormat::Audio),
+            "sse" => Ok(StreamFormat::Sse),
+            other => Err(format!("stream_format `{other}` is not supported; supported: {}", StreamFormat::SUPPORTED)),
+        }
+    }
+}
+
+/// The JSON body as sent; unknown fields are ignored.
 #[derive(Deserialize)]
 struct RawRequest {
     model: String,
     input: String,
+    /// A name, or OpenAI's custom voice object `{"id": NAME}`.
     #[serde(default)]
-    voice: Option<String>,
+    voice: Option<Value>,
+    #[serde(default)]
+    instructions: Option<String>,
     #[serde(default)]
     speed: Option<f64>,
     #[serde(default)]
@@ -109,23 +160,47 @@ struct RawRequest {
 }
 
 /// A speech request whose fields passed every check that needs no model:
-/// `input` is not blank and holds at most the allowed characters, `speed` is
-/// in OpenAI's range, the formats are supported.
+/// `input` is not blank and holds at most the allowed characters, `voice` is
+/// given, `speed` is in OpenAI's range, the formats are supported.
 #[derive(Debug, Clone, PartialEq)]
 pub struct SpeechRequest {
     pub model: String,
     pub input: String,
-    pub voice: Option<String>,
+    /// The name given, or the `id` of a voice object.
+    pub voice: String,
+    /// None when absent or empty.
+    pub instructions: Option<String>,
     pub speed: Option<f64>,
     pub format: ResponseFormat,
+    pub stream: StreamFormat,
     /// None when absent or empty.
     pub language: Option<String>,
 }
 
-/// The largest body taken for `max_input_chars`: four bytes per character at
-/// most, plus room for the other fields. Larger gets 413.
+/// The voice a request names: a string, or `{"id": "..."}` (OpenAI's custom
+/// voice object); required, as OpenAI's API has it.
+fn voice_name(voice: Option<Value>) -> Result<String, ApiError> {
+    let bad = |message: &str| ApiError::new(400, message, Some("voice"), None);
+    let name = match voice {
+        None | Some(Value::Null) => return Err(bad("voice is required: a voice name (`alloy`, a model's own voice) or {\"id\": NAME}")),
+        Some(Value::String(s)) => s,
+        Some(Value::Object(o)) => match o.get("id") {
+            Some(Value::String(id)) => id.clone(),
+            Some(_) => return Err(bad("the voice object's `id` must be a string")),
+            None => return Err(bad("the voice object has no `id`")),
+        },
+        Some(_) => return Err(bad("voice must be a name or an object {\"id\": NAME}")),
+    };
+    if name.is_empty() {
+        return Err(bad("voice is empty"));
+    }
+    Ok(name)
+}
+
+/// The largest body taken for `max_input_chars`: four bytes per character of
+/// `input` and of `instructions` at most, plus room for the other fields. Larger gets 413.
 pub fn body_limit(max_input_chars: usize) -> usize {
-    max_input_chars.saturating_mul(4).saturating_add(64 << 10)
+    max_input_chars.saturating_add(MAX_INSTRUCTIONS_CHARS).saturating_mul(4).saturating_add(64 << 10)
 }
 
 /// Parses and validates a speech request's body.
@@ -144,15 +219,23 @@ pub fn parse_speech(body: &[u8], max_input_chars: usize) -> Result<SpeechRequest
     if chars > max_input_chars {
         return Err(ApiError::new(413, format!("input holds {chars} characters; this server takes at most {max_input_chars}"), Some("input"), None));
     }
-    let format = ResponseFormat::parse(raw.response_format.as_deref().unwrap_or("mp3")).map_err(|e| ApiError::new(400, e, Some("response_format"), None))?;
-    if let Some(f) = raw.stream_format.as_deref().filter(|f| *f != "audio") {
-        return Err(ApiError::new(400, format!("stream_format `{f}` is not supported; supported: audio"), Some("stream_format"), None));
+    let voice = voice_name(raw.voice)?;
+    let instructions = raw.instructions.filter(|i| !i.is_empty());
+    if let Some(n) = instructions.as_ref().map(|i| i.chars().count()).filter(|&n| n > MAX_INSTRUCTIONS_CHARS) {
+        return Err(ApiError::new(
+            400,
+            format!("instructions hold {n} characters; this server takes at most {MAX_INSTRUCTIONS_CHARS}"),
+            Some("instructions"),
+            None,
+        ));
     }
+    let format = ResponseFormat::parse(raw.response_format.as_deref().unwrap_or("mp3")).map_err(|e| ApiError::new(400, e, Some("response_format"), None))?;
+    let stream = StreamFormat::parse(raw.stream_format.as_deref().unwrap_or("audio")).map_err(|e| ApiError::new(400, e, Some("stream_format"), None))?;
     if let Some(speed) = raw.speed.filter(|s| !SPEED_RANGE.contains(s)) {
         return Err(ApiError::new(400, format!("speed must be in 0.25..=4.0, got {speed}"), Some("speed"), None));
     }
     let language = raw.language.filter(|l| !l.is_empty());
-    Ok(SpeechRequest { model: raw.model, input: raw.input, voice: raw.voice, speed: raw.speed, format, language })
+    Ok(SpeechRequest { model: raw.model, input: raw.input, voice, instructions, speed: raw.speed, format, stream, language })
 }
 
 /// The token of an `Authorization` header's `Bearer` credentials. The scheme
@@ -294,16 +377,55 @@ mod tests {
 
     #[test]
     fn requests_are_validated_without_a_model() {
-        let ok = parse_speech(br#"{"model": "m", "input": "Hi.", "speed": 1.5, "language": ""}"#, 10).unwrap();
-        assert_eq!((ok.format, ok.speed, ok.language), (ResponseFormat::Mp3, Some(1.5), None));
+        let ok = parse_speech(br#"{"model": "m", "input": "Hi.", "voice": "alloy", "speed": 1.5, "language": ""}"#, 10).unwrap();
+        assert_eq!((ok.format, ok.stream, ok.speed, ok.language, ok.voice.as_str()), (ResponseFormat::Mp3, StreamFormat::Audio, Some(1.5), None, "alloy"));
         let status = |body: &str, max: usize| parse_speech(body.as_bytes(), max).unwrap_err();
-        assert_eq!(status(r#"{"model": "m", "input": " "}"#, 10).param.as_deref(), Some("input"));
-        assert_eq!(status(r#"{"model": "m", "input": "abcdefghijk"}"#, 10).status, 413);
-        assert_eq!(status(r#"{"model": "m", "input": "a", "speed": 10}"#, 10).param.as_deref(), Some("speed"));
-        assert_eq!(status(r#"{"model": "m", "input": "a", "response_format": "opus"}"#, 10).param.as_deref(), Some("response_format"));
-        assert_eq!(status(r#"{"model": "m", "input": "a", "stream_format": "sse"}"#, 10).param.as_deref(), Some("stream_format"));
+        assert_eq!(status(r#"{"model": "m", "input": " ", "voice": "a"}"#, 10).param.as_deref(), Some("input"));
+        assert_eq!(status(r#"{"model": "m", "input": "abcdefghijk", "voice": "a"}"#, 10).status, 413);
+        assert_eq!(status(r#"{"model": "m", "input": "a", "voice": "a", "speed": 10}"#, 10).param.as_deref(), Some("speed"));
+        assert_eq!(status(r#"{"model": "m", "input": "a", "voice": "a", "response_format": "ogg"}"#, 10).param.as_deref(), Some("response_format"));
+        assert_eq!(
+            status(r#"{"model": "m", "input": "a", "voice": "a", "stream_format": "ws"}"#, 10).message,
+            "stream_format `ws` is not supported; supported: audio, sse"
+        );
         assert_eq!(status(r#"{"model": "m""#, 10).status, 400);
         assert_eq!(parse_speech(&vec![b' '; body_limit(1) + 1], 1).unwrap_err().status, 413);
+    }
+
+    #[test]
+    fn voice_is_required_as_a_name_or_an_object_with_an_id() {
+        let parse = |voice: &str| parse_speech(format!(r#"{{"model": "m", "input": "a"{voice}}}"#).as_bytes(), 10);
+        assert_eq!(parse(r#", "voice": {"id": "nova"}"#).unwrap().voice, "nova");
+        assert_eq!(parse(r#", "voice": "F1""#).unwrap().voice, "F1");
+        for (voice, message) in [
+            ("", "voice is required: a voice name (`alloy`, a model's own voice) or {\"id\": NAME}"),
+            (r#", "voice": null"#, "voice is required: a voice name (`alloy`, a model's own voice) or {\"id\": NAME}"),
+            (r#", "voice": """#, "voice is empty"),
+            (r#", "voice": {}"#, "the voice object has no `id`"),
+            (r#", "voice": {"id": 3}"#, "the voice object's `id` must be a string"),
+            (r#", "voice": 3"#, "voice must be a name or an object {\"id\": NAME}"),
+        ] {
+            let e = parse(voice).unwrap_err();
+            assert_eq!((e.status, e.param.as_deref(), e.message.as_str()), (400, Some("voice"), message), "{voice}");
+        }
+        // Every OpenAI name has a default.
+        assert_eq!(OPENAI_VOICE_DEFAULTS.map(|(name, _)| name), OPENAI_VOICES);
+    }
+
+    #[test]
+    fn instructions_and_stream_format_are_taken_within_their_limits() {
+        let body = |extra: &str| format!(r#"{{"model": "m", "input": "a", "voice": "a"{extra}}}"#);
+        let ok = parse_speech(body(r#", "instructions": "Speak softly.", "stream_format": "sse""#).as_bytes(), 10).unwrap();
+        assert_eq!((ok.instructions.as_deref(), ok.stream), (Some("Speak softly."), StreamFormat::Sse));
+        assert_eq!(parse_speech(body(r#", "instructions": """#).as_bytes(), 10).unwrap().instructions, None);
+        let at_cap = body(&format!(r#", "instructions": "{}""#, "é".repeat(MAX_INSTRUCTIONS_CHARS)));
+        assert!(parse_speech(at_cap.as_bytes(), 10).is_ok(), "the cap fits the body limit");
+        let over = body(&format!(r#", "instructions": "{}""#, "x".repeat(MAX_INSTRUCTIONS_CHARS + 1)));
+        let e = parse_speech(over.as_bytes(), 10).unwrap_err();
+        assert_eq!(
+            (e.status, e.param.as_deref(), e.message.as_str()),
+            (400, Some("instructions"), "instructions hold 4097 characters; this server takes at most 4096")
+        );
     }
 
     #[test]

@@ -20,12 +20,19 @@ use std::sync::atomic::{AtomicBool, Ordering};
 use std::sync::{Arc, OnceLock};
 use std::time::{Duration, Instant};
 pub use tts_serve_api::ApiError;
-use tts_serve_api::{ApiKey, OPENAI_MODEL_ALIASES};
+use tts_serve_api::{ApiKey, StreamFormat, OPENAI_MODEL_ALIASES};
 
 /// A loaded model as the API sees it.
 pub struct Served {
     pub pool: Pool,
+    /// The model family and variant (which voice files it reads).
+    pub family: String,
+    pub variant: String,
     pub voices: Vec<String>,
+    /// Each OpenAI voice name and the voice of this model it speaks with
+    /// (`default`: the model's default voice), from the defaults and the
+    /// profile's `[server.voices]`.
+    pub openai_voices: IndexMap<String, String>,
     pub languages: Vec<String>,
     /// The model's option keys (does it take `speed`, `language`?).
     pub options: Vec<String>,
@@ -43,18 +50,92 @@ pub struct AppState {
     pub max_input_chars: usize,
     /// How long a speech request's whole body may take to arrive.
     pub body_timeout: Duration,
+    pub cors: Cors,
 }
+
+/// Which web origins may call the API from a browser (`--cors-origin`).
+#[derive(Debug, Clone, Default)]
+pub struct Cors {
+    /// Exact origins (`https://app.example`); empty: none.
+    pub origins: Vec<String>,
+    /// `--cors-origin '*'`: any origin.
+    pub any: bool,
+}
+
+impl Cors {
+    fn allows(&self, origin: &str) -> bool {
+        self.any || self.origins.iter().any(|o| o == origin)
+    }
+}
+
+/// How long a browser may cache a preflight's answer, in seconds.
+const PREFLIGHT_MAX_AGE: u32 = 600;
 
 pub fn router(state: Arc<AppState>) -> Router {
     Router::new()
+        .route("/", get(super::page::page))
         .route("/v1/audio/speech", post(speech))
         .route("/v1/models", get(models))
+        .route("/v1/models/{id}", get(model))
         .route("/v1/audio/voices", get(voices))
         .route("/health", get(health))
         .route("/metrics", get(metrics_text))
         .fallback(not_found)
         .method_not_allowed_fallback(method_not_allowed)
+        .layer(axum::middleware::from_fn_with_state(state.clone(), cors))
         .with_state(state)
+}
+
+/// CORS: answers a preflight (`OPTIONS` with `Origin` and
+/// `Access-Control-Request-Method`) itself, before the key is checked (a
+/// browser sends none with it): 204 with the allowed methods and headers for
+/// an allowed origin, 403 with OpenAI's error JSON for any other. Every other
+/// response to an allowed origin carries `Access-Control-Allow-Origin`.
+async fn cors(State(state): State<Arc<AppState>>, request: axum::extract::Request, next: axum::middleware::Next) -> Response {
+    let origin = request.headers().get(header::ORIGIN).and_then(|v| v.to_str().ok()).map(str::to_string);
+    let preflight = request.method() == axum::http::Method::OPTIONS && request.headers().contains_key(header::ACCESS_CONTROL_REQUEST_METHOD);
+    let Some(origin) = origin else { return next.run(request).await };
+    let allowed = state.cors.allows(&origin);
+    if preflight {
+        if !allowed {
+            let message = match state.cors.origins.is_empty() && !state.cors.any {
+                true => format!("cross-origin requests are not enabled (origin `{origin}`); start the server with --cors-origin ORIGIN"),
+                false => format!("the origin `{origin}` may not call this server (--cors-origin)"),
+            };
+            let e = error(403, message, None, Some("cors_origin_not_allowed"));
+            return counted(&state, "other", error_response(&e));
+        }
+        let mut response = StatusCode::NO_CONTENT.into_response();
+        let h = response.headers_mut();
+        h.insert(header::ACCESS_CONTROL_ALLOW_METHODS, HeaderValue::from_static("GET, POST, OPTIONS"));
+        h.insert(header::ACCESS_CONTROL_ALLOW_HEADERS, HeaderValue::from_static("authorization, content-type"));
+        h.insert(header::ACCESS_CONTROL_MAX_AGE, HeaderValue::from(PREFLIGHT_MAX_AGE));
+        allow_origin(&state.cors, &origin, h);
+        return counted(&state, "other", response);
+    }
+    let mut response = next.run(request).await;
+    if allowed {
+        let h = response.headers_mut();
+        allow_origin(&state.cors, &origin, h);
+        h.insert(header::ACCESS_CONTROL_EXPOSE_HEADERS, HeaderValue::from_static("x-sample-rate, x-tts-instructions, retry-after"));
+    }
+    response
+}
+
+/// `Access-Control-Allow-Origin` for an allowed `origin`: `*` when any may
+/// call, else the origin itself (with `Vary: Origin`, so caches keep the
+/// answers apart).
+fn allow_origin(cors: &Cors, origin: &str, headers: &mut HeaderMap) {
+    match (cors.any, HeaderValue::from_str(origin)) {
+        (true, _) => {
+            headers.insert(header::ACCESS_CONTROL_ALLOW_ORIGIN, HeaderValue::from_static("*"));
+        }
+        (false, Ok(value)) => {
+            headers.insert(header::ACCESS_CONTROL_ALLOW_ORIGIN, value);
+            headers.append(header::VARY, HeaderValue::from_static("origin"));
+        }
+        (false, Err(_)) => {}
+    }
 }
 
 fn error(status: u16, message: impl Into<String>, param: Option<&str>, code: Option<&'static str>) -> ApiError {
@@ -118,12 +199,19 @@ fn find<'a>(models: &'a IndexMap<String, Served>, name: &str) -> Result<(&'a str
     Err(error(404, format!("the model `{name}` does not exist; served: {}", known.join(", ")), Some("model"), Some("model_not_found")))
 }
 
-/// Voice files in the configured directory: `NAME.voice` (saved clones) and
-/// `NAME.json` (voice styles), by NAME.
-fn voice_files(state: &AppState) -> IndexMap<String, PathBuf> {
+/// Voice files in the configured directory that `served` can read, by NAME:
+/// Supertonic takes voice styles (`NAME.json`), Chatterbox the voices saved
+/// by a model of its own variant (`NAME.voice`, whose GGUF header names the
+/// variant). Each request looks again, so files added while serving count.
+fn voice_files(state: &AppState, served: &Served) -> IndexMap<String, PathBuf> {
     let mut files = IndexMap::new();
     let Some(dir) = &state.voices_dir else { return files };
     let Ok(entries) = std::fs::read_dir(dir) else { return files };
+    let wanted = match served.family.as_str() {
+        "supertonic" => "json",
+        "chatterbox" => "voice",
+        _ => return files,
+    };
     let mut found: Vec<(String, PathBuf)> = entries
         .filter_map(|e| e.ok())
         .filter(|e| e.file_type().is_ok_and(|t| t.is_file()))
@@ -131,32 +219,48 @@ fn voice_files(state: &AppState) -> IndexMap<String, PathBuf> {
             let path = e.path();
             let ext = path.extension()?.to_str()?;
             let stem = path.file_stem()?.to_str()?.to_string();
-            (ext == "voice" || ext == "json").then_some((stem, path))
+            (ext == wanted).then_some((stem, path))
         })
+        .filter(|(_, path)| wanted != "voice" || chatterbox_voice_variant(path).is_some_and(|v| v == served.variant))
         .collect();
     found.sort();
     files.extend(found);
     files
 }
 
-/// The `voice` override for a request's voice name: a built-in voice, a file
-/// of the voices directory by name, or the model's default. Nothing from the
+/// The variant a Chatterbox voice file was saved with, from its GGUF header
+/// alone (no tensor data is read); None for anything else.
+fn chatterbox_voice_variant(path: &std::path::Path) -> Option<String> {
+    let file = ggml_sys::gguf::GgufFile::open(path).ok()?;
+    (file.get_str("general.architecture").ok()? == "chatterbox-voice").then(|| file.get_str("chatterbox-voice.variant").ok()).flatten()
+}
+
+/// Every voice name a request may give this model: `default`, its built-in
+/// voices, the OpenAI names, and the voices directory's files it can read.
+fn voice_names(state: &AppState, served: &Served) -> Vec<String> {
+    let mut names: Vec<String> = std::iter::once("default".to_string()).chain(served.voices.iter().cloned()).collect();
+    names.extend(served.openai_voices.keys().filter(|k| !names.contains(k)).cloned().collect::<Vec<_>>());
+    names.extend(voice_files(state, served).into_keys().filter(|k| !names.contains(k)).collect::<Vec<_>>());
+    names
+}
+
+/// The `voice` override for a request's voice name: a built-in voice, an
+/// OpenAI name (through the model's table), a file of the voices directory
+/// this model can read, or the model's default (None). Nothing from the
 /// request becomes a path: names are looked up, never joined.
-fn resolve_voice(state: &AppState, served: &Served, voice: Option<&str>) -> Result<Option<String>, ApiError> {
-    let name = match voice {
-        None | Some("") | Some("default") => return Ok(None),
-        Some(v) => v,
-    };
+fn resolve_voice(state: &AppState, served: &Served, name: &str) -> Result<Option<String>, ApiError> {
+    let name = served.openai_voices.get(name).map_or(name, |v| v.as_str());
+    if name == "default" {
+        return Ok(None);
+    }
     if served.voices.iter().any(|v| v == name) {
         return Ok(Some(name.to_string()));
     }
-    let files = voice_files(state);
-    if let Some(path) = files.get(name) {
+    if let Some(path) = voice_files(state, served).get(name) {
         return Ok(Some(path.display().to_string()));
     }
-    let mut known: Vec<String> = std::iter::once("default".to_string()).chain(served.voices.iter().cloned()).collect();
-    known.extend(files.keys().cloned());
-    Err(error(400, format!("unknown voice `{name}`; this model's voices: {}", known.join(", ")), Some("voice"), Some("voice_not_found")))
+    let known = voice_names(state, served).join(", ");
+    Err(error(400, format!("unknown voice `{name}` for this {} model; its voices: {known}", served.family), Some("voice"), Some("voice_not_found")))
 }
 
 async fn speech(State(state): State<Arc<AppState>>, headers: HeaderMap, body: Body) -> Response {
@@ -214,14 +318,14 @@ async fn speech_response(state: &Arc<AppState>, headers: &HeaderMap, body: Body,
         let request = tts_serve_api::parse_speech(&body, state.max_input_chars)?;
         let (id, served) = find(models, &request.model)?;
         model = id.to_string();
-        let (job, format, events) = prepare(state, served, request, received)?;
-        start(state, id, served, job, format, events, received).await
+        let (job, reply, events) = prepare(state, served, request, received)?;
+        start(state, id, served, job, reply, events, received).await
     }
     .await;
     (result.unwrap_or_else(|e| error_response(&e)), model)
 }
 
-type Prepared = (Job, ResponseFormat, tokio::sync::mpsc::Receiver<Event>);
+type Prepared = (Job, Reply, tokio::sync::mpsc::Receiver<Event>);
 
 /// Checks the request's fields against the model and builds its job (the
 /// checks that need no model ran in `parse_speech`).
@@ -235,7 +339,7 @@ fn prepare(state: &AppState, served: &Served, request: tts_serve_api::SpeechRequ
             false => return Err(error(400, "this model has no speed control (speed must be 1.0)", Some("speed"), None)),
         }
     }
-    if let Some(voice) = resolve_voice(state, served, request.voice.as_deref())? {
+    if let Some(voice) = resolve_voice(state, served, &request.voice)? {
         overrides.push(("voice".to_string(), voice));
     }
     if let Some(language) = request.language {
@@ -246,7 +350,43 @@ fn prepare(state: &AppState, served: &Served, request: tts_serve_api::SpeechRequ
         overrides.push(("language".to_string(), language));
     }
     let (events, receiver) = tokio::sync::mpsc::channel(32);
-    Ok((Job { text: request.input, overrides, format, events, received }, format, receiver))
+    let reply = Reply {
+        format,
+        stream: request.stream,
+        input_chars: request.input.chars().count() as u64,
+        // No served family has an instruction input yet (docs/server.md).
+        instructions_ignored: request.instructions.is_some(),
+    };
+    Ok((Job { text: request.input, overrides, format, events, received }, reply, receiver))
+}
+
+/// How the response is sent.
+struct Reply {
+    format: ResponseFormat,
+    stream: StreamFormat,
+    /// For SSE's usage: `input_tokens`.
+    input_chars: u64,
+    instructions_ignored: bool,
+}
+
+/// One SSE event: `data: JSON` and a blank line.
+fn sse_event(value: serde_json::Value) -> Bytes {
+    Bytes::from(format!("data: {value}\n\n"))
+}
+
+/// A `speech.audio.delta` event with `audio` in base64.
+fn sse_delta(audio: &[u8]) -> Bytes {
+    use base64::Engine as _;
+    sse_event(json!({"type": "speech.audio.delta", "audio": base64::engine::general_purpose::STANDARD.encode(audio)}))
+}
+
+/// The `speech.audio.done` event. OpenAI counts tokens of its own models;
+/// here `input_tokens` is the input's characters and `output_tokens` the
+/// audio's 20 ms frames (50 a second, the last one partial), so both grow
+/// with what the request cost (docs/server.md).
+fn sse_done(input_chars: u64, samples: u64, sample_rate: u32) -> Bytes {
+    let frames = (samples * 50).div_ceil(u64::from(sample_rate.max(1)));
+    sse_event(json!({"type": "speech.audio.done", "usage": {"input_tokens": input_chars, "output_tokens": frames, "total_tokens": input_chars + frames}}))
 }
 
 /// Queues the job and answers once the first audio (or an error) is there:
@@ -257,7 +397,7 @@ async fn start(
     id: &str,
     served: &Served,
     job: Job,
-    format: ResponseFormat,
+    reply: Reply,
     mut events: tokio::sync::mpsc::Receiver<Event>,
     received: Instant,
 ) -> Result<Response, ApiError> {
@@ -271,23 +411,32 @@ async fn start(
     let first = match events.recv().await {
         Some(Event::Audio(bytes)) => bytes,
         Some(Event::Failed(f)) => return Err(failure(&f)),
-        Some(Event::Done) | None => return Err(failure(&Failure::internal("the synthesis ended without audio"))),
+        Some(Event::Done { .. }) | None => return Err(failure(&Failure::internal("the synthesis ended without audio"))),
     };
     let metrics = state.metrics.clone();
+    let (sse, input_chars) = (reply.stream == StreamFormat::Sse, reply.input_chars);
+    // Audio as sent: the bytes themselves, or SSE deltas (an empty piece,
+    // which only says that audio has started, is no event).
+    let piece = move |bytes: Vec<u8>| match sse {
+        false => Bytes::from(bytes),
+        true if bytes.is_empty() => Bytes::new(),
+        true => sse_delta(&bytes),
+    };
     let stream = futures_util::stream::unfold((Some(first), events, false), move |(first, mut events, ended)| {
         let (metrics, label) = (metrics.clone(), label.clone());
         async move {
             if let Some(bytes) = first {
-                return Some((Ok(Bytes::from(bytes)), (None, events, false)));
+                return Some((Ok(piece(bytes)), (None, events, false)));
             }
             if ended {
                 return None;
             }
             match events.recv().await {
-                Some(Event::Audio(bytes)) => Some((Ok(Bytes::from(bytes)), (None, events, false))),
-                Some(Event::Done) => {
+                Some(Event::Audio(bytes)) => Some((Ok(piece(bytes)), (None, events, false))),
+                Some(Event::Done { samples, sample_rate }) => {
                     metrics.latency.get_or_create(&label).observe(received.elapsed().as_secs_f64());
-                    None
+                    // The stream ends after the done event.
+                    sse.then(|| (Ok(sse_done(input_chars, samples, sample_rate)), (None, events, true)))
                 }
                 Some(Event::Failed(f)) => {
                     tracing::error!("synthesis failed after audio was sent: {}", f.message);
@@ -299,9 +448,23 @@ async fn start(
     });
     let mut response = Response::new(Body::from_stream(stream));
     let headers = response.headers_mut();
-    headers.insert(header::CONTENT_TYPE, HeaderValue::from_static(format.content_type()));
+    let format = reply.format;
+    match reply.stream {
+        StreamFormat::Audio => headers.insert(header::CONTENT_TYPE, HeaderValue::from_static(format.content_type())),
+        StreamFormat::Sse => {
+            headers.insert(header::CACHE_CONTROL, HeaderValue::from_static("no-cache"));
+            headers.insert(header::CONTENT_TYPE, HeaderValue::from_static("text/event-stream"))
+        }
+    };
     let rate = if format == ResponseFormat::Pcm { super::encode::PCM_RATE } else { served.sample_rate };
     headers.insert("x-sample-rate", HeaderValue::from(rate));
+    if reply.instructions_ignored {
+        // The family name is the plugin's own (ASCII); a value that is not a
+        // header value is left out rather than failing the response.
+        if let Ok(value) = HeaderValue::from_str(&format!("ignored ({} has no instruction input)", served.family)) {
+            headers.insert("x-tts-instructions", value);
+        }
+    }
     Ok(response)
 }
 
@@ -316,13 +479,29 @@ async fn models(State(state): State<Arc<AppState>>, headers: HeaderMap) -> Respo
     counted(&state, "models", response)
 }
 
+/// `GET /v1/models/{id}`: OpenAI's model object for a served id (or one of
+/// OpenAI's names, which the first model answers); 404 otherwise.
+async fn model(State(state): State<Arc<AppState>>, headers: HeaderMap, axum::extract::Path(name): axum::extract::Path<String>) -> Response {
+    let response = match unauthorized(&state, &headers).map(Err).unwrap_or_else(|| loaded(&state)) {
+        Err(e) => error_response(&e),
+        Ok(models) => match find(models, &name) {
+            // An OpenAI name is answered as itself: the client asked about it.
+            Ok(_) => axum::Json(json!({"id": name, "object": "model", "created": 0, "owned_by": "tts"})).into_response(),
+            Err(e) => error_response(&e),
+        },
+    };
+    counted(&state, "models", response)
+}
+
 #[derive(Deserialize)]
 struct VoicesQuery {
     model: Option<String>,
 }
 
 /// The voices of one model (`?model=ID`, else the first): `default`, the
-/// built-in ones, then the files of the voices directory.
+/// built-in ones, the OpenAI names, then the files of the voices directory
+/// that this model can read; `openai_voices` maps each OpenAI name to the
+/// voice it speaks with.
 async fn voices(
     State(state): State<Arc<AppState>>,
     headers: HeaderMap,
@@ -344,9 +523,8 @@ async fn voices(
                 None => return Err(error(404, "no model is served", Some("model"), Some("model_not_found"))),
             },
         };
-        let mut voices: Vec<String> = std::iter::once("default".to_string()).chain(served.voices.iter().cloned()).collect();
-        voices.extend(voice_files(&state).into_keys());
-        Ok(axum::Json(json!({"model": id, "voices": voices, "languages": served.languages})).into_response())
+        let voices = voice_names(&state, served);
+        Ok(axum::Json(json!({"model": id, "voices": voices, "openai_voices": served.openai_voices, "languages": served.languages})).into_response())
     })()
     .unwrap_or_else(|e| error_response(&e));
     counted(&state, "voices", response)

@@ -1,13 +1,17 @@
 //! `tts serve`: models loaded once behind the OpenAI speech API
-//! (`POST /v1/audio/speech`, `GET /v1/models`), plus `GET /v1/audio/voices`,
-//! `GET /health` and `GET /metrics`. Each profile is one model; each model has
+//! (`POST /v1/audio/speech`, `GET /v1/models`, `GET /v1/models/{id}`), plus
+//! `GET /v1/audio/voices`, `GET /health`, `GET /metrics` and CORS for
+//! browsers. Each profile is one model; each model has
 //! `workers` sessions fed from one bounded queue. docs/server.md.
 
 mod api;
 mod connection;
 mod encode;
 mod metrics;
+mod page;
 mod pool;
+
+pub use api::Cors;
 
 use engine_core::engine::Engine;
 use indexmap::IndexMap;
@@ -31,6 +35,8 @@ pub struct ServeOptions {
     /// shrinks to fit the open-file limit instead of refusing to start.
     pub max_connections_default: bool,
     pub limits: Limits,
+    /// Origins browsers may call from (`--cors-origin`).
+    pub cors: api::Cors,
 }
 
 /// What one client may hold of the server, and for how long.
@@ -57,6 +63,9 @@ pub struct Limits {
 pub struct ModelSource {
     pub id: String,
     pub engine: Engine,
+    /// The profile's `[server.voices]`: (OpenAI voice name, this model's
+    /// voice), the names already checked against OpenAI's.
+    pub openai_voices: Vec<(String, String)>,
 }
 
 /// Binds, answers `/health` with 503 while the models load, serves until
@@ -83,6 +92,7 @@ pub fn run(sources: Vec<ModelSource>, options: ServeOptions, quiet: bool) -> Res
         voices_dir: options.voices_dir.clone(),
         max_input_chars: options.max_input_chars,
         body_timeout: limits.body_timeout,
+        cors: options.cors.clone(),
     });
     let runtime = tokio::runtime::Builder::new_multi_thread().worker_threads(2).enable_all().build().map_err(|e| format!("starting the runtime: {e}"))?;
     let server = {
@@ -106,8 +116,14 @@ pub fn run(sources: Vec<ModelSource>, options: ServeOptions, quiet: bool) -> Res
         }
         let first = &sessions[0];
         let catalog = first.catalog();
+        let voices: Vec<String> = catalog.voices.iter().map(|v| v.to_string()).collect();
+        let openai_voices =
+            openai_voice_table(&voices, &source.openai_voices, options.voices_dir.as_deref()).map_err(|e| format!("model {}: {e}", source.id))?;
         let model = api::Served {
-            voices: catalog.voices.iter().map(|v| v.to_string()).collect(),
+            family: first.info.family.to_string(),
+            variant: first.info.variant.to_string(),
+            voices,
+            openai_voices,
             languages: catalog.languages.iter().map(|l| l.to_string()).collect(),
             options: first.option_specs().iter().map(|s| s.key.to_string()).collect(),
             sample_rate: first.info.sample_rate,
@@ -133,6 +149,29 @@ pub fn run(sources: Vec<ModelSource>, options: ServeOptions, quiet: bool) -> Res
         eprintln!("stopped");
     }
     outcome
+}
+
+/// Each OpenAI voice name and the voice of a model it speaks with: the
+/// profile's choice (`overrides`), else the default built-in voice where the
+/// model has it, else the model's default voice (`default`). A profile's
+/// choice must be a built-in voice, `default`, or a voice file's NAME in the
+/// voices directory.
+fn openai_voice_table(builtins: &[String], overrides: &[(String, String)], voices_dir: Option<&std::path::Path>) -> Result<IndexMap<String, String>, String> {
+    let mut table = IndexMap::new();
+    for (name, voice) in tts_serve_api::OPENAI_VOICE_DEFAULTS {
+        let voice = if builtins.iter().any(|v| v == voice) { voice } else { "default" };
+        table.insert(name.to_string(), voice.to_string());
+    }
+    for (name, voice) in overrides {
+        let is_file = voices_dir.is_some_and(|d| ["voice", "json"].iter().any(|ext| d.join(format!("{voice}.{ext}")).is_file()));
+        let plain = !voice.is_empty() && !voice.contains(['/', '\\']) && voice != "." && voice != "..";
+        if !(voice == "default" || builtins.contains(voice) || (plain && is_file)) {
+            let known = if builtins.is_empty() { "default".to_string() } else { format!("default, {}", builtins.join(", ")) };
+            return Err(format!("[server.voices] {name} = \"{voice}\": not a voice of this model ({known}) nor a file of --voices-dir"));
+        }
+        table.insert(name.clone(), voice.clone());
+    }
+    Ok(table)
 }
 
 /// The connection cap that fits the hard limit on open descriptors

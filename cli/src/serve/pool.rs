@@ -25,7 +25,12 @@ pub struct Job {
 /// possibly empty: it says audio has started), then `Done` or `Failed`.
 pub enum Event {
     Audio(Vec<u8>),
-    Done,
+    /// The whole audio went out: its length in samples at the model's rate
+    /// (for SSE's usage figures).
+    Done {
+        samples: u64,
+        sample_rate: u32,
+    },
     Failed(Failure),
 }
 
@@ -48,8 +53,12 @@ impl Failure {
     /// else the server's (500).
     fn classify(message: &str, overrides: &[(String, String)]) -> Failure {
         let option = overrides.iter().map(|(k, _)| k).find(|k| message.contains(&format!("option `{k}`")) || message.contains(&format!("{k} must be")));
+        // A voice file the model cannot read (another family's or variant's,
+        // or a damaged one) is the request's choice, not a server fault.
+        let voice_file = overrides.iter().any(|(k, _)| k == "voice") && message.contains("voice file");
         match option {
             Some(key) => Failure { status: 400, message: message.to_string(), param: Some(key.clone()) },
+            None if voice_file => Failure { status: 400, message: message.to_string(), param: Some("voice".into()) },
             None if tts_serve_api::is_text_error(message) => Failure { status: 400, message: message.to_string(), param: Some("input".into()) },
             None => Failure::internal(format!("synthesis failed: {message}")),
         }
@@ -149,7 +158,7 @@ fn work(id: &str, mut session: ModelSession, jobs: crossbeam_channel::Receiver<J
         if let Some(event) = last {
             // All audio went out, but a client that stalled before taking the
             // end did not get a whole response: that is a cancellation too.
-            let done = matches!(event, Event::Done);
+            let done = matches!(event, Event::Done { .. });
             if !sender.send(&job, event) && done {
                 metrics.cancelled.get_or_create(&label).inc();
             }
@@ -189,15 +198,16 @@ fn synthesize(session: &mut ModelSession, job: &Job, sender: &Sender, metrics: &
         }
         Ok(summary) => {
             metrics.audio_seconds.get_or_create(label).inc_by(samples as f64 / summary.sample_rate.max(1) as f64);
+            let done = Event::Done { samples, sample_rate: summary.sample_rate };
             match encoder.finish(summary.sample_rate) {
                 Ok(tail) if !tail.is_empty() || !started => match sender.send(job, Event::Audio(tail)) {
-                    true => Some(Event::Done),
+                    true => Some(done),
                     false => {
                         metrics.cancelled.get_or_create(label).inc();
                         None
                     }
                 },
-                Ok(_) => Some(Event::Done),
+                Ok(_) => Some(done),
                 Err(e) => Some(Event::Failed(Failure::internal(e))),
             }
         }
@@ -220,6 +230,9 @@ mod tests {
         assert_eq!((f.status, f.param.as_deref()), (400, Some("input")));
         let f = Failure::classify("unsupported characters for this model: '☃' (U+2603) (set unsupported_chars = \"skip\" to leave them out)", &[]);
         assert_eq!((f.status, f.param.as_deref()), (400, Some("input")));
+        let voice = vec![("voice".to_string(), "/v/mine.json".to_string())];
+        let f = Failure::classify("supertonic: voice file /v/mine.json: not a voice style JSON (expected value at line 1 column 1)", &voice);
+        assert_eq!((f.status, f.param.as_deref()), (400, Some("voice")));
         let f = Failure::classify("ggml: out of memory", &set);
         assert_eq!((f.status, f.message.as_str()), (500, "synthesis failed: ggml: out of memory"));
     }
