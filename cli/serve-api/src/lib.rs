@@ -203,12 +203,103 @@ pub fn body_limit(max_input_chars: usize) -> usize {
     max_input_chars.saturating_add(MAX_INSTRUCTIONS_CHARS).saturating_mul(4).saturating_add(64 << 10)
 }
 
+/// Which top-level field of a JSON object body a prefix of it ends in: fed
+/// the bytes of a body that went over [`body_limit`], it names the field
+/// whose value was being read at the cut (`instructions`: a 400 of its own;
+/// anything else: 413). It keeps only its state and the current key (at most
+/// [`OverflowScanner::KEY_CAP`] bytes), whatever it is fed.
+#[derive(Debug, Default)]
+pub struct OverflowScanner {
+    /// Open objects and arrays.
+    depth: usize,
+    /// The body opened with `{` (a top-level array has no fields).
+    object: bool,
+    in_string: bool,
+    escaped: bool,
+    /// The string being read at depth 1 is a key (not a value).
+    reading_key: bool,
+    key: Vec<u8>,
+    /// The key whose value is being read (from its `:` to the next `,`).
+    field: Option<Vec<u8>>,
+}
+
+impl OverflowScanner {
+    /// Longer keys are none of the speech request's.
+    pub const KEY_CAP: usize = 32;
+
+    pub fn feed(&mut self, bytes: &[u8]) {
+        for &b in bytes {
+            if self.in_string {
+                match (self.escaped, b) {
+                    (true, _) => self.escaped = false,
+                    (false, b'\\') => self.escaped = true,
+                    (false, b'"') => {
+                        self.in_string = false;
+                        if self.reading_key {
+                            self.reading_key = false;
+                            self.field = None;
+                        }
+                    }
+                    _ => {}
+                }
+                if self.in_string && self.reading_key && self.key.len() < Self::KEY_CAP {
+                    self.key.push(b);
+                }
+                continue;
+            }
+            match b {
+                b'"' => {
+                    self.in_string = true;
+                    // A string at depth 1 with no field open is a key.
+                    if self.depth == 1 && self.object && self.field.is_none() {
+                        self.reading_key = true;
+                        self.key.clear();
+                    }
+                }
+                b':' if self.depth == 1 && self.object => self.field = Some(std::mem::take(&mut self.key)),
+                b',' if self.depth == 1 => self.field = None,
+                b'{' | b'[' => {
+                    if self.depth == 0 {
+                        self.object = b == b'{';
+                    }
+                    self.depth += 1;
+                }
+                b'}' | b']' => self.depth = self.depth.saturating_sub(1),
+                _ => {}
+            }
+        }
+    }
+
+    /// The field being read where the bytes ended, if any.
+    pub fn field(&self) -> Option<&str> {
+        self.field.as_deref().and_then(|f| std::str::from_utf8(f).ok())
+    }
+
+    /// The error for a body over the limit that ends here: instructions
+    /// over their cap are a 400 naming them (OpenAI's status for a field too
+    /// long), anything else the 413 for the body.
+    pub fn error(&self) -> ApiError {
+        match self.field() {
+            Some("instructions") => ApiError::new(
+                400,
+                format!("instructions hold more than {MAX_INSTRUCTIONS_CHARS} characters; this server takes at most {MAX_INSTRUCTIONS_CHARS}"),
+                Some("instructions"),
+                None,
+            ),
+            _ => ApiError::body_too_large(),
+        }
+    }
+}
+
 /// Parses and validates a speech request's body.
 pub fn parse_speech(body: &[u8], max_input_chars: usize) -> Result<SpeechRequest, ApiError> {
     // The server's body reader stops at the same limit; this holds the
     // function to it for any other caller (the fuzz target).
-    if body.len() > body_limit(max_input_chars) {
-        return Err(ApiError::body_too_large());
+    let limit = body_limit(max_input_chars);
+    if body.len() > limit {
+        let mut scanner = OverflowScanner::default();
+        scanner.feed(&body[..limit]);
+        return Err(scanner.error());
     }
     let raw: RawRequest =
         serde_json::from_slice(body).map_err(|e| ApiError::new(400, format!("the request body is not valid JSON for this endpoint: {e}"), None, None))?;
@@ -426,6 +517,29 @@ mod tests {
             (e.status, e.param.as_deref(), e.message.as_str()),
             (400, Some("instructions"), "instructions hold 4097 characters; this server takes at most 4096")
         );
+    }
+
+    #[test]
+    fn a_body_over_the_limit_is_blamed_on_the_field_it_ends_in() {
+        let field = |prefix: &str| {
+            let mut scanner = OverflowScanner::default();
+            // Fed in pieces, as the body arrives.
+            for piece in prefix.as_bytes().chunks(3) {
+                scanner.feed(piece);
+            }
+            scanner.field().map(str::to_string)
+        };
+        assert_eq!(field(r#"{"model": "m", "instructions": "speak \"softly\", {or: not"#).as_deref(), Some("instructions"));
+        assert_eq!(field(r#"{"instructions": "x", "input": "aaaa"#).as_deref(), Some("input"));
+        assert_eq!(field(r#"{"voice": {"id": "a", "instructions": "x"#).as_deref(), Some("voice"));
+        assert_eq!(field(r#"{"input": "a", "#).as_deref(), None);
+        assert_eq!(field(r#"{"input": "a", "instr"#).as_deref(), None);
+        assert_eq!(field(r#"[1, 2, "instructions": "x"#).as_deref(), None);
+        let long = format!(r#"{{"model": "m", "voice": "a", "input": "a", "instructions": "{}"}}"#, "x".repeat(body_limit(10)));
+        let e = parse_speech(long.as_bytes(), 10).unwrap_err();
+        assert_eq!((e.status, e.param.as_deref()), (400, Some("instructions")), "{e:?}");
+        let long = format!(r#"{{"model": "m", "voice": "a", "input": "{}"}}"#, "a".repeat(body_limit(10)));
+        assert_eq!(parse_speech(long.as_bytes(), 10).unwrap_err(), ApiError::body_too_large());
     }
 
     #[test]

@@ -275,27 +275,52 @@ async fn speech(State(state): State<Arc<AppState>>, headers: HeaderMap, body: Bo
 }
 
 /// The body, read only after the key and the server's state are checked,
-/// within the body timeout and the size limit.
+/// within the body timeout and the size limit. A body over the limit (by its
+/// `Content-Length` or as it arrives) is read no further than the limit, the
+/// first `limit` bytes only scanned for the field they end in: instructions
+/// over their cap get their own 400, anything else 413.
 async fn read_body(state: &AppState, headers: &HeaderMap, body: Body) -> Result<Bytes, ApiError> {
+    use http_body_util::BodyExt;
     let limit = tts_serve_api::body_limit(state.max_input_chars);
-    let too_large = ApiError::body_too_large;
     let declared = headers.get(header::CONTENT_LENGTH).and_then(|v| v.to_str().ok()).and_then(|v| v.parse::<u64>().ok());
-    if declared.is_some_and(|n| n > limit as u64) {
-        return Err(too_large());
-    }
-    match tokio::time::timeout(state.body_timeout, axum::body::to_bytes(body, limit)).await {
-        Ok(Ok(bytes)) => Ok(bytes),
-        Ok(Err(e)) => {
-            let inner = e.into_inner();
-            let mut cause: Option<&(dyn std::error::Error + 'static)> = Some(inner.as_ref());
-            while let Some(c) = cause {
-                if c.is::<http_body_util::LengthLimitError>() {
-                    return Err(too_large());
-                }
-                cause = c.source();
+    let read = async move {
+        let mut body = body;
+        let mut bytes = Vec::with_capacity(declared.map_or(0, |n| n.min(limit as u64) as usize));
+        let mut scanner: Option<tts_serve_api::OverflowScanner> = None;
+        let mut seen = 0usize;
+        while let Some(frame) = body.frame().await {
+            let frame = frame.map_err(|e| error(400, format!("reading the request body: {e}"), None, None))?;
+            let Ok(data) = frame.into_data() else { continue };
+            // Past the limit (or declared so): scanned up to it, not kept.
+            let over = declared.is_some_and(|n| n > limit as u64) || seen + data.len() > limit;
+            if over && scanner.is_none() {
+                let mut s = tts_serve_api::OverflowScanner::default();
+                s.feed(&bytes);
+                bytes = Vec::new();
+                scanner = Some(s);
             }
-            Err(error(400, format!("reading the request body: {inner}"), None, None))
+            match scanner.as_mut() {
+                Some(s) => {
+                    let take = limit.saturating_sub(seen).min(data.len());
+                    s.feed(&data[..take]);
+                    seen += take;
+                    if seen >= limit {
+                        break;
+                    }
+                }
+                None => {
+                    bytes.extend_from_slice(&data);
+                    seen += data.len();
+                }
+            }
         }
+        match scanner {
+            Some(s) => Err(s.error()),
+            None => Ok(Bytes::from(bytes)),
+        }
+    };
+    match tokio::time::timeout(state.body_timeout, read).await {
+        Ok(result) => result,
         Err(_) => Err(error(408, format!("the request body did not arrive within {} s", state.body_timeout.as_secs_f64()), None, Some("body_timeout"))),
     }
 }
