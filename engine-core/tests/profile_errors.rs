@@ -122,3 +122,15 @@ temperature = 0.8
         "p.toml:2:15: unknown key `temperature` in [synthesis]: the supertonic model takes threads, cache_dir (is this profile written for another model family?)"
     );
 }
+
+#[test]
+fn server_voices_keep_their_order_and_lines() {
+    let p = parse("[model]\nfiles = []\n\n[server.voices]\nnova = \"M1\"\nalloy = \"F2\"\n").unwrap();
+    assert_eq!(p.server_voices(), [("nova".to_string(), "M1".to_string()), ("alloy".to_string(), "F2".to_string())]);
+    assert_eq!(p.server_voice_error("alloy", "bad".into()).to_string(), "p.toml:6:9: bad");
+    assert!(parse("").unwrap().server_voices().is_empty());
+    let e = parse("[server]\nvoice = \"F1\"\n").unwrap_err();
+    assert!(e.starts_with("p.toml:2:1: unknown field `voice`"), "{e}");
+    let e = parse("[server.voices]\nalloy = 3\n").unwrap_err();
+    assert!(e.starts_with("p.toml:2:9:") && e.contains("alloy"), "{e}");
+}
