@@ -1132,3 +1132,42 @@ fn cors_flags_are_checked_in_one_line() {
         common::assert_one_line_error(&out, want);
     }
 }
+
+/// Chatterbox: OpenAI's names speak with its one built-in voice, and its list
+/// holds only voices saved by its own variant (not a Nano voice, not a
+/// Supertonic style, which is 400 with the list when asked for).
+#[test]
+fn chatterbox_lists_only_voices_of_its_variant() {
+    let turbo: Vec<String> = common::chatterbox_fixture().iter().map(|p| format!("\"{}\"", p.display())).collect();
+    let turbo = format!("[model]\nfiles = [{}]\n[synthesis]\nmax_new_tokens = 12\n", turbo.join(", "));
+    let server = Server::start_with(&[("turbo", turbo)], &[]);
+    // Files added while the server runs count.
+    let mut nano = ggml_sys::gguf::GgufWriter::new();
+    nano.set_str("general.architecture", "chatterbox-voice").set_str("chatterbox-voice.variant", "nano");
+    nano.write_metadata(&server._dir.path().join("voices/nano.voice")).unwrap();
+
+    let (status, body) = server.get("/v1/audio/voices?model=turbo", true);
+    let v: Value = serde_json::from_slice(&body).unwrap();
+    assert_eq!(status, 200, "{v}");
+    let mut want = vec!["default"];
+    want.extend(tts_serve_api::OPENAI_VOICES);
+    want.push("theirs");
+    assert_eq!(v["voices"], json!(want));
+    assert!(v["openai_voices"].as_object().unwrap().values().all(|voice| voice == "default"), "{v}");
+
+    let speak = |voice: &str| server.speech(json!({"model": "turbo", "voice": voice, "input": "Hi.", "response_format": "wav"}));
+    let (status, _, default) = speak("default");
+    assert_eq!(status, 200);
+    let (status, _, alloy) = speak("alloy");
+    assert_eq!(status, 200);
+    assert!(alloy == default, "alloy speaks with the built-in voice ({} and {} bytes)", alloy.len(), default.len());
+    for voice in ["mine", "nano"] {
+        let (status, _, body) = speak(voice);
+        let (status, e) = error_of(status, &body);
+        assert_eq!((status, e["code"].as_str()), (400, Some("voice_not_found")), "{voice}: {e}");
+        assert!(
+            e["message"].as_str().unwrap().ends_with("alloy, ash, ballad, coral, echo, fable, nova, onyx, sage, shimmer, verse, marin, cedar, theirs"),
+            "{e}"
+        );
+    }
+}
