@@ -42,6 +42,8 @@ const APT_PACKAGES: &[&str] = &[
     "libsoxr-dev",
     // engine-core's MP3 encoder links LAME (LGPL) as the shared library.
     "libmp3lame-dev",
+    // The encoder tests' independent decoder of Opus and AAC.
+    "ffmpeg",
     "curl",
     // cli/tests/web_page.rs: the server's page in headless Chromium.
     "chromium",
