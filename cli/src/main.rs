@@ -10,6 +10,7 @@ mod pull;
 mod serve;
 mod soak;
 mod synth;
+mod voice_files;
 mod voice_show;
 mod voices;
 
@@ -228,7 +229,8 @@ enum Command {
     Voices {
         #[command(flatten)]
         common: Common,
-        /// Also list the voice files (*.voice) saved here.
+        /// Also list the voice files here the model can use (Chatterbox:
+        /// NAME.voice saved by the same variant; Supertonic: NAME.json styles).
         #[arg(long, value_name = "DIR")]
         dir: Option<PathBuf>,
         /// Print JSON instead of lines.

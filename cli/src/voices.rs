@@ -13,30 +13,30 @@ pub struct VoicesReport {
     /// Language codes, the default first (empty: no language option).
     pub languages: Vec<String>,
     pub clones_voices: bool,
-    /// Voice files found in `--dir`, sorted.
+    /// The voice files of `--dir` this model can use (Supertonic: `NAME.json`
+    /// voice styles; Chatterbox: `NAME.voice` saved by the same variant), sorted.
     #[serde(skip_serializing_if = "Option::is_none")]
     pub saved: Option<Vec<String>>,
 }
 
 pub fn report(session: &ModelSession, dir: Option<&Path>) -> Result<VoicesReport, String> {
     let catalog = session.catalog();
+    let (family, variant) = (session.info.family.to_string(), session.info.variant.to_string());
     let saved = match dir {
         None => None,
-        Some(d) => {
-            let entries = std::fs::read_dir(d).map_err(|e| format!("--dir {}: {e}", d.display()))?;
-            let mut names: Vec<String> = entries
-                .filter_map(|e| e.ok())
-                .filter(|e| e.file_type().is_ok_and(|t| t.is_file()))
-                .map(|e| e.file_name().to_string_lossy().into_owned())
-                .filter(|n| n.ends_with(".voice"))
-                .collect();
-            names.sort();
-            Some(names)
-        }
+        Some(d) if !d.is_dir() => return Err(format!("--dir {}: not a directory", d.display())),
+        // Only the files this model can read: voice styles for Supertonic,
+        // voices saved by the same Chatterbox variant.
+        Some(d) => Some(
+            crate::voice_files::usable(d, &family, &variant)
+                .into_iter()
+                .map(|(_, path)| path.file_name().map(|n| n.to_string_lossy().into_owned()).unwrap_or_default())
+                .collect(),
+        ),
     };
     Ok(VoicesReport {
-        family: session.info.family.to_string(),
-        variant: session.info.variant.to_string(),
+        family,
+        variant,
         voices: catalog.voices.iter().map(|v| v.to_string()).collect(),
         languages: catalog.languages.iter().map(|l| l.to_string()).collect(),
         clones_voices: catalog.clones_voices,
@@ -63,8 +63,8 @@ pub fn render(r: &VoicesReport) -> String {
     };
     if let Some(saved) = &r.saved {
         s += &match saved.is_empty() {
-            true => "  saved voices: none\n".to_string(),
-            false => format!("  saved voices: {}\n", saved.join(", ")),
+            true => "  voice files it can use: none\n".to_string(),
+            false => format!("  voice files it can use: {}\n", saved.join(", ")),
         };
     }
     s

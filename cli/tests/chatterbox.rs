@@ -185,3 +185,28 @@ fn bad_inputs_are_one_line_errors_and_leave_no_file() {
     let p = profile_for(dir.path(), "cpu", &[cut, fixture().join("s3gen-meanflow.gguf")]);
     check(&p, "Hello.", &[], "cut.gguf");
 }
+
+/// `tts voices --dir` offers a Turbo model only the voices saved by Turbo:
+/// a Multilingual voice, a Supertonic voice style and other files are left
+/// out (the voice files here are their GGUF headers, which is what is read).
+#[test]
+fn voices_lists_only_the_voice_files_of_its_own_variant() {
+    let plugins = setup(&["cpu"]);
+    let dir = tempfile::tempdir().unwrap();
+    let profile = profile_for(dir.path(), "cpu", &model_files());
+    let saved = dir.path().join("voices");
+    std::fs::create_dir(&saved).unwrap();
+    for (name, variant) in [("mine", "turbo"), ("french", "mtl")] {
+        let mut w = ggml_sys::gguf::GgufWriter::new();
+        w.set_str("general.architecture", "chatterbox-voice").set_str("chatterbox-voice.variant", variant);
+        w.write_metadata(&saved.join(format!("{name}.voice"))).unwrap();
+    }
+    std::fs::write(saved.join("style.json"), b"{}").unwrap();
+    std::fs::write(saved.join("broken.voice"), b"not a GGUF").unwrap();
+    let args = ["voices", "--json", "--profile", profile.to_str().unwrap(), "--plugin-dir", plugins.path().to_str().unwrap(), "--dir", saved.to_str().unwrap()];
+    let o = run(&args);
+    assert!(o.status.success(), "{}", stderr(&o));
+    let json: serde_json::Value = serde_json::from_slice(&o.stdout).unwrap();
+    assert_eq!((json["family"].as_str(), json["variant"].as_str()), (Some("chatterbox"), Some("turbo")));
+    assert_eq!(json["saved"], serde_json::json!(["mine.voice"]));
+}

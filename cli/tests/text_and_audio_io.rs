@@ -234,15 +234,17 @@ fn voices_lists_built_in_voices_languages_and_saved_files() {
     let s = Setup::new();
     let saved = s.path("saved");
     std::fs::create_dir(&saved).unwrap();
-    std::fs::write(saved.join("alice.voice"), b"not checked here").unwrap();
+    // A Chatterbox voice is not Supertonic's to use; a voice style is.
+    std::fs::write(saved.join("alice.voice"), b"a Chatterbox voice file").unwrap();
     std::fs::write(saved.join("notes.txt"), b"").unwrap();
+    std::fs::write(saved.join("bright.json"), b"{}").unwrap();
     let json: serde_json::Value = serde_json::from_slice(&ok_stdout(&s.run_sub("voices", &["--json", "--dir", saved.to_str().unwrap()]))).unwrap();
     assert_eq!(json["family"], "supertonic");
     assert_eq!(json["voices"], serde_json::json!(["F1", "M1"]), "the fixture's embedded voice styles, default first");
     assert_eq!(json["languages"][0], "en", "v2's default language first");
     assert!(json["languages"].as_array().unwrap().len() > 1);
     assert_eq!(json["clones_voices"], false);
-    assert_eq!(json["saved"], serde_json::json!(["alice.voice"]));
+    assert_eq!(json["saved"], serde_json::json!(["bright.json"]), "only what Supertonic can read");
     let text = String::from_utf8(ok_stdout(&s.run_sub("voices", &[]))).unwrap();
     assert!(text.contains("voices: F1 (default), M1") && text.contains("languages: en (default)"), "{text}");
     // Every listed voice synthesizes.

@@ -199,40 +199,14 @@ fn find<'a>(models: &'a IndexMap<String, Served>, name: &str) -> Result<(&'a str
     Err(error(404, format!("the model `{name}` does not exist; served: {}", known.join(", ")), Some("model"), Some("model_not_found")))
 }
 
-/// Voice files in the configured directory that `served` can read, by NAME:
-/// Supertonic takes voice styles (`NAME.json`), Chatterbox the voices saved
-/// by a model of its own variant (`NAME.voice`, whose GGUF header names the
-/// variant). Each request looks again, so files added while serving count.
+/// Voice files in the configured directory that `served` can read, by NAME
+/// (`crate::voice_files`). Each request looks again, so files added while
+/// serving count.
 fn voice_files(state: &AppState, served: &Served) -> IndexMap<String, PathBuf> {
-    let mut files = IndexMap::new();
-    let Some(dir) = &state.voices_dir else { return files };
-    let Ok(entries) = std::fs::read_dir(dir) else { return files };
-    let wanted = match served.family.as_str() {
-        "supertonic" => "json",
-        "chatterbox" => "voice",
-        _ => return files,
-    };
-    let mut found: Vec<(String, PathBuf)> = entries
-        .filter_map(|e| e.ok())
-        .filter(|e| e.file_type().is_ok_and(|t| t.is_file()))
-        .filter_map(|e| {
-            let path = e.path();
-            let ext = path.extension()?.to_str()?;
-            let stem = path.file_stem()?.to_str()?.to_string();
-            (ext == wanted).then_some((stem, path))
-        })
-        .filter(|(_, path)| wanted != "voice" || chatterbox_voice_variant(path).is_some_and(|v| v == served.variant))
-        .collect();
-    found.sort();
-    files.extend(found);
-    files
-}
-
-/// The variant a Chatterbox voice file was saved with, from its GGUF header
-/// alone (no tensor data is read); None for anything else.
-fn chatterbox_voice_variant(path: &std::path::Path) -> Option<String> {
-    let file = ggml_sys::gguf::GgufFile::open(path).ok()?;
-    (file.get_str("general.architecture").ok()? == "chatterbox-voice").then(|| file.get_str("chatterbox-voice.variant").ok()).flatten()
+    match &state.voices_dir {
+        Some(dir) => crate::voice_files::usable(dir, &served.family, &served.variant).into_iter().collect(),
+        None => IndexMap::new(),
+    }
 }
 
 /// Every voice name a request may give this model: `default`, its built-in
