@@ -792,7 +792,7 @@ fn sigterm_closes_half_open_connections_after_the_grace_period() {
 #[test]
 fn every_format_cancels_when_its_client_leaves() {
     let server = Server::start(&[]);
-    for (i, format) in ["flac", "mp3", "wav", "pcm"].into_iter().enumerate() {
+    for (i, format) in ["flac", "mp3", "opus", "aac", "wav", "pcm"].into_iter().enumerate() {
         let mut stream = server.unread_request_as("supertonic", format);
         let mut first = [0u8; 256];
         let n = stream.read(&mut first).unwrap();
