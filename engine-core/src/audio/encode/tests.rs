@@ -212,3 +212,25 @@ fn aac_in_adts_decodes_with_ffmpeg() {
         assert!((crossings_hz(middle, coded) - 440.0).abs() < 5.0, "{rate} Hz: {}", crossings_hz(middle, coded));
     }
 }
+
+/// Every format takes every rate the engine writes (resampling where its
+/// codec needs), and a stream without audio is still a whole one; FLAC
+/// (flacenc) stops at 96 kHz, and says so.
+#[test]
+fn every_format_takes_every_rate_the_engine_writes() {
+    for rate in [1000u32, 8000, 11_025, 16_000, 22_050, 24_000, 44_100, 48_000, 96_000, 192_000, 384_000] {
+        let samples = tone(rate, rate as usize / 5);
+        for f in AudioFormat::ALL {
+            if f == AudioFormat::Flac && rate > 96_000 {
+                let e = StreamEncoder::new(f, rate).err().unwrap();
+                assert!(e.starts_with("encoding FLAC: ") && e.contains("96000"), "{e}");
+                continue;
+            }
+            let (bytes, _) = stream(f, &samples, rate, 999);
+            assert!(!bytes.is_empty(), "{f:?} at {rate} Hz");
+            let (empty, _) = stream(f, &[], rate, 1);
+            let headerless = matches!(f, AudioFormat::Pcm | AudioFormat::F32);
+            assert_eq!(empty.is_empty(), headerless, "{f:?} at {rate} Hz without audio");
+        }
+    }
+}
