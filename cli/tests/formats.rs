@@ -176,16 +176,19 @@ fn the_server_answers_opus_and_aac() {
         let mut r = agent.post(format!("{base}/v1/audio/speech")).header("Authorization", "Bearer k").send_json(body).unwrap();
         let status = r.status().as_u16();
         let content_type = r.headers().get("content-type").map(|v| v.to_str().unwrap().to_string()).unwrap_or_default();
+        let sample_rate = r.headers().get("x-sample-rate").map(|v| v.to_str().unwrap().to_string()).unwrap_or_default();
         let bytes = r.body_mut().with_config().limit(64 << 20).read_to_vec().unwrap();
         assert_eq!(status, 200, "{format}: {}", String::from_utf8_lossy(&bytes));
-        (content_type, bytes)
+        (content_type, sample_rate, bytes)
     };
-    let (_, wav) = speech("wav");
+    let (_, _, wav) = speech("wav");
     let rate = u32::from_le_bytes(wav[24..28].try_into().unwrap());
     let n = (wav.len() - 44) / 2;
     for (format, content_type) in [("opus", "audio/ogg"), ("aac", "audio/aac")] {
-        let (got_type, bytes) = speech(format);
+        let (got_type, sample_rate, bytes) = speech(format);
         assert_eq!(got_type, content_type, "{format}");
+        // X-Sample-Rate is the rate the response is in: Opus's is always 48 kHz.
+        assert_eq!(sample_rate, if format == "opus" { "48000".to_string() } else { rate.to_string() }, "{format}: x-sample-rate");
         let path = dir.path().join(format!("response.{format}"));
         std::fs::write(&path, &bytes).unwrap();
         check_lossy(&path, format, n, rate);

@@ -47,6 +47,10 @@ const APT_PACKAGES: &[&str] = &[
     "curl",
     // cli/tests/web_page.rs: the server's page in headless Chromium.
     "chromium",
+    // cli/tests/openai_conformance.rs: the official Node client (npm comes
+    // with the nodejs package of NodeSource's repository, where that is the
+    // source; Debian's own `npm` package conflicts with it).
+    "nodejs",
 ];
 
 fn main() {
@@ -143,6 +147,7 @@ fn test(extra: &[String]) -> Result<(), String> {
     build_abi_5_2_fixture()?;
     build_abi_5_3_fixture()?;
     openai_client()?;
+    openai_node()?;
     converter_python()?;
     check_bundle()?;
     run_tests(extra)
@@ -172,6 +177,31 @@ fn openai_client() -> Result<(), String> {
         }
     }
     std::env::set_var("TTS_OPENAI_PYTHON", &python);
+    Ok(())
+}
+
+/// The official `openai` Node package, pinned, in `target/openai-node`:
+/// `cli/tests/openai_conformance.rs` drives `tts serve` with it beside the
+/// Python one. It runs on Node 20 (its manifest asks for 22, which it does
+/// not need for the speech API).
+const OPENAI_NODE_PACKAGE: &str = "openai@7.57.0";
+
+fn openai_node() -> Result<(), String> {
+    let prefix = root().join("target/openai-node");
+    let manifest = prefix.join("node_modules/openai/package.json");
+    let version = OPENAI_NODE_PACKAGE.split_once('@').map(|(_, v)| v).unwrap_or_default();
+    let ready = || std::fs::read_to_string(&manifest).is_ok_and(|m| m.contains(&format!("\"version\": \"{version}\"")));
+    if !ready() {
+        let installed = run(Command::new("npm").args(["install", "--silent", "--no-audit", "--no-fund", "--prefix"]).arg(&prefix).arg(OPENAI_NODE_PACKAGE));
+        if let Err(e) = installed {
+            if std::env::var_os("TTS_REQUIRE_OPENAI").is_some() {
+                return Err(format!("installing {OPENAI_NODE_PACKAGE} for the server test: {e}"));
+            }
+            eprintln!("xtask: {OPENAI_NODE_PACKAGE} could not be installed ({e}); the Node client test will report itself skipped");
+            return Ok(());
+        }
+    }
+    std::env::set_var("TTS_OPENAI_NODE_MODULES", prefix.join("node_modules"));
     Ok(())
 }
 

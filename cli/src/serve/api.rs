@@ -455,7 +455,7 @@ async fn start(
             headers.insert(header::CONTENT_TYPE, HeaderValue::from_static("text/event-stream"))
         }
     };
-    let rate = if format == ResponseFormat::Pcm { super::encode::PCM_RATE } else { served.sample_rate };
+    let rate = super::encode::response_rate(format, served.sample_rate);
     headers.insert("x-sample-rate", HeaderValue::from(rate));
     if reply.instructions_ignored {
         // The family name is the plugin's own (ASCII); a value that is not a

@@ -26,9 +26,7 @@ pub fn audio_format(format: ResponseFormat) -> AudioFormat {
 }
 
 /// The sampling rate a response of `format` carries for a model at `rate`
-/// (what `x-sample-rate` should say: Opus is 48 kHz whatever the model's rate).
-// The response's headers are written in api.rs, which takes this up next.
-#[allow(dead_code)]
+/// (what `x-sample-rate` says: Opus is 48 kHz whatever the model's rate).
 pub fn response_rate(format: ResponseFormat, rate: u32) -> u32 {
     match format {
         ResponseFormat::Pcm => PCM_RATE,
