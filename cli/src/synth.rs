@@ -115,14 +115,15 @@ fn read_limited(reader: impl Read, what: &str) -> Result<String, String> {
     String::from_utf8(bytes).map_err(|e| format!("{what} is not UTF-8 text (invalid byte at offset {})", e.utf8_error().valid_up_to()))
 }
 
-/// A spinner on stderr with the elapsed time and the audio produced so far,
-/// only when stderr is a terminal (and not `-q`): logs and pipes stay clean.
-pub struct Progress(Option<indicatif::ProgressBar>);
+/// A spinner on stderr with the elapsed time, the pieces of audio the model
+/// has delivered (Supertonic: one per text chunk) and their length, only
+/// when stderr is a terminal (and not `-q`): logs and pipes stay clean.
+pub struct Progress(Option<indicatif::ProgressBar>, std::cell::Cell<u64>);
 
 impl Progress {
     pub fn new(quiet: bool) -> Progress {
         if quiet || !std::io::stderr().is_terminal() {
-            return Progress(None);
+            return Progress(None, Default::default());
         }
         let bar = indicatif::ProgressBar::new_spinner();
         if let Ok(style) = indicatif::ProgressStyle::with_template("{spinner} {elapsed} {msg}") {
@@ -130,14 +131,21 @@ impl Progress {
         }
         bar.set_message("synthesizing");
         bar.enable_steady_tick(std::time::Duration::from_millis(120));
-        Progress(Some(bar))
+        Progress(Some(bar), Default::default())
     }
 
+    /// One more piece has come; `seconds` of audio so far.
     fn audio(&self, seconds: f64) {
+        self.1.set(self.1.get() + 1);
         if let Some(bar) = &self.0 {
-            bar.set_message(format!("{seconds:.1} s of audio"));
+            bar.set_message(progress_message(self.1.get(), seconds));
         }
     }
+}
+
+fn progress_message(pieces: u64, seconds: f64) -> String {
+    let s = if pieces == 1 { "" } else { "s" };
+    format!("{pieces} piece{s}, {seconds:.1} s of audio")
 }
 
 impl Drop for Progress {
@@ -307,4 +315,13 @@ fn stream_into(
         }
     }
     Ok(written)
+}
+
+#[cfg(test)]
+mod progress_tests {
+    #[test]
+    fn the_spinner_counts_pieces_and_seconds() {
+        assert_eq!(super::progress_message(1, 0.42), "1 piece, 0.4 s of audio");
+        assert_eq!(super::progress_message(3, 4.25), "3 pieces, 4.2 s of audio");
+    }
 }
