@@ -329,6 +329,10 @@ fn bad_requests_get_their_status_and_openai_error_json() {
         ("input over the limit", with("input", json!("a".repeat(50_001))), Some(KEY), 413, Some("input")),
         ("malformed JSON", b"{\"model\": \"supertonic\", \"input\": ".to_vec(), Some(KEY), 400, None),
         ("speed 10", with("speed", json!(10)), Some(KEY), 400, Some("speed")),
+        // OpenAI's range is 0.25..=4.0; NaN is not JSON, so the body is malformed.
+        ("speed 0.2", with("speed", json!(0.2)), Some(KEY), 400, Some("speed")),
+        ("speed 4.1", with("speed", json!(4.1)), Some(KEY), 400, Some("speed")),
+        ("speed NaN", br#"{"model": "supertonic", "voice": "default", "input": "Hi.", "speed": NaN}"#.to_vec(), Some(KEY), 400, None),
         (
             "speed at a model with no speed control",
             json!({"model": "broken", "voice": "default", "input": "Hi.", "speed": 2.0}).to_string().into_bytes(),
