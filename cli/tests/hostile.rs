@@ -617,7 +617,8 @@ fn out_dev_stdout_writes_into_the_redirected_file() {
 
 /// An output that is one of the inputs (the model, the text file, the
 /// reference of `voice save`, through a link too) is refused before anything
-/// is written, with one line; the input is untouched.
+/// is written, with one line; the input is untouched. (`--format wav` names
+/// the format: the inputs' extensions are no audio format's.)
 #[test]
 fn output_that_is_an_input_is_refused() {
     let (plugins, gguf) = tone_setup(&["cpu"]);
@@ -627,13 +628,15 @@ fn output_that_is_an_input_is_refused() {
     let link = dir.path().join("model-link.gguf");
     symlink(&gguf, &link).unwrap();
     for out in [&gguf, &link] {
-        let o = run(&args(&profile, plugins.path(), "hi", out));
+        let mut a = args(&profile, plugins.path(), "hi", out);
+        a.extend(["--format", "wav"]);
+        let o = run(&a);
         assert_one_line_error(&o, &format!("is the model file {}; writing it would destroy that input", gguf.display()));
         assert_eq!(std::fs::read(&gguf).unwrap(), model, "the model is untouched");
     }
     let mut a = args(&profile, plugins.path(), "hi", &gguf);
     let model_arg = gguf.to_str().unwrap();
-    a.extend(["--model", model_arg]);
+    a.extend(["--model", model_arg, "--format", "wav"]);
     assert_one_line_error(&run(&a), "is the model file");
     let text = dir.path().join("t.txt");
     std::fs::write(&text, "hello").unwrap();
@@ -646,6 +649,8 @@ fn output_that_is_an_input_is_refused() {
         text.to_str().unwrap(),
         "--out",
         text.to_str().unwrap(),
+        "--format",
+        "wav",
     ]);
     assert_one_line_error(&o, "is the text file");
     assert_eq!(std::fs::read_to_string(&text).unwrap(), "hello");
@@ -678,7 +683,7 @@ fn a_built_in_voice_name_is_not_an_input_file() {
     std::fs::write(&style, b"{}").unwrap();
     let set = format!("voice={}", style.display());
     let mut a = args(&profile, plugins.path(), "Hello.", &style);
-    a.extend(["--set", &set]);
+    a.extend(["--set", &set, "--format", "wav"]);
     assert_one_line_error(&run(&a), &format!("is the voice file {}", style.display()));
     assert_eq!(std::fs::read(&style).unwrap(), b"{}");
 }
