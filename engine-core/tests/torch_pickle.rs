@@ -89,7 +89,7 @@ fn conds_pt_as_conditionals_save_writes_it() {
 }
 
 /// A copy of the malicious fixture `name` whose command touches a file in
-/// `dir` (same length as the placeholder, so the pickle stays valid); returns
+/// `dir` (same length as the command it carries, so the pickle stays valid); returns
 /// the copy and the file the command would create.
 fn armed(name: &str, dir: &Path) -> (PathBuf, PathBuf) {
     let marker = dir.join("ran");
@@ -116,7 +116,7 @@ fn armed(name: &str, dir: &Path) -> (PathBuf, PathBuf) {
         dst.write_all(&bytes).unwrap();
     }
     dst.finish().unwrap();
-    assert!(replaced, "{name} has no placeholder command");
+    assert!(replaced, "{name} carries no command to replace");
     (out, marker)
 }
 

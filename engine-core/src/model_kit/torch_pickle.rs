@@ -29,7 +29,7 @@
 //! `serde-pickle` is well kept but resolves only a fixed set of builtins and
 //! has no persistent ids, so torch's storages cannot be read through it;
 //! `repugnant-pickle` (0.0.1, "best-effort scraping") evaluates any global to
-//! a placeholder instead of refusing it and is not maintained. The zip
+//! a stand-in value instead of refusing it and is not maintained. The zip
 //! container is read with the `zip` crate, stored entries only (torch.save
 //! never compresses), and half floats convert with `half`.
 

@@ -401,7 +401,7 @@ fn truncated_files_are_refused() {
     }
 }
 
-/// tests/fixtures/pt/os_system.pt with its placeholder command replaced by a
+/// tests/fixtures/pt/os_system.pt with the command it carries replaced by a
 /// `touch` of a file in `dir` (same length, so the pickle stays valid).
 fn armed_os_system(dir: &Path) -> (Vec<u8>, PathBuf) {
     use std::io::{Read, Write};
@@ -424,7 +424,7 @@ fn armed_os_system(dir: &Path) -> (Vec<u8>, PathBuf) {
         dst.start_file(name, zip::write::SimpleFileOptions::default().compression_method(zip::CompressionMethod::Stored)).unwrap();
         dst.write_all(&bytes).unwrap();
     }
-    assert!(replaced, "os_system.pt has no placeholder command");
+    assert!(replaced, "os_system.pt carries no command to replace");
     (dst.finish().unwrap().into_inner(), marker)
 }
 
