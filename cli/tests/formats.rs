@@ -6,11 +6,10 @@
 
 mod common;
 
-use common::{assert_one_line_error, plugins_with, profile_on, run, supertonic_fixture, tts};
-use std::io::{BufRead, BufReader};
+use common::{assert_one_line_error, plugins_with, profile_on, run, start_serve, supertonic_fixture};
 use std::path::Path;
-use std::process::{Command, Stdio};
-use std::time::{Duration, Instant};
+use std::process::Command;
+use std::time::Duration;
 
 const TEXT: &str = "Every format, one encoder.";
 
@@ -153,24 +152,9 @@ fn the_server_answers_opus_and_aac() {
     let profile = profile_on(dir.path(), "cpu", &[supertonic_fixture()]);
     let named = dir.path().join("supertonic.toml");
     std::fs::rename(&profile, &named).unwrap();
-    let mut child = Command::new(tts())
-        .args(["serve", "--port", "0", "--api-key", "k", "--profile", named.to_str().unwrap(), "--plugin-dir", plugins.path().to_str().unwrap()])
-        .env_remove("TTS_LOG")
-        .env_remove("TTS_API_KEY")
-        .stdout(Stdio::null())
-        .stderr(Stdio::piped())
-        .spawn()
-        .unwrap();
-    let mut lines = BufReader::new(child.stderr.take().unwrap()).lines();
-    let first = lines.next().expect("tts serve printed nothing").unwrap();
-    let base = first.strip_prefix("listening on ").and_then(|r| r.split_whitespace().next()).unwrap_or_else(|| panic!("first line: {first}")).to_string();
-    std::thread::spawn(move || lines.for_each(drop));
+    let serving = start_serve(&["--api-key", "k", "--profile", named.to_str().unwrap(), "--plugin-dir", plugins.path().to_str().unwrap()]);
+    let base = serving.base.clone();
     let agent: ureq::Agent = ureq::Agent::config_builder().http_status_as_error(false).timeout_global(Some(Duration::from_secs(120))).build().into();
-    let started = Instant::now();
-    while agent.get(format!("{base}/health")).call().map(|r| r.status().as_u16()).unwrap_or(0) != 200 {
-        assert!(started.elapsed() < Duration::from_secs(120), "the model did not load (hang guard)");
-        std::thread::sleep(Duration::from_millis(50));
-    }
     let speech = |format: &str| {
         let body = serde_json::json!({"model": "supertonic", "input": TEXT, "voice": "default", "response_format": format});
         let mut r = agent.post(format!("{base}/v1/audio/speech")).header("Authorization", "Bearer k").send_json(body).unwrap();
@@ -193,6 +177,4 @@ fn the_server_answers_opus_and_aac() {
         std::fs::write(&path, &bytes).unwrap();
         check_lossy(&path, format, n, rate);
     }
-    let _ = child.kill();
-    let _ = child.wait();
 }

@@ -10,26 +10,18 @@
 
 mod common;
 
-use common::{plugins_with, supertonic_fixture, tts, wait_or_kill};
-use std::io::{BufRead, BufReader};
+use common::{plugins_with, start_serve, supertonic_fixture, wait_or_kill, Serving};
 use std::path::{Path, PathBuf};
-use std::process::{Child, Command, Stdio};
-use std::time::{Duration, Instant};
+use std::process::{Command, Stdio};
+use std::time::Duration;
 
 const KEY: &str = "conformance-key";
 
+/// The server and what it reads, kept as long as it runs.
 struct Server {
-    child: Child,
-    base: String,
+    serving: Serving,
     _dir: tempfile::TempDir,
     _plugins: tempfile::TempDir,
-}
-
-impl Drop for Server {
-    fn drop(&mut self) {
-        let _ = self.child.kill();
-        let _ = self.child.wait();
-    }
 }
 
 fn serve() -> Server {
@@ -41,21 +33,8 @@ fn serve() -> Server {
         format!("[backend]\nprefer = [\"cpu\"]\nfallback = false\n[backends.cpu]\nthreads = 1\n[model]\nfiles = [\"{}\"]\n", supertonic_fixture().display()),
     )
     .unwrap();
-    let args = ["serve", "--port", "0", "--api-key", KEY, "--profile", profile.to_str().unwrap(), "--plugin-dir", plugins.path().to_str().unwrap()];
-    let mut child =
-        Command::new(tts()).args(args).env_remove("TTS_LOG").env_remove("TTS_API_KEY").stdout(Stdio::null()).stderr(Stdio::piped()).spawn().unwrap();
-    let mut lines = BufReader::new(child.stderr.take().unwrap()).lines();
-    let first = lines.next().expect("tts serve printed nothing").unwrap();
-    let base = first.strip_prefix("listening on ").and_then(|r| r.split_whitespace().next()).unwrap_or_else(|| panic!("first line: {first}")).to_string();
-    std::thread::spawn(move || lines.for_each(drop));
-    let server = Server { child, base, _dir: dir, _plugins: plugins };
-    let agent: ureq::Agent = ureq::Agent::config_builder().http_status_as_error(false).build().into();
-    let started = Instant::now();
-    while agent.get(format!("{}/health", server.base)).call().map(|r| r.status().as_u16()).unwrap_or(0) != 200 {
-        assert!(started.elapsed() < Duration::from_secs(120), "the model did not load (hang guard)");
-        std::thread::sleep(Duration::from_millis(50));
-    }
-    server
+    let serving = start_serve(&["--api-key", KEY, "--profile", profile.to_str().unwrap(), "--plugin-dir", plugins.path().to_str().unwrap()]);
+    Server { serving, _dir: dir, _plugins: plugins }
 }
 
 /// The decoded audio of `file` as ffmpeg reads it: container, codec, sample
@@ -109,7 +88,7 @@ fn expected(format: &str, rate: u32) -> (&'static str, &'static str, f64, f64) {
 /// Runs a client script; the directory it wrote its files into.
 fn run_client(program: &Path, script: &Path, server: &Server, out: &Path, envs: &[(&str, &Path)]) {
     let mut cmd = Command::new(program);
-    cmd.arg(script).args([server.base.as_str(), KEY, "supertonic"]).arg(out).stdout(Stdio::piped()).stderr(Stdio::piped());
+    cmd.arg(script).args([server.serving.base.as_str(), KEY, "supertonic"]).arg(out).stdout(Stdio::piped()).stderr(Stdio::piped());
     for (k, v) in envs {
         cmd.env(k, v);
     }

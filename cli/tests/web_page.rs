@@ -9,24 +9,16 @@
 
 mod common;
 
-use common::{plugins_with, repo, supertonic_fixture, tts, wait_or_kill};
-use std::io::{BufRead, BufReader};
+use common::{plugins_with, repo, start_serve, supertonic_fixture, wait_or_kill, Serving};
 use std::path::{Path, PathBuf};
-use std::process::{Child, Command, Stdio};
-use std::time::{Duration, Instant};
+use std::process::{Command, Stdio};
+use std::time::Duration;
 
+/// The server and what it reads, kept as long as it runs.
 struct Server {
-    child: Child,
-    base: String,
+    serving: Serving,
     _dir: tempfile::TempDir,
     _plugins: tempfile::TempDir,
-}
-
-impl Drop for Server {
-    fn drop(&mut self) {
-        let _ = self.child.kill();
-        let _ = self.child.wait();
-    }
 }
 
 fn profile(dir: &Path, name: &str, model: &str) -> PathBuf {
@@ -43,26 +35,10 @@ fn serve(extra: &[&str]) -> Server {
     let turbo = repo().join("tests/fixtures/chatterbox/turbo-tiny");
     let supertonic = profile(dir.path(), "supertonic", &format!("\"{}\"", supertonic_fixture().display()));
     let turbo = profile(dir.path(), "turbo", &format!("\"{}\", \"{}\"", turbo.join("t3-turbo.gguf").display(), turbo.join("s3gen-meanflow.gguf").display()));
-    let mut args: Vec<String> = vec!["serve".into(), "--port".into(), "0".into(), "--plugin-dir".into(), plugins.path().display().to_string()];
-    for p in [&supertonic, &turbo] {
-        args.push("--profile".into());
-        args.push(p.display().to_string());
-    }
-    args.extend(extra.iter().map(|s| s.to_string()));
-    let mut child =
-        Command::new(tts()).args(&args).env_remove("TTS_LOG").env_remove("TTS_API_KEY").stdout(Stdio::null()).stderr(Stdio::piped()).spawn().unwrap();
-    let mut lines = BufReader::new(child.stderr.take().unwrap()).lines();
-    let first = lines.next().expect("tts serve printed nothing").unwrap();
-    let base = first.strip_prefix("listening on ").and_then(|r| r.split_whitespace().next()).unwrap_or_else(|| panic!("first line: {first}")).to_string();
-    std::thread::spawn(move || lines.for_each(drop));
-    let server = Server { child, base, _dir: dir, _plugins: plugins };
-    let agent: ureq::Agent = ureq::Agent::config_builder().http_status_as_error(false).build().into();
-    let started = Instant::now();
-    while agent.get(format!("{}/health", server.base)).call().map(|r| r.status().as_u16()).unwrap_or(0) != 200 {
-        assert!(started.elapsed() < Duration::from_secs(120), "the models did not load (hang guard)");
-        std::thread::sleep(Duration::from_millis(50));
-    }
-    server
+    let mut args = vec!["--plugin-dir", plugins.path().to_str().unwrap(), "--profile", supertonic.to_str().unwrap(), "--profile", turbo.to_str().unwrap()];
+    args.extend_from_slice(extra);
+    let serving = start_serve(&args);
+    Server { serving, _dir: dir, _plugins: plugins }
 }
 
 fn chromium() -> Option<PathBuf> {
@@ -118,7 +94,7 @@ fn require_chromium() -> Option<PathBuf> {
 fn the_page_lists_the_models_speaks_while_streaming_and_plays() {
     let Some(chromium) = require_chromium() else { return };
     let server = serve(&[]);
-    let url = format!("{}/?model=supertonic&voice=M1&text=Hello%20there.&format=mp3&run=1", server.base);
+    let url = format!("{}/?model=supertonic&voice=M1&text=Hello%20there.&format=mp3&run=1", server.serving.base);
     let dom = dump_dom(&chromium, &url, 30_000);
     assert_eq!(text_of(&dom, "errors"), "", "script or API errors");
     for model in ["supertonic", "turbo"] {
@@ -142,7 +118,7 @@ fn the_page_reports_an_api_error_in_the_page() {
     let Some(chromium) = require_chromium() else { return };
     let server = serve(&[]);
     // Speed 9 is outside OpenAI's range: the server's message shows in the page.
-    let url = format!("{}/?model=supertonic&text=Hello.&speed=9&run=1", server.base);
+    let url = format!("{}/?model=supertonic&text=Hello.&speed=9&run=1", server.serving.base);
     let dom = dump_dom(&chromium, &url, 20_000);
     let errors = text_of(&dom, "errors");
     assert!(errors.contains("speed"), "errors: {errors}");

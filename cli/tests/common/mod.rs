@@ -203,3 +203,46 @@ pub fn crafted(dir: &Path, name: &str, source: &Path, edit: impl FnOnce(&mut ggm
     e.write(&path).unwrap();
     path
 }
+
+/// A running `tts serve`, killed when dropped.
+pub struct Serving {
+    pub child: std::process::Child,
+    /// `http://127.0.0.1:PORT`, as the server printed it.
+    pub base: String,
+}
+
+impl Drop for Serving {
+    fn drop(&mut self) {
+        let _ = self.child.kill();
+        let _ = self.child.wait();
+    }
+}
+
+/// Starts `tts serve ARGS --port 0` (no key from the environment), reads the
+/// address it prints first, keeps draining its stderr, and waits until
+/// `/health` answers 200 (a hang guard of two minutes, not a timing check).
+pub fn start_serve(args: &[&str]) -> Serving {
+    use std::io::{BufRead, BufReader};
+    let mut child = Command::new(tts())
+        .args(["serve", "--port", "0"])
+        .args(args)
+        .env_remove("TTS_LOG")
+        .env_remove("TTS_API_KEY")
+        .stdout(std::process::Stdio::null())
+        .stderr(std::process::Stdio::piped())
+        .spawn()
+        .unwrap();
+    let mut lines = BufReader::new(child.stderr.take().unwrap()).lines();
+    let first = lines.next().expect("tts serve printed nothing").unwrap();
+    let base = first.strip_prefix("listening on ").and_then(|r| r.split_whitespace().next()).unwrap_or_else(|| panic!("first line: {first}")).to_string();
+    // The rest of stderr is drained so the server never blocks on it.
+    std::thread::spawn(move || lines.for_each(drop));
+    let serving = Serving { child, base };
+    let agent: ureq::Agent = ureq::Agent::config_builder().http_status_as_error(false).build().into();
+    let started = std::time::Instant::now();
+    while agent.get(format!("{}/health", serving.base)).call().map(|r| r.status().as_u16()).unwrap_or(0) != 200 {
+        assert!(started.elapsed() < std::time::Duration::from_secs(120), "the models did not load (hang guard)");
+        std::thread::sleep(std::time::Duration::from_millis(50));
+    }
+    serving
+}
