@@ -120,6 +120,21 @@ impl AudioFormat {
     }
 }
 
+/// Where the encoded bytes go, which decides what a format may leave to be
+/// filled in at the end: the caller knows, and says so once, when it makes
+/// the [`StreamEncoder`].
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum Destination {
+    /// Sent as they come and never gone back to (an HTTP response, a pipe):
+    /// MP3 without its Info frame.
+    Stream,
+    /// An output that can seek back and write the header
+    /// [`StreamEncoder::finish`] returns over the start (a regular file,
+    /// [`encode_all`]'s buffer): MP3 with the Info frame and LAME tag that
+    /// make decoders trim the encoder's delay and padding.
+    Seekable,
+}
+
 /// What a codec does with the pieces; [`StreamEncoder`] keeps the counts.
 trait Codec: Send {
     /// Appends the bytes `samples` complete to `out` (`first`: the first piece).
@@ -140,15 +155,22 @@ pub struct StreamEncoder {
 
 impl StreamEncoder {
     /// An encoder of `format` for mono audio at `rate` Hz (refused outside
-    /// [`super::SAMPLE_RATE_RANGE`]).
+    /// [`super::SAMPLE_RATE_RANGE`]) whose bytes are streamed
+    /// ([`Destination::Stream`]).
     pub fn new(format: AudioFormat, rate: u32) -> Result<StreamEncoder, String> {
+        StreamEncoder::to(format, rate, Destination::Stream)
+    }
+
+    /// An encoder as [`StreamEncoder::new`] makes it, for bytes that go to
+    /// `destination`.
+    pub fn to(format: AudioFormat, rate: u32, destination: Destination) -> Result<StreamEncoder, String> {
         super::check_samples(&[], rate)?;
         let codec: Box<dyn Codec> = match format {
             AudioFormat::Wav => Box::new(Wav { rate }),
             AudioFormat::Pcm => Box::new(Raw(RawFormat::Pcm16)),
             AudioFormat::F32 => Box::new(Raw(RawFormat::F32)),
             AudioFormat::Flac => Box::new(Flac { stream: FlacStream::new(rate)?, rate }),
-            AudioFormat::Mp3 => Box::new(mp3::Mp3::new(rate)?),
+            AudioFormat::Mp3 => Box::new(mp3::Mp3::new(rate, destination)?),
             AudioFormat::Opus => Box::new(opus::OggOpus::new(rate)?),
             AudioFormat::Aac => Box::new(aac::Adts::new(rate)?),
         };
@@ -186,7 +208,8 @@ impl StreamEncoder {
     /// nothing was pushed) and returns the header with the real totals, as
     /// long as the one streamed at the start, for an output that can seek back
     /// to it: WAV's sizes (None when they do not fit 32 bits), FLAC's totals
-    /// and checksum. None for every other format, which state no totals.
+    /// and checksum, and for [`Destination::Seekable`] MP3's Info frame.
+    /// None for every other format, which state no totals.
     /// FLAC refuses non-finite samples here, as [`super::encode_flac`] does.
     pub fn finish(self, out: &mut Vec<u8>) -> Result<Option<Vec<u8>>, String> {
         if self.format == AudioFormat::Flac {
@@ -197,9 +220,10 @@ impl StreamEncoder {
 }
 
 /// `samples` encoded whole as `format`: the streamed bytes with the final
-/// header in place of the streamed one (exact WAV sizes, FLAC totals).
+/// header in place of the streamed one (exact WAV sizes, FLAC totals, MP3's
+/// Info frame).
 pub fn encode_all(format: AudioFormat, samples: &[f32], rate: u32) -> Result<Vec<u8>, String> {
-    let mut encoder = StreamEncoder::new(format, rate)?;
+    let mut encoder = StreamEncoder::to(format, rate, Destination::Seekable)?;
     let mut out = Vec::new();
     encoder.push(samples, &mut out)?;
     if let Some(header) = encoder.finish(&mut out)? {

@@ -1,6 +1,7 @@
 //! Every format decoded by a decoder other than ours: symphonia for WAV,
-//! FLAC and MP3; ffmpeg for Opus and AAC (skipped with a message where it is
-//! not installed; CI installs it, see xtask's APT list).
+//! FLAC and MP3; ffmpeg for Opus, AAC and the exact length of an MP3 with
+//! its LAME tag (skipped with a message where it is not installed; CI
+//! installs it, see xtask's APT list).
 
 use super::*;
 use crate::audio::input::decode_mono;
@@ -115,6 +116,108 @@ fn mp3_decodes_with_symphonia() {
     assert!(maps.contains("libmp3lame.so"), "LAME is not loaded as a shared library");
 }
 
+/// The (offset, length) of each MPEG Layer III frame of `bytes`, which must
+/// be frames only, end to end; the length from the header's version, bit
+/// rate, sampling rate and padding bit (ISO 11172-3 and 13818-3).
+fn mp3_frames(bytes: &[u8]) -> Vec<(usize, usize)> {
+    const MPEG1_KBPS: [usize; 15] = [0, 32, 40, 48, 56, 64, 80, 96, 112, 128, 160, 192, 224, 256, 320];
+    const MPEG2_KBPS: [usize; 15] = [0, 8, 16, 24, 32, 40, 48, 56, 64, 80, 96, 112, 128, 144, 160];
+    let mut frames = Vec::new();
+    let mut at = 0;
+    while at < bytes.len() {
+        let h = &bytes[at..at + 4];
+        assert!(h[0] == 0xff && h[1] & 0xe6 == 0xe2, "a Layer III frame header at {at}: {h:02x?}");
+        let mpeg1 = (h[1] >> 3) & 3 == 3;
+        let rate =
+            [[11_025, 12_000, 8000], [0, 0, 0], [22_050, 24_000, 16_000], [44_100, 48_000, 32_000]][usize::from((h[1] >> 3) & 3)][usize::from((h[2] >> 2) & 3)];
+        let kbps = if mpeg1 { MPEG1_KBPS } else { MPEG2_KBPS }[usize::from(h[2] >> 4)];
+        let length = if mpeg1 { 144_000 } else { 72_000 } * kbps / rate + usize::from((h[2] >> 1) & 1);
+        frames.push((at, length));
+        at += length;
+    }
+    assert_eq!(at, bytes.len(), "the last frame ends with the bytes");
+    frames
+}
+
+/// Where a mono Layer III frame's Xing/Info tag would start: after the
+/// header and the side information (17 bytes for MPEG-1, 9 for MPEG-2).
+fn info_offset(frame: &[u8]) -> usize {
+    4 + if (frame[1] >> 3) & 3 == 3 { 17 } else { 9 }
+}
+
+/// CRC-16/ARC (polynomial 0x8005 reflected, initial 0): the LAME tag's CRCs.
+fn crc16(bytes: &[u8]) -> u16 {
+    let mut crc = 0u16;
+    for b in bytes {
+        crc ^= u16::from(*b);
+        for _ in 0..8 {
+            crc = if crc & 1 == 1 { (crc >> 1) ^ 0xa001 } else { crc >> 1 };
+        }
+    }
+    crc
+}
+
+/// A whole MP3 (encode_all, or a seekable output) starts with LAME's Info
+/// frame: its LAME tag states the encoder delay (576) and the padding that
+/// make up the frames with the samples, the frame and byte counts, and
+/// CRCs that check; ffmpeg reads it and gives back exactly the samples
+/// encoded. The streamed bytes are the same but for that frame, which LAME
+/// wrote first as a placeholder of the same length. A stream gets no tag.
+#[test]
+fn a_whole_mp3_states_its_delay_and_padding_in_a_lame_tag_and_a_stream_does_not() {
+    for (rate, n) in [(24_000u32, 24_000usize), (44_100, 30_011), (16_000, 2000), (8000, 8000), (16_000, 7), (22_050, 0)] {
+        let samples = tone(rate, n);
+        let whole = encode_all(AudioFormat::Mp3, &samples, rate).unwrap();
+        let frames = mp3_frames(&whole);
+        let info = &whole[..frames[0].1];
+        let at = info_offset(info);
+        assert_eq!(&info[at..at + 4], b"Info", "{rate} Hz: CBR's Xing tag is named Info");
+        let field = |i: usize| u32::from_be_bytes(info[i..i + 4].try_into().unwrap()) as usize;
+        assert_eq!(field(at + 4) & 3, 3, "{rate} Hz: frame and byte counts present");
+        assert_eq!(field(at + 8), frames.len() - 1, "{rate} Hz: the audio frames");
+        assert_eq!(field(at + 12), whole.len(), "{rate} Hz: the bytes");
+        let lame = at + 120;
+        assert_eq!(&info[lame..lame + 4], b"LAME", "{rate} Hz: the LAME tag");
+        let d = &info[lame + 21..lame + 24];
+        let (delay, padding) = ((usize::from(d[0]) << 4) | usize::from(d[1] >> 4), (usize::from(d[1] & 15) << 8) | usize::from(d[2]));
+        let per_frame = if (info[1] >> 3) & 3 == 3 { 1152 } else { 576 };
+        assert_eq!(delay, 576, "{rate} Hz: LAME's encoder delay");
+        assert_eq!((frames.len() - 1) * per_frame, delay + n + padding, "{rate} Hz: the frames hold delay, samples and padding");
+        assert_eq!(field(lame + 28), whole.len(), "{rate} Hz: the music length");
+        let crc = |i: usize| u16::from_be_bytes([info[i], info[i + 1]]);
+        assert_eq!(crc(lame + 32), crc16(&whole[info.len()..]), "{rate} Hz: the music CRC");
+        assert_eq!(crc(lame + 34), crc16(&info[..lame + 34]), "{rate} Hz: the tag's CRC");
+        // Streamed to a seekable output: the placeholder first, the same length.
+        let mut encoder = StreamEncoder::to(AudioFormat::Mp3, rate, Destination::Seekable).unwrap();
+        let mut streamed = Vec::new();
+        for p in samples.chunks(1000) {
+            encoder.push(p, &mut streamed).unwrap();
+        }
+        let header = encoder.finish(&mut streamed).unwrap().unwrap();
+        assert_eq!(mp3_frames(&streamed)[0].1, header.len(), "{rate} Hz: the placeholder is as long as the tag frame");
+        assert!(!streamed[..header.len()].windows(4).any(|w| w == b"Info"), "{rate} Hz: the placeholder is empty");
+        assert_eq!([&header[..], &streamed[header.len()..]].concat(), whole, "{rate} Hz");
+        // A stream: audio frames from the first byte.
+        let (tagless, header) = stream(AudioFormat::Mp3, &samples, rate, 1000);
+        assert!(header.is_none());
+        let first = &tagless[..mp3_frames(&tagless)[0].1];
+        let at = info_offset(first);
+        assert!(!matches!(&first[at..at + 4], b"Info" | b"Xing"), "{rate} Hz: no tag in a stream");
+        // ffmpeg's trim is exact from a frame of audio up (7 samples at
+        // 16 kHz decode to 536, and a stream of no audio does not open).
+        if n < 1152 {
+            continue;
+        }
+        if let Some(p) = ffmpeg(&whole, "t.mp3") {
+            assert_eq!((p.codec.as_str(), p.rate, p.samples.len()), ("mp3", rate, n), "{rate} Hz: ffmpeg trims the delay and padding");
+            if n > 10_000 {
+                let middle = &p.samples[2400..n - 2400];
+                assert!((crossings_hz(middle, rate) - 440.0).abs() < 5.0, "{rate} Hz: {}", crossings_hz(middle, rate));
+            }
+        }
+    }
+}
+
 /// What ffprobe and ffmpeg make of `bytes` (written as `name`): the
 /// container, the codec, the sample rate and the decoded mono samples; None
 /// when ffmpeg is not installed.
@@ -214,8 +317,9 @@ fn aac_in_adts_decodes_with_ffmpeg() {
 }
 
 /// Every format takes every rate the engine writes (resampling where its
-/// codec needs), and a stream without audio is still a whole one; FLAC
-/// (flacenc) stops at 96 kHz, and says so.
+/// codec needs; a whole MP3 has its Info frame at each), and a stream
+/// without audio is still a whole one; FLAC (flacenc) stops at 96 kHz, and
+/// says so.
 #[test]
 fn every_format_takes_every_rate_the_engine_writes() {
     for rate in [1000u32, 8000, 11_025, 16_000, 22_050, 24_000, 44_100, 48_000, 96_000, 192_000, 384_000] {
@@ -228,6 +332,11 @@ fn every_format_takes_every_rate_the_engine_writes() {
             }
             let (bytes, _) = stream(f, &samples, rate, 999);
             assert!(!bytes.is_empty(), "{f:?} at {rate} Hz");
+            if f == AudioFormat::Mp3 {
+                let whole = encode_all(f, &samples, rate).unwrap();
+                let info = &whole[..mp3_frames(&whole)[0].1];
+                assert_eq!(&info[info_offset(info)..info_offset(info) + 4], b"Info", "MP3 at {rate} Hz: the Info frame");
+            }
             let (empty, _) = stream(f, &[], rate, 1);
             let headerless = matches!(f, AudioFormat::Pcm | AudioFormat::F32);
             assert_eq!(empty.is_empty(), headerless, "{f:?} at {rate} Hz without audio");
