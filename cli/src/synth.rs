@@ -3,7 +3,7 @@
 
 use clap::ValueEnum;
 use engine_core::abi::TokenTrace;
-use engine_core::audio::encode::{AudioFormat, StreamEncoder};
+use engine_core::audio::encode::{AudioFormat, Destination, StreamEncoder};
 use engine_core::engine::{EngineError, ModelSession};
 use std::io::{IsTerminal, Read, Seek, SeekFrom, Write};
 use std::os::fd::AsFd;
@@ -247,8 +247,9 @@ struct StreamError {
 }
 
 /// Synthesizes `text` (with `overrides`) into `file` as `format`, each piece
-/// written as it arrives. Where `file` is a regular file, the header is
-/// rewritten at the end with the real sizes (a pipe keeps the streaming one).
+/// written as it arrives. Where `file` can seek back ([`header_start`]), the
+/// header is rewritten at the end with the real totals and an MP3 starts
+/// with its Info frame; a pipe keeps the streaming bytes.
 fn stream_into(
     file: &mut std::fs::File,
     session: &mut ModelSession,
@@ -261,7 +262,8 @@ fn stream_into(
     let what = target.what;
     let fail = |message: String| StreamError { message };
     let io = |e: std::io::Error| fail(format!("writing {what}: {e}"));
-    let start = file.stream_position().ok();
+    let start = header_start(file);
+    let destination = if start.is_some() { Destination::Seekable } else { Destination::Stream };
     // Started by the first piece, which brings the model's rate.
     let (mut samples, mut reader_gone, mut encoder) = (0u64, false, None::<StreamEncoder>);
     let mut buffer = Vec::new();
@@ -269,7 +271,7 @@ fn stream_into(
         .synthesize_streaming_with(text, overrides, |piece, rate| {
             buffer.clear();
             if encoder.is_none() {
-                encoder = Some(StreamEncoder::new(format.audio(), rate).map_err(EngineError)?);
+                encoder = Some(StreamEncoder::to(format.audio(), rate, destination).map_err(EngineError)?);
             }
             encoder.as_mut().expect("set above").push(piece, &mut buffer).map_err(EngineError)?;
             samples += piece.len() as u64;
@@ -296,7 +298,7 @@ fn stream_into(
     buffer.clear();
     let encoder = match encoder {
         Some(e) => e,
-        None => StreamEncoder::new(format.audio(), rate).map_err(fail)?,
+        None => StreamEncoder::to(format.audio(), rate, destination).map_err(fail)?,
     };
     let header = encoder.finish(&mut buffer).map_err(fail)?;
     match file.write_all(&buffer) {
@@ -307,14 +309,28 @@ fn stream_into(
         return Err(fail(format!("{:.0} s of audio is more than a WAV file holds (4 GiB of samples); use --format flac, pcm16 or f32", written.seconds)));
     }
     if let (Some(header), Some(start)) = (header, start) {
-        if file.metadata().is_ok_and(|m| m.is_file()) {
-            let end = file.stream_position().map_err(io)?;
-            file.seek(SeekFrom::Start(start)).map_err(io)?;
-            file.write_all(&header).map_err(io)?;
-            file.seek(SeekFrom::Start(end)).map_err(io)?;
-        }
+        let end = file.stream_position().map_err(io)?;
+        file.seek(SeekFrom::Start(start)).map_err(io)?;
+        file.write_all(&header).map_err(io)?;
+        file.seek(SeekFrom::Start(end)).map_err(io)?;
     }
     Ok(written)
+}
+
+/// Where the output starts in `file` when the header can be written back
+/// there at the end (WAV's sizes, FLAC's totals, MP3's Info frame): a
+/// regular file not open for appending, since Linux appends every write on
+/// an `O_APPEND` descriptor (`--out - >> x.wav`) wherever the offset is.
+/// None for those, pipes and terminals: they get a stream's bytes.
+fn header_start(file: &mut std::fs::File) -> Option<u64> {
+    use std::os::fd::AsRawFd;
+    // SAFETY: F_GETFL only reads the flags of a descriptor `file` holds open.
+    let flags = unsafe { libc::fcntl(file.as_raw_fd(), libc::F_GETFL) };
+    let appending = flags < 0 || flags & libc::O_APPEND != 0;
+    if appending || !file.metadata().is_ok_and(|m| m.is_file()) {
+        return None;
+    }
+    file.stream_position().ok()
 }
 
 #[cfg(test)]

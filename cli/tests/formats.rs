@@ -1,8 +1,8 @@
 //! `--out` of every extension writes its format, checked by decoders other
-//! than ours (hound and symphonia; ffmpeg for Opus and AAC, skipped with a
-//! message where it is not installed), `--format` overrides the extension,
-//! an unknown extension is a one-line error, and `tts serve` answers opus
-//! and aac requests with the same streams.
+//! than ours (hound and symphonia; ffmpeg for Opus, AAC and MP3's exact
+//! length, skipped with a message where it is not installed), `--format`
+//! overrides the extension, an unknown extension is a one-line error, and
+//! `tts serve` answers opus and aac requests with the same streams.
 
 mod common;
 
@@ -57,6 +57,22 @@ fn check_lossy(path: &Path, format: &str, n: usize, rate: u32) {
     }
 }
 
+/// Whether an MP3 starts with a Xing/Info frame: the tag follows a mono
+/// frame's header and side information (17 bytes for MPEG-1, 9 for MPEG-2).
+fn starts_with_info_frame(mp3: &[u8]) -> bool {
+    let at = 4 + if (mp3[1] >> 3) & 3 == 3 { 17 } else { 9 };
+    matches!(&mp3[at..at + 4], b"Info" | b"Xing")
+}
+
+/// Runs `tts` with `stdout` as its standard output (a file of the test's
+/// temporary directory).
+fn run_with_stdout(args: &[&str], stdout: std::fs::File) -> std::process::Output {
+    let mut cmd = Command::new(common::tts());
+    cmd.args(args).env_remove("TTS_LOG").env_remove(engine_core::output::TEST_FAULT_ENV);
+    cmd.stdout(std::process::Stdio::from(stdout)).stderr(std::process::Stdio::piped());
+    common::wait_or_kill(cmd.spawn().unwrap(), Duration::from_secs(120), &format!("tts {}", args.join(" ")))
+}
+
 #[test]
 fn out_of_every_extension_writes_its_format() {
     let plugins = plugins_with(&["cpu"], &["supertonic"]);
@@ -85,11 +101,17 @@ fn out_of_every_extension_writes_its_format() {
     let flac = synth(&dir.path().join("a.flac"), &[]);
     let clip = engine_core::audio::input::decode_mono(&flac, 60.0).unwrap();
     assert_eq!((clip.sample_rate, clip.samples.len()), (rate, n), ".flac");
-    let mp3 = synth(&dir.path().join("a.mp3"), &[]);
+    let mp3_path = dir.path().join("a.mp3");
+    let mp3 = synth(&mp3_path, &[]);
+    assert!(starts_with_info_frame(&mp3), ".mp3: a file starts with LAME's Info frame");
     let clip = engine_core::audio::input::decode_mono(&mp3, 60.0).unwrap();
     let extra = clip.samples.len() as i64 - n as i64;
     assert_eq!(clip.sample_rate, rate, ".mp3");
     assert!((0..=3 * 1152).contains(&extra), ".mp3: {} samples for {n}", clip.samples.len());
+    // ffmpeg trims the encoder delay and padding the LAME tag states.
+    if let Some((container, codec, got_rate, decoded)) = ffmpeg(&mp3_path) {
+        assert_eq!((container.as_str(), codec.as_str(), got_rate, decoded.len()), ("mp3", "mp3", rate, n), ".mp3: exactly the WAV's samples");
+    }
     for (ext, format) in [("opus", "opus"), ("ogg", "opus"), ("aac", "aac")] {
         let path = dir.path().join(format!("a.{ext}"));
         let bytes = synth(&path, &[]);
@@ -110,6 +132,32 @@ fn out_of_every_extension_writes_its_format() {
     let streamed = stdout(&[]);
     assert_eq!((&streamed[..4], &streamed[40..44]), (&b"RIFF"[..], &[0xff; 4][..]), "a streamed WAV's length is unknown");
     assert!(stdout(&["--format", "opus"]).starts_with(b"OggS"));
+    // A pipe cannot go back to an Info frame: the MP3 has none, and decodes
+    // longer than the streamed WAV by LAME's delay and the last frame's padding.
+    let piped = stdout(&["--format", "mp3"]);
+    assert!(!starts_with_info_frame(&piped), "a piped MP3 has no Info frame");
+    let piped_path = dir.path().join("piped.mp3");
+    std::fs::write(&piped_path, &piped).unwrap();
+    if let Some((_, codec, got_rate, decoded)) = ffmpeg(&piped_path) {
+        let extra = decoded.len() as i64 - (streamed.len() as i64 - 44) / 2;
+        assert_eq!((codec.as_str(), got_rate), ("mp3", rate), "piped .mp3");
+        assert!((0..=3 * 1152).contains(&extra), "piped .mp3: {extra} samples more than the WAV");
+    }
+    // `--out - >> x`: Linux appends every write on an O_APPEND descriptor,
+    // so nothing can be written back: the output is appended as it is piped
+    // (no header or Info frame after the audio).
+    for format in ["mp3", "wav"] {
+        let path = dir.path().join(format!("appended.{format}"));
+        std::fs::write(&path, b"older bytes").unwrap();
+        let file = std::fs::OpenOptions::new().append(true).open(&path).unwrap();
+        let mut args = vec!["--profile", profile.to_str().unwrap(), "--plugin-dir", plugins.path().to_str().unwrap(), "--text", TEXT, "-q"];
+        args.extend(["--out", "-", "--format", format]);
+        let o = run_with_stdout(&args, file);
+        assert!(o.status.success(), "{}", common::stderr(&o));
+        let after = std::fs::read(&path).unwrap();
+        assert_eq!(&after[..11], b"older bytes", ">> .{format}");
+        assert!(after[11..] == stdout(&["--format", format]), ">> .{format}: {} bytes appended, as piped", after.len() - 11);
+    }
 }
 
 #[test]
