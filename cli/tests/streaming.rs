@@ -18,7 +18,7 @@ fn tone_session(tone_plugin: &Path, dir: &Path) -> ModelSession {
     let engine = Engine::open(Profile::load(&profile).unwrap(), vec![plugins.path().to_path_buf()]).unwrap();
     let session = engine.open_model(&[]).unwrap();
     // The plugin files stay loaded for the process; the directory may go.
-    std::mem::forget(plugins);
+    drop(plugins);
     session
 }
 
@@ -69,11 +69,7 @@ fn the_receiver_can_stop_a_synthesis() {
 fn a_plugin_built_against_abi_5_1_loads_and_streams_one_piece() {
     let old_plugin = artifacts().parent().unwrap().join("abi-5-1/libtts_test_tone.so");
     if !old_plugin.is_file() {
-        assert!(
-            std::env::var_os("TTS_REQUIRE_ABI_5_1_FIXTURE").is_none(),
-            "{} is missing (cargo build -p tts-test-plugin-tone --features abi-5-1 --profile abi-5-1)",
-            old_plugin.display()
-        );
+        assert!(std::env::var_os("TTS_REQUIRE_ABI_5_1_FIXTURE").is_none(), "{} is missing (cargo xtask test builds it)", old_plugin.display());
         eprintln!("skipped: no ABI 5.1 build of the tone plugin at {} (`cargo xtask test` builds it)", old_plugin.display());
         return;
     }
@@ -102,7 +98,7 @@ fn fixture_session(files: &[std::path::PathBuf], families: &[&str], dir: &Path, 
     let profile = common::profile_on(dir, "cpu", files);
     let engine = Engine::open(Profile::load(&profile).unwrap(), vec![plugins.path().to_path_buf()]).unwrap();
     let session = engine.open_model(overrides).unwrap();
-    std::mem::forget(plugins);
+    drop(plugins);
     session
 }
 
@@ -316,4 +312,83 @@ fn chatterbox_streaming_windows_bound_what_each_hop_sees() {
     let (cosine, snr) = likeness(&short_prompt, &bounded.concat(), rate);
     eprintln!("chatterbox tiny, hop 8: half the voice prompt against all of it: log-mel cosine {cosine:.4}, SNR {snr:.1} dB");
     assert!(cosine > 0.8, "prompt window: log-mel cosine {cosine}");
+}
+
+/// A progress report as the engine hands it on: unit, count, bound.
+type Report = (String, u64, Option<u64>);
+
+/// Every progress report and piece of one synthesis of `text` with `set`,
+/// stopping at the first report whose count reaches `stop_at`.
+fn observed(session: &mut ModelSession, text: &str, set: &[(&str, &str)], stop_at: Option<u64>) -> (Vec<Report>, Vec<usize>, engine_core::abi::StreamSummary) {
+    let set: Vec<(String, String)> = set.iter().map(|(k, v)| (k.to_string(), v.to_string())).collect();
+    let (mut reports, mut pieces) = (Vec::new(), Vec::new());
+    let summary = session
+        .synthesize_observed(
+            text,
+            &set,
+            |samples, _| {
+                pieces.push(samples.len());
+                Ok(true)
+            },
+            |p| {
+                reports.push((p.unit.to_string(), p.done, p.limit));
+                stop_at.is_none_or(|n| p.done < n)
+            },
+        )
+        .unwrap();
+    (reports, pieces, summary)
+}
+
+/// Chatterbox reports each speech token T3 generates, counted from 1 within
+/// each text chunk and ending at that chunk's token count, in one-shot pieces
+/// and in token hops alike; a progress receiver that says stop ends the
+/// synthesis inside T3, before any audio of the chunk.
+#[test]
+fn chatterbox_reports_each_speech_token_and_a_report_can_stop_it() {
+    let dir = tempfile::tempdir().unwrap();
+    let overrides = [("max_chars".to_string(), "30".to_string()), ("max_new_tokens".to_string(), "14".to_string())];
+    let mut session = fixture_session(&common::chatterbox_fixture(), &["chatterbox"], dir.path(), &overrides);
+    let text = "First sentence here. Then a second one.";
+    for hop in ["0", "5"] {
+        let (reports, pieces, summary) = observed(&mut session, text, &[("stream_tokens", hop)], None);
+        assert!(reports.iter().all(|r| r.0 == "speech tokens" && r.2 == Some(14)), "hop {hop}: {reports:?}");
+        // Each chunk's count runs 1, 2, …, n; the counts of the two chunks sum to every speech token.
+        let chunk_counts: Vec<u64> =
+            reports.iter().enumerate().filter(|(i, r)| reports.get(i + 1).is_none_or(|next| next.1 == 1) && r.1 > 0).map(|(_, r)| r.1).collect();
+        let expected: Vec<u64> = chunk_counts.iter().flat_map(|n| 1..=*n).collect();
+        assert_eq!(reports.iter().map(|r| r.1).collect::<Vec<_>>(), expected, "hop {hop}");
+        assert_eq!(chunk_counts.len(), 2, "hop {hop}: two text chunks");
+        let speech_tokens = summary.tokens.iter().find(|t| t.name.as_str() == "speech_tokens").unwrap().tokens.len() as u64;
+        assert_eq!(chunk_counts.iter().sum::<u64>(), speech_tokens, "hop {hop}");
+        assert!(!summary.cancelled && !pieces.is_empty(), "hop {hop}");
+    }
+    let (reports, pieces, summary) = observed(&mut session, text, &[("stream_tokens", "0")], Some(3));
+    assert_eq!(reports.iter().map(|r| r.1).collect::<Vec<_>>(), vec![1, 2, 3]);
+    assert!(summary.cancelled && pieces.is_empty() && summary.pieces == 0, "{summary:?}, {pieces:?}");
+    let (_, pieces, summary) = observed(&mut session, text, &[("stream_tokens", "5")], Some(9));
+    assert!(summary.cancelled && pieces.len() == 1, "one hop of 5 tokens came before the stop at 9: {pieces:?}");
+}
+
+/// `cargo xtask test` builds the tone plugin against ABI 5.4 (its root module
+/// of then, `--features abi-5-4`) into `target/abi-5-4/`: the loader takes it
+/// through 5.4's interface; its model, which has no `synthesize_with_progress`,
+/// streams as before and reports no progress.
+#[test]
+fn a_plugin_built_against_abi_5_4_streams_without_progress() {
+    let old_plugin = artifacts().parent().unwrap().join("abi-5-4/libtts_test_tone.so");
+    if !old_plugin.is_file() {
+        assert!(std::env::var_os("TTS_REQUIRE_ABI_5_4_FIXTURE").is_none(), "{} is missing (cargo xtask test builds it)", old_plugin.display());
+        eprintln!("skipped: no ABI 5.4 build of the tone plugin at {} (`cargo xtask test` builds it)", old_plugin.display());
+        return;
+    }
+    let (loaded, _) = engine_core::loader::load_model(&old_plugin).unwrap();
+    assert_eq!(loaded.abi_version(), "5.4.0");
+    assert!(loaded.converter().is_some(), "5.4 had converters");
+    let dir = tempfile::tempdir().unwrap();
+    let mut old = tone_session(&old_plugin, dir.path());
+    let (reports, pieces, summary) = observed(&mut old, "hello", &[], None);
+    assert_eq!((reports.len(), pieces, summary.pieces), (0, vec![1600; 5], 5));
+    let dir = tempfile::tempdir().unwrap();
+    let mut new = tone_session(&artifacts().join("libtts_test_tone.so"), dir.path());
+    assert_eq!(self::pieces(&mut old, "hello", None).0.concat(), self::pieces(&mut new, "hello", None).0.concat());
 }

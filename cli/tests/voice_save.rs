@@ -87,7 +87,7 @@ fn tone_for_cloning(tone_plugin: &Path, dir: &Path) -> ModelSession {
     let profile = write_profile(dir, &format!("[backend]\nprefer = [\"cpu\"]\nfallback = false\n[model]\nfiles = [\"{}\"]\n", gguf.display()));
     let session = engine(&profile, plugins.path()).open_model_for_cloning(&[]).unwrap();
     // The plugin files stay loaded for the process; the directory may go.
-    std::mem::forget(plugins);
+    drop(plugins);
     session
 }
 
@@ -102,11 +102,7 @@ fn a_plugin_without_a_cloning_load_is_loaded_in_full() {
     if old.is_file() {
         plugins.push(old);
     } else {
-        assert!(
-            std::env::var_os("TTS_REQUIRE_ABI_5_1_FIXTURE").is_none(),
-            "{} is missing (cargo build -p tts-test-plugin-tone --features abi-5-1 --profile abi-5-1)",
-            old.display()
-        );
+        assert!(std::env::var_os("TTS_REQUIRE_ABI_5_1_FIXTURE").is_none(), "{} is missing (cargo xtask test builds it)", old.display());
         eprintln!("skipped the ABI 5.1 case: no ABI 5.1 build of the tone plugin at {} (`cargo xtask test` builds it)", old.display());
     }
     for plugin in plugins {
@@ -127,11 +123,7 @@ fn a_plugin_without_a_cloning_load_is_loaded_in_full() {
 fn a_plugin_built_against_abi_5_2_keeps_streaming_and_clones_through_the_full_load() {
     let old_plugin = artifacts().parent().unwrap().join("abi-5-2/libtts_test_tone.so");
     if !old_plugin.is_file() {
-        assert!(
-            std::env::var_os("TTS_REQUIRE_ABI_5_2_FIXTURE").is_none(),
-            "{} is missing (cargo build -p tts-test-plugin-tone --features abi-5-2 --profile abi-5-2)",
-            old_plugin.display()
-        );
+        assert!(std::env::var_os("TTS_REQUIRE_ABI_5_2_FIXTURE").is_none(), "{} is missing (cargo xtask test builds it)", old_plugin.display());
         eprintln!("skipped: no ABI 5.2 build of the tone plugin at {} (`cargo xtask test` builds it)", old_plugin.display());
         return;
     }

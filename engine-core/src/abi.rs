@@ -13,7 +13,7 @@ use abi_stable::{
     library::RootModule,
     sabi_trait,
     sabi_types::VersionStrings,
-    std_types::{RBox, RResult, RSlice, RString, RVec, Tuple2},
+    std_types::{RBox, RResult, RSlice, RStr, RString, RVec, Tuple2},
     StableAbi,
 };
 use std::ffi::c_void;
@@ -21,9 +21,9 @@ use std::ffi::c_void;
 /// Version of this ABI. abi_stable refuses a plugin built against another
 /// major version, or against an older minor one (its prefix layouts accept
 /// only plugins that have at least the host's fields): the loader then tries
-/// the interfaces of earlier minors, kept as they were ([`v5_2`], [`v5_1`]),
-/// and adapts a plugin that matches one of them.
-pub const PLUGIN_ABI_VERSION: &str = "5.4.0";
+/// the interfaces of earlier minors, kept as they were ([`v5_4`] to
+/// [`v5_1`]), and adapts a plugin that matches one of them.
+pub const PLUGIN_ABI_VERSION: &str = "5.5.0";
 
 /// The backend plugin interface has not changed since 5.1, so backend plugins
 /// of 5.1 load as they are.
@@ -34,6 +34,7 @@ pub const BACKEND_ABI_VERSION: &str = "5.1.0";
 pub mod v5_1;
 pub mod v5_2;
 pub mod v5_3;
+pub mod v5_4;
 
 /// Identity of a plugin file.
 #[repr(C)]
@@ -414,6 +415,28 @@ impl AudioSink {
     }
 }
 
+/// Where a synthesis reports the work it does before a piece is ready (ABI
+/// 5.5): the host's callback, called on the synthesizing thread. `unit` names
+/// what is counted ("speech tokens"), `done` how many so far in the current
+/// piece, `limit` the most there can be in it (0: no bound known). It returns
+/// false to stop the synthesis, as [`AudioSink`] does: a host can then cancel
+/// a long autoregressive stretch that has not yet produced a piece.
+#[repr(C)]
+#[derive(StableAbi)]
+pub struct ProgressSink {
+    /// The host's state, opaque to the plugin.
+    pub context: *mut c_void,
+    pub report: extern "C" fn(context: *mut c_void, unit: RStr<'_>, done: u64, limit: u64) -> bool,
+}
+
+impl ProgressSink {
+    /// Tells the host `done` of at most `limit` `unit`s are done; false: stop
+    /// synthesizing.
+    pub fn report(&self, unit: &str, done: u64, limit: u64) -> bool {
+        (self.report)(self.context, RStr::from_str(unit), done, limit)
+    }
+}
+
 /// How a streamed synthesis ended; its audio went to the [`AudioSink`].
 #[repr(C)]
 #[derive(StableAbi, Debug, Clone, Default)]
@@ -543,6 +566,15 @@ pub trait Model: Send {
     /// Its voices and languages (ABI 5.2; before: nothing listed).
     fn catalog(&self) -> ModelCatalog {
         ModelCatalog::default()
+    }
+
+    /// [`Model::synthesize_streaming`], also reporting to `progress` the work
+    /// done before each piece is ready, and stopping when either sink says so
+    /// (ABI 5.5). By default (and from plugins built before 5.5): no
+    /// progress, the streaming synthesis as it is.
+    fn synthesize_with_progress(&mut self, request: &SynthesisRequest, sink: &AudioSink, progress: &ProgressSink) -> RResult<StreamSummary, RString> {
+        let _ = progress;
+        self.synthesize_streaming(request, sink)
     }
 }
 

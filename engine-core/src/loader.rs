@@ -5,7 +5,7 @@
 //! source as the host. Plugins are never unloaded.
 
 use crate::abi::{
-    v5_1, v5_2, v5_3, BackendHandle, BackendPluginRef, ConvertOutput, ConvertRequest, ConverterInfo, ModelBox, ModelFamilyInfo, ModelLoadRequest,
+    v5_1, v5_2, v5_3, v5_4, BackendHandle, BackendPluginRef, ConvertOutput, ConvertRequest, ConverterInfo, ModelBox, ModelFamilyInfo, ModelLoadRequest,
     ModelPluginRef, OptionSpec, PluginInfo,
 };
 use abi_stable::library::{lib_header_from_path, LibraryError, RootModule};
@@ -132,7 +132,7 @@ pub struct LoadedBackendPlugin {
 }
 
 /// A loaded model plugin: built against this ABI, or against an earlier
-/// minor version whose interface the host keeps (`abi::v5_3`, `abi::v5_2`,
+/// minor version whose interface the host keeps (`abi::v5_4` to
 /// `abi::v5_1`). The entry points the interfaces share are held as they are;
 /// `load` differs, only 5.3 and later may have `load_for_cloning`, and only
 /// 5.4 and later a converter.
@@ -142,7 +142,7 @@ pub struct LoadedModelPlugin {
     family: extern "C" fn() -> ModelFamilyInfo,
     option_specs: extern "C" fn() -> RVec<OptionSpec>,
     load: ModelLoader,
-    load_for_cloning: Option<LoadFn>,
+    load_for_cloning: Option<ModelLoader>,
     converter: Option<Converter>,
     abi_version: &'static str,
 }
@@ -156,11 +156,26 @@ struct Converter {
 
 type LoadFn = extern "C" fn(&ModelLoadRequest, &BackendHandle) -> RResult<ModelBox, RString>;
 
+type LoadFn5_2 = extern "C" fn(&ModelLoadRequest, &BackendHandle) -> RResult<v5_2::ModelBox, RString>;
+
 #[derive(Clone, Copy)]
 enum ModelLoader {
-    /// This ABI's model trait (5.2 and later).
+    /// This ABI's model trait (5.5 and later).
     Current(LoadFn),
+    /// The model trait of 5.2 to 5.4.
+    V5_2(LoadFn5_2),
     V5_1(extern "C" fn(&ModelLoadRequest, &BackendHandle) -> RResult<v5_1::ModelBox, RString>),
+}
+
+impl ModelLoader {
+    /// Loads a model; one from an earlier interface is adapted to this one.
+    fn call(self, request: &ModelLoadRequest, handle: &BackendHandle) -> RResult<ModelBox, RString> {
+        match self {
+            ModelLoader::Current(load) => load(request, handle),
+            ModelLoader::V5_2(load) => load(request, handle).map(v5_2::Legacy::adapt),
+            ModelLoader::V5_1(load) => load(request, handle).map(v5_1::Legacy::adapt),
+        }
+    }
 }
 
 impl LoadedModelPlugin {
@@ -170,7 +185,7 @@ impl LoadedModelPlugin {
             family: m.family(),
             option_specs: m.option_specs(),
             load: ModelLoader::Current(m.load()),
-            load_for_cloning: m.load_for_cloning(),
+            load_for_cloning: m.load_for_cloning().map(ModelLoader::Current),
             // Both or neither: a plugin that declares one without the other converts nothing.
             converter: match (m.converter(), m.convert()) {
                 (Some(info), Some(convert)) => Some(Converter { info, convert }),
@@ -180,13 +195,28 @@ impl LoadedModelPlugin {
         }
     }
 
+    fn v5_4(m: v5_4::ModelPluginRef) -> Self {
+        LoadedModelPlugin {
+            info: m.info(),
+            family: m.family(),
+            option_specs: m.option_specs(),
+            load: ModelLoader::V5_2(m.load()),
+            load_for_cloning: m.load_for_cloning().map(ModelLoader::V5_2),
+            converter: match (m.converter(), m.convert()) {
+                (Some(info), Some(convert)) => Some(Converter { info, convert }),
+                _ => None,
+            },
+            abi_version: v5_4::PLUGIN_ABI_VERSION,
+        }
+    }
+
     fn v5_3(m: v5_3::ModelPluginRef) -> Self {
         LoadedModelPlugin {
             info: m.info(),
             family: m.family(),
             option_specs: m.option_specs(),
-            load: ModelLoader::Current(m.load()),
-            load_for_cloning: m.load_for_cloning(),
+            load: ModelLoader::V5_2(m.load()),
+            load_for_cloning: m.load_for_cloning().map(ModelLoader::V5_2),
             converter: None,
             abi_version: v5_3::PLUGIN_ABI_VERSION,
         }
@@ -197,7 +227,7 @@ impl LoadedModelPlugin {
             info: m.info(),
             family: m.family(),
             option_specs: m.option_specs(),
-            load: ModelLoader::Current(m.load()),
+            load: ModelLoader::V5_2(m.load()),
             load_for_cloning: None,
             converter: None,
             abi_version: v5_2::PLUGIN_ABI_VERSION,
@@ -230,10 +260,7 @@ impl LoadedModelPlugin {
 
     /// Loads a model; one from an earlier interface is adapted to this one.
     pub fn load(&self, request: &ModelLoadRequest, handle: &BackendHandle) -> RResult<ModelBox, RString> {
-        match self.load {
-            ModelLoader::Current(load) => load(request, handle),
-            ModelLoader::V5_1(load) => load(request, handle).map(v5_1::Legacy::adapt),
-        }
+        self.load.call(request, handle)
     }
 
     /// Whether the plugin loads a model only to clone voices (ABI 5.3).
@@ -245,7 +272,7 @@ impl LoadedModelPlugin {
     /// full model ([`load`](Self::load)), which clones as well.
     pub fn load_for_cloning(&self, request: &ModelLoadRequest, handle: &BackendHandle) -> RResult<ModelBox, RString> {
         match self.load_for_cloning {
-            Some(load) => load(request, handle),
+            Some(load) => load.call(request, handle),
             None => self.load(request, handle),
         }
     }
@@ -280,14 +307,16 @@ pub fn load_backend(path: &Path) -> Result<(LoadedBackendPlugin, PluginInfo), Pl
 
 /// Loads a model plugin through the current interface or, when abi_stable
 /// refuses it for that one (an older minor version), through the interface of
-/// ABI 5.3, then 5.2, then 5.1 (newest first: a 5.3 plugin would pass 5.2's
+/// ABI 5.4, then 5.3, 5.2 and 5.1 (newest first: a 5.3 plugin would pass 5.2's
 /// check too, and lose what it has); the error reported is the current
 /// interface's.
 pub fn load_model(path: &Path) -> Result<(LoadedModelPlugin, PluginInfo), PluginError> {
     let module = match load_root::<ModelPluginRef>(path) {
         Ok(m) => LoadedModelPlugin::current(m),
         Err(current @ (PluginError::AbiVersion { .. } | PluginError::AbiLayout { .. })) => {
-            if let Ok(m) = load_root::<v5_3::ModelPluginRef>(path) {
+            if let Ok(m) = load_root::<v5_4::ModelPluginRef>(path) {
+                LoadedModelPlugin::v5_4(m)
+            } else if let Ok(m) = load_root::<v5_3::ModelPluginRef>(path) {
                 LoadedModelPlugin::v5_3(m)
             } else if let Ok(m) = load_root::<v5_2::ModelPluginRef>(path) {
                 LoadedModelPlugin::v5_2(m)

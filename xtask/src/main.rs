@@ -143,9 +143,7 @@ fn build_all(release: bool) -> Result<(), String> {
 fn test(extra: &[String]) -> Result<(), String> {
     check_style()?;
     build_all(false)?;
-    build_abi_5_1_fixture()?;
-    build_abi_5_2_fixture()?;
-    build_abi_5_3_fixture()?;
+    build_old_abi_fixtures()?;
     openai_client()?;
     openai_node()?;
     converter_python()?;
@@ -228,39 +226,33 @@ fn converter_python() -> Result<(), String> {
     Ok(())
 }
 
-/// The tone test plugin as built against plugin ABI 5.1 (its interface of
-/// then, which `engine_core::abi::v5_1` keeps), in its own profile so it does
-/// not replace the current build's; `cli/tests/streaming.rs` loads it into
-/// this host, and fails rather than skips when this ran.
-fn build_abi_5_1_fixture() -> Result<(), String> {
-    let mut c = cargo();
-    c.args(["build", "-p", "tts-test-plugin-tone", "--features", "abi-5-1", "--profile", "abi-5-1"]);
-    run(&mut c)?;
-    std::env::set_var("TTS_REQUIRE_ABI_5_1_FIXTURE", "1");
-    Ok(())
-}
-
-/// The tone test plugin as built against plugin ABI 5.2 (the root module of
-/// then, before `load_for_cloning`, which `engine_core::abi::v5_2` keeps);
-/// `cli/tests/voice_save.rs` loads it into this host, and fails rather than
-/// skips when this ran.
-fn build_abi_5_2_fixture() -> Result<(), String> {
-    let mut c = cargo();
-    c.args(["build", "-p", "tts-test-plugin-tone", "--features", "abi-5-2", "--profile", "abi-5-2"]);
-    run(&mut c)?;
-    std::env::set_var("TTS_REQUIRE_ABI_5_2_FIXTURE", "1");
-    Ok(())
-}
-
-/// The tone test plugin as built against plugin ABI 5.3 (the root module of
-/// then, before the converter, which `engine_core::abi::v5_3` keeps);
-/// `cli/tests/convert.rs` loads it into this host, and fails rather than
-/// skips when this ran.
-fn build_abi_5_3_fixture() -> Result<(), String> {
-    let mut c = cargo();
-    c.args(["build", "-p", "tts-test-plugin-tone", "--features", "abi-5-3", "--profile", "abi-5-3"]);
-    run(&mut c)?;
-    std::env::set_var("TTS_REQUIRE_ABI_5_3_FIXTURE", "1");
+/// The tone test plugin as built against each older plugin ABI it can take
+/// (its `abi-5-N` features), so that the tests load it into this host:
+/// - 5.1, the interface and model trait of then (`engine_core::abi::v5_1`),
+///   which `cli/tests/streaming.rs` and `voice_save.rs` load;
+/// - 5.2, the root module before `load_for_cloning` (`abi::v5_2`), which
+///   `cli/tests/voice_save.rs` loads;
+/// - 5.3, the root module before the converter (`abi::v5_3`), which
+///   `cli/tests/convert.rs` loads;
+/// - 5.4, the model before `synthesize_with_progress` (`abi::v5_4`), which
+///   `cli/tests/streaming.rs` loads.
+///
+/// All four build in the one `abi-compat` profile, whose dependencies they
+/// share (only the plugin's own features differ), and each result is copied
+/// to `target/abi-5-N/`, where the tests look for it; they fail rather than
+/// skip when this ran.
+fn build_old_abi_fixtures() -> Result<(), String> {
+    let target = root().join("target");
+    for abi in ["5-1", "5-2", "5-3", "5-4"] {
+        let mut c = cargo();
+        c.args(["build", "-p", "tts-test-plugin-tone", "--features", &format!("abi-{abi}"), "--profile", "abi-compat"]);
+        run(&mut c)?;
+        let dir = target.join(format!("abi-{abi}"));
+        std::fs::create_dir_all(&dir).map_err(|e| format!("{}: {e}", dir.display()))?;
+        let built = target.join("abi-compat/libtts_test_tone.so");
+        std::fs::copy(&built, dir.join("libtts_test_tone.so")).map_err(|e| format!("{}: {e}", built.display()))?;
+        std::env::set_var(format!("TTS_REQUIRE_ABI_{}_FIXTURE", abi.replace('-', "_")), "1");
+    }
     Ok(())
 }
 

@@ -170,29 +170,40 @@ fn work(id: &str, mut session: ModelSession, jobs: crossbeam_channel::Receiver<J
 /// send (None when the client has gone or stalled).
 fn synthesize(session: &mut ModelSession, job: &Job, sender: &Sender, metrics: &Metrics, label: &metrics::ModelLabel) -> Option<Event> {
     let mut encoder = Encoder::new(job.format);
-    let (mut started, mut gone, mut samples) = (false, false, 0u64);
-    let result = session.synthesize_streaming_with(&job.text, &job.overrides, |piece, rate| {
-        // Checked on every piece, not only when bytes go out: FLAC sends
-        // nothing until the end (and MP3 not while a frame fills), so a send
-        // alone would not notice a client that left.
-        if job.events.is_closed() {
-            gone = true;
-            return Ok(false);
-        }
-        let bytes = encoder.piece(piece, rate).map_err(EngineError)?;
-        samples += piece.len() as u64;
-        if !started {
-            metrics.first_audio.get_or_create(label).observe(job.received.elapsed().as_secs_f64());
-        }
-        if (!started || !bytes.is_empty()) && !sender.send(job, Event::Audio(bytes)) {
-            gone = true;
-            return Ok(false);
-        }
-        started = true;
-        Ok(true)
-    });
+    let (mut started, gone, mut samples) = (false, std::cell::Cell::new(false), 0u64);
+    // Checked on every progress report too: a client that leaves while
+    // Chatterbox's T3 generates stops it there, not at the chunk's audio.
+    let on_progress = |_: &engine_core::engine::Progress<'_>| {
+        gone.set(job.events.is_closed());
+        !gone.get()
+    };
+    let result = session.synthesize_observed(
+        &job.text,
+        &job.overrides,
+        |piece, rate| {
+            // Checked on every piece, not only when bytes go out: FLAC sends
+            // nothing until the end (and MP3 not while a frame fills), so a send
+            // alone would not notice a client that left.
+            if job.events.is_closed() {
+                gone.set(true);
+                return Ok(false);
+            }
+            let bytes = encoder.piece(piece, rate).map_err(EngineError)?;
+            samples += piece.len() as u64;
+            if !started {
+                metrics.first_audio.get_or_create(label).observe(job.received.elapsed().as_secs_f64());
+            }
+            if (!started || !bytes.is_empty()) && !sender.send(job, Event::Audio(bytes)) {
+                gone.set(true);
+                return Ok(false);
+            }
+            started = true;
+            Ok(true)
+        },
+        on_progress,
+    );
     match result {
-        Ok(summary) if gone || summary.cancelled => {
+        Ok(summary) if gone.get() || summary.cancelled => {
             metrics.cancelled.get_or_create(label).inc();
             None
         }

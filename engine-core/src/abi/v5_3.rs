@@ -1,10 +1,11 @@
 //! The model plugin's root module as it was at ABI 5.3, before `converter`
 //! and `convert`: what a plugin built then declares, type for type
-//! (abi_stable compares names and layouts). Its [`super::Model`] trait is the
-//! current one, unchanged since 5.2, so a 5.3 model needs no adapter; the
-//! loader only notes that it converts nothing. Nothing here may change.
+//! (abi_stable compares names and layouts). Its model trait is 5.2's
+//! ([`super::v5_2::Model`]), adapted as 5.2's is; the loader also notes that
+//! it converts nothing. Nothing here may change.
 
-use super::{BackendHandle, ModelBox, ModelFamilyInfo, ModelLoadRequest, OptionSpec, PluginInfo};
+use super::v5_2::ModelBox;
+use super::{BackendHandle, ModelFamilyInfo, ModelLoadRequest, OptionSpec, PluginInfo};
 use abi_stable::{
     declare_root_module_statics,
     library::RootModule,

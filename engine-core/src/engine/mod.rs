@@ -3,7 +3,7 @@
 
 use crate::abi::{
     AudioSink, BackendHandle, BackendOpenRequest, BackendSessionBox, DeviceInfo, LoadedModelInfo, ModelBox, ModelLoadRequest, OptionList, OptionSpec,
-    ProbeResult, StreamSummary, SynthesisOutput, SynthesisRequest, VoiceCloneOutput, VoiceCloneRequest,
+    ProbeResult, ProgressSink, StreamSummary, SynthesisOutput, SynthesisRequest, VoiceCloneOutput, VoiceCloneRequest,
 };
 use crate::loader::{self, PluginFile, PluginKind};
 use crate::policy::{self, DeviceRef, Resolution};
@@ -465,7 +465,22 @@ impl ModelSession {
         &mut self,
         text: &str,
         overrides: &[(String, String)],
+        on_piece: impl FnMut(&[f32], u32) -> Result<bool, EngineError>,
+    ) -> Result<StreamSummary, EngineError> {
+        self.synthesize_observed(text, overrides, on_piece, |_| true)
+    }
+
+    /// [`ModelSession::synthesize_streaming_with`], also handing `on_progress`
+    /// what the model reports of its work before each piece is ready (a
+    /// plugin of ABI 5.5 or later that counts something, such as Chatterbox's
+    /// speech tokens; others report nothing). `on_progress` returns false to
+    /// stop the synthesis, as `on_piece`'s `Ok(false)` does.
+    pub fn synthesize_observed(
+        &mut self,
+        text: &str,
+        overrides: &[(String, String)],
         mut on_piece: impl FnMut(&[f32], u32) -> Result<bool, EngineError>,
+        mut on_progress: impl FnMut(&Progress<'_>) -> bool,
     ) -> Result<StreamSummary, EngineError> {
         if text.trim().is_empty() {
             return fail("text is empty");
@@ -473,9 +488,11 @@ impl ModelSession {
         let mut options = self.options.clone();
         crate::profile::apply_overrides(&mut options, self.info.family.as_str(), &self.specs, overrides).map_err(EngineError)?;
         let family = self.info.family.to_string();
-        let mut receiver = PieceReceiver { on_piece: &mut on_piece, rate: None, family, failure: None };
-        let sink = AudioSink { context: (&mut receiver as *mut PieceReceiver<'_>).cast(), deliver: deliver_piece };
-        let result = self.model.synthesize_streaming(&SynthesisRequest { text: text.into(), options }, &sink);
+        let mut receiver = PieceReceiver { on_piece: &mut on_piece, on_progress: &mut on_progress, rate: None, family, failure: None };
+        let context: *mut std::ffi::c_void = (&mut receiver as *mut PieceReceiver<'_>).cast();
+        let sink = AudioSink { context, deliver: deliver_piece };
+        let progress = ProgressSink { context, report: report_progress };
+        let result = self.model.synthesize_with_progress(&SynthesisRequest { text: text.into(), options }, &sink, &progress);
         if let Some(e) = receiver.failure.take() {
             return Err(e);
         }
@@ -559,13 +576,29 @@ impl ModelSession {
     }
 }
 
-/// The host's side of an [`AudioSink`]: the caller's callback, the rate of
-/// the first piece, and the first error (which stops the synthesis).
+/// What a model reports of its work before a piece is ready
+/// ([`ModelSession::synthesize_observed`]).
+#[derive(Debug, Clone, PartialEq)]
+pub struct Progress<'a> {
+    /// What is counted ("speech tokens").
+    pub unit: &'a str,
+    /// How many so far in the piece being made.
+    pub done: u64,
+    /// The most there can be in it, where the model knows a bound.
+    pub limit: Option<u64>,
+}
+
 /// The caller's receiver of streamed audio: samples and rate in, whether to go on out.
 type OnPiece<'a> = dyn FnMut(&[f32], u32) -> Result<bool, EngineError> + 'a;
+/// The caller's receiver of progress: whether to go on.
+type OnProgress<'a> = dyn FnMut(&Progress<'_>) -> bool + 'a;
 
+/// The host's side of an [`AudioSink`] and a [`ProgressSink`]: the caller's
+/// callbacks, the rate of the first piece, and the first error (which stops
+/// the synthesis).
 struct PieceReceiver<'a> {
     on_piece: &'a mut OnPiece<'a>,
+    on_progress: &'a mut OnProgress<'a>,
     rate: Option<u32>,
     family: String,
     failure: Option<EngineError>,
@@ -599,6 +632,25 @@ extern "C" fn deliver_piece(context: *mut std::ffi::c_void, samples: abi_stable:
         }
         Err(_) => {
             receiver.failure = Some(EngineError("internal error: the audio receiver panicked".into()));
+            false
+        }
+    }
+}
+
+/// [`ProgressSink::report`] for a [`PieceReceiver`]; a panic in the callback
+/// becomes the failure, as in [`deliver_piece`].
+extern "C" fn report_progress(context: *mut std::ffi::c_void, unit: abi_stable::std_types::RStr<'_>, done: u64, limit: u64) -> bool {
+    // SAFETY: as in `deliver_piece`: the receiver outlives the plugin call,
+    // and the plugin calls its sinks one at a time on one thread.
+    let receiver = unsafe { &mut *context.cast::<PieceReceiver<'_>>() };
+    if receiver.failure.is_some() {
+        return false;
+    }
+    let progress = Progress { unit: unit.as_str(), done, limit: (limit > 0).then_some(limit) };
+    match std::panic::catch_unwind(std::panic::AssertUnwindSafe(|| (receiver.on_progress)(&progress))) {
+        Ok(keep_going) => keep_going,
+        Err(_) => {
+            receiver.failure = Some(EngineError("internal error: the progress receiver panicked".into()));
             false
         }
     }

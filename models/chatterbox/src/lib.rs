@@ -31,8 +31,8 @@ use abi_stable::{
 };
 use engine_core::abi::{
     AudioSink, BackendHandle, ConvertOutput, ConvertRequest, ConvertedFile, ConverterInfo, LoadedModelInfo, Model, ModelBox, ModelCatalog, ModelFamilyInfo,
-    ModelLoadRequest, ModelPlugin, ModelPluginRef, Model_TO, OptionKind, OptionList, OptionSpec, OptionValue, PluginInfo, StreamSummary, SynthesisOutput,
-    SynthesisRequest, TokenTrace, VoiceCloneOutput, VoiceCloneRequest,
+    ModelLoadRequest, ModelPlugin, ModelPluginRef, Model_TO, OptionKind, OptionList, OptionSpec, OptionValue, PluginInfo, ProgressSink, StreamSummary,
+    SynthesisOutput, SynthesisRequest, TokenTrace, VoiceCloneOutput, VoiceCloneRequest,
 };
 use engine_core::backend_kit::spec;
 use engine_core::model_kit::Result;
@@ -381,6 +381,16 @@ fn languages(multilingual: bool) -> RVec<RString> {
     languages.into()
 }
 
+impl Plugin {
+    fn stream(&mut self, request: &SynthesisRequest, mut out: PieceSender) -> RResult<StreamSummary, RString> {
+        guarded("chatterbox", || {
+            let params = params_from_options(&request.options).map_err(|e| format!("chatterbox: {e}"))?;
+            let trace = self.model.synthesize_streaming(request.text.as_str(), &params, &mut out).map_err(|e| format!("chatterbox: {e}"))?;
+            Ok(out.summary(self.model.sample_rate(), trace.timings.into_stage_timings(), token_traces(&trace.text_ids, &trace.speech_tokens)))
+        })
+    }
+}
+
 impl Model for Plugin {
     fn info(&self) -> LoadedModelInfo {
         LoadedModelInfo { family: "chatterbox".into(), variant: self.model.variant().into(), sample_rate: self.model.sample_rate() }
@@ -405,15 +415,18 @@ impl Model for Plugin {
         ModelCatalog { voices: RVec::new(), languages: languages(self.model.is_multilingual()), clones_voices: true }
     }
 
-    /// One piece per text chunk (the crossfade tail held for the next).
+    /// One piece per text chunk (the crossfade tail held for the next), or
+    /// every `stream_tokens` speech tokens.
     fn synthesize_streaming(&mut self, request: &SynthesisRequest, sink: &AudioSink) -> RResult<StreamSummary, RString> {
-        guarded("chatterbox", || {
-            let params = params_from_options(&request.options).map_err(|e| format!("chatterbox: {e}"))?;
-            let rate = self.model.sample_rate();
-            let mut out = PieceSender::to_sink(sink, rate);
-            let trace = self.model.synthesize_streaming(request.text.as_str(), &params, &mut out).map_err(|e| format!("chatterbox: {e}"))?;
-            Ok(out.summary(rate, trace.timings.into_stage_timings(), token_traces(&trace.text_ids, &trace.speech_tokens)))
-        })
+        let rate = self.model.sample_rate();
+        self.stream(request, PieceSender::to_sink(sink, rate))
+    }
+
+    /// The same, reporting each speech token T3 generates ("speech tokens",
+    /// bounded by `max_new_tokens`) to `progress`, which may stop it.
+    fn synthesize_with_progress(&mut self, request: &SynthesisRequest, sink: &AudioSink, progress: &ProgressSink) -> RResult<StreamSummary, RString> {
+        let rate = self.model.sample_rate();
+        self.stream(request, PieceSender::to_sinks(sink, progress, rate))
     }
 
     fn clone_voice(&mut self, request: &VoiceCloneRequest) -> RResult<VoiceCloneOutput, RString> {

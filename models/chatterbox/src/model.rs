@@ -17,7 +17,7 @@ use crate::s3gen::S3Gen;
 use crate::sampler::{GuidedSamplingParams, SamplingParams, UniformSource, Xoshiro256};
 pub use crate::speech_tokens::SpeechGenerator;
 use crate::t3::guided::{GuidanceMode, GuidedT3};
-use crate::t3::{TokenLimits, T3};
+use crate::t3::{OnToken, TokenLimits, T3};
 use crate::text::multilingual::{self, MultilingualTokenizer};
 use crate::text::{self, TextTokenizer};
 use engine_core::audio::stretch::{self, TimeStretch};
@@ -450,11 +450,11 @@ impl Chatterbox {
         let mut stretcher = TimeStretch::new(self.sample_rate(), params.speed as f64)?;
         let mut stretch_ms = 0f64;
         let mut trace = {
-            let mut stretched = PieceSender::new(|piece| {
+            let mut stretched = out.through(|piece| {
                 let start = std::time::Instant::now();
                 let piece = stretcher.push(piece);
                 stretch_ms += start.elapsed().as_secs_f64() * 1e3;
-                out.send(&piece)
+                piece
             });
             let trace = self.run_at_model_speed(text, params, &mut stretched, token_hop)?;
             if stretched.cancelled {
@@ -493,22 +493,27 @@ impl Chatterbox {
         for (i, ids) in encoded.iter().enumerate() {
             let seed = params.seed.wrapping_add(i as u64);
             if token_hop > 0 && draws.is_none() {
-                let mut starts_chunk = true;
-                let mut deliver = |piece: &[f32]| {
-                    let sent = out.send(&join.push_piece(piece, starts_chunk));
-                    starts_chunk = false;
-                    sent
-                };
-                let (tokens, going_on) = self.synthesize_chunk_streamed(ids, &voice, params, seed, token_hop, &mut timings, &mut deliver)?;
+                let mut chunk_out = ChunkOut { out: &mut *out, join: &mut join, starts_chunk: true, token_limit: params.max_new_tokens as u64, reported: 0 };
+                let (tokens, going_on) = self.synthesize_chunk_streamed(ids, &voice, params, seed, token_hop, &mut timings, &mut chunk_out)?;
                 speech_tokens.push(tokens);
                 if !going_on {
                     break;
                 }
                 continue;
             }
-            let (wav, tokens) = self.synthesize_chunk(ids, &voice, params, seed, draws.as_ref(), &mut timings)?;
+            let (token_limit, mut reported) = (params.max_new_tokens as u64, 0);
+            let mut on_token = |tokens: &[u32]| -> Result<bool> {
+                reported = tokens.len();
+                Ok(out.progress(SPEECH_TOKENS, reported as u64, token_limit))
+            };
+            let (wav, tokens) = self.synthesize_chunk(ids, &voice, params, seed, draws.as_ref(), &mut timings, &mut on_token)?;
+            // The token that ends generation is not handed on; the count ends exact.
+            if reported != tokens.len() {
+                out.progress(SPEECH_TOKENS, tokens.len() as u64, token_limit);
+            }
             speech_tokens.push(tokens);
-            if !out.send(&join.push(&wav)) {
+            // A stop during T3 leaves no audio to send.
+            if out.cancelled || !out.send(&join.push(&wav)) {
                 break;
             }
         }
@@ -528,7 +533,8 @@ impl Chatterbox {
     /// back: the encoder has not seen what follows them), S3Gen's encoder and CFM run over the prompt and
     /// every code so far, with one noise draw per utterance indexed by frame,
     /// and the new mel frames go to the vocoder stream (CosyVoice2's
-    /// `token2wav`). Returns the tokens and whether `deliver` wants more.
+    /// `token2wav`). Each token is reported to `out` as progress. Returns the
+    /// tokens and whether `out` wants more.
     #[allow(clippy::too_many_arguments)]
     fn synthesize_chunk_streamed(
         &mut self,
@@ -538,7 +544,7 @@ impl Chatterbox {
         seed: u64,
         hop: usize,
         timings: &mut Timings,
-        deliver: &mut dyn FnMut(&[f32]) -> bool,
+        out: &mut ChunkOut,
     ) -> Result<(Vec<u32>, bool)> {
         let codes_of = self.t3.code_reader(self.s3gen.hp.speech_vocab as u32);
         let (t3, s3) = (&mut self.t3, &mut self.s3gen);
@@ -547,23 +553,29 @@ impl Chatterbox {
         let mut stage_ms = Timings::default();
         let tokens = {
             let mut on_token = |tokens: &[u32]| -> Result<bool> {
+                going_on = out.tokens(tokens.len());
+                if !going_on {
+                    return Ok(false);
+                }
                 let codes = codes_of.read(tokens, false);
                 if !chunker.due(codes.len()) {
                     return Ok(true);
                 }
                 let audio = chunker.emit(s3, &codes, false, &mut stage_ms)?;
-                going_on = deliver(&audio);
+                going_on = out.audio(&audio);
                 Ok(going_on)
             };
             t3.generate(ids, &voice.t3, params, UniformSource::seeded(seed), timings, &mut on_token)?
         };
+        // The token that ends generation is not handed to `on_token`; the count ends exact.
+        going_on = going_on && out.tokens(tokens.len());
         if going_on {
             let codes = codes_of.read(&tokens, true);
             if codes.is_empty() {
                 return Err(format!("T3 produced no speech tokens ({} tokens, none a speech code)", tokens.len()).into());
             }
             let audio = chunker.emit(s3, &codes, true, &mut stage_ms)?;
-            going_on = deliver(&audio);
+            going_on = out.audio(&audio);
         }
         for (stage, ms) in &stage_ms.entries {
             timings.add(stage, *ms);
@@ -571,6 +583,10 @@ impl Chatterbox {
         Ok((tokens, going_on))
     }
 
+    /// One text chunk in one piece: T3's tokens (each handed to `on_token`,
+    /// which may stop generation), then S3Gen over all of them. A stop leaves
+    /// no audio.
+    #[allow(clippy::too_many_arguments)]
     fn synthesize_chunk(
         &mut self,
         ids: &[i32],
@@ -579,12 +595,21 @@ impl Chatterbox {
         seed: u64,
         draws: Option<&RecordedDraws>,
         timings: &mut Timings,
+        on_token: &mut OnToken<'_>,
     ) -> Result<(Vec<f32>, Vec<u32>)> {
         let uniforms = match draws.and_then(|d| d.t3_uniforms.clone()) {
             Some(u) => UniformSource::recorded(u),
             None => UniformSource::seeded(seed),
         };
-        let tokens = self.t3.generate(ids, &voice.t3, params, uniforms, timings, &mut |_| Ok(true))?;
+        let mut stopped = false;
+        let tokens = self.t3.generate(ids, &voice.t3, params, uniforms, timings, &mut |tokens: &[u32]| {
+            let going_on = on_token(tokens)?;
+            stopped = !going_on;
+            Ok(going_on)
+        })?;
+        if stopped {
+            return Ok((Vec::new(), tokens));
+        }
         let s3 = &mut self.s3gen;
         let codes = self.t3.speech_codes(&tokens, s3.hp.speech_vocab as u32);
         if codes.is_empty() {
@@ -637,6 +662,40 @@ impl Chatterbox {
         let mut wav = out.wav;
         apply_trim_fade(&mut wav, trim);
         Ok((wav, tokens))
+    }
+}
+
+/// What T3's progress is reported as ([`PieceSender::progress`]).
+const SPEECH_TOKENS: &str = "speech tokens";
+
+/// Where a streamed chunk's audio and T3's progress go: the stream's sender,
+/// the audio through the crossfade join between chunks.
+struct ChunkOut<'s, 'a> {
+    out: &'s mut PieceSender<'a>,
+    join: &'s mut CrossfadeJoin,
+    /// The next piece is the chunk's first (the join blends it into the last chunk's tail).
+    starts_chunk: bool,
+    token_limit: u64,
+    /// The last count reported.
+    reported: usize,
+}
+
+impl ChunkOut<'_, '_> {
+    /// `done` speech tokens of this chunk are generated (a count already
+    /// reported is not repeated); false: stop.
+    fn tokens(&mut self, done: usize) -> bool {
+        if done == self.reported {
+            return !self.out.cancelled;
+        }
+        self.reported = done;
+        self.out.progress(SPEECH_TOKENS, done as u64, self.token_limit)
+    }
+
+    /// A piece of the chunk's audio; false: stop.
+    fn audio(&mut self, piece: &[f32]) -> bool {
+        let sent = self.out.send(&self.join.push_piece(piece, self.starts_chunk));
+        self.starts_chunk = false;
+        sent
     }
 }
 

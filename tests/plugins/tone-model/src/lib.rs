@@ -19,17 +19,23 @@ use engine_core::abi::{
 // module and model trait of then, no streaming.
 #[cfg(feature = "abi-5-1")]
 use engine_core::abi::v5_1::{Model, ModelBox, ModelPlugin, ModelPluginRef, Model_TO};
-// With `abi-5-2`: the root module of 5.2, before `load_for_cloning`; its
-// model trait is the current one.
+// With `abi-5-2`: the root module of 5.2, before `load_for_cloning`, and
+// the model trait of 5.2 to 5.4 (streaming, no progress).
 #[cfg(feature = "abi-5-2")]
 use engine_core::abi::v5_2::{ModelPlugin, ModelPluginRef};
 // With `abi-5-3`: the root module of 5.3, before the converter.
 #[cfg(feature = "abi-5-3")]
 use engine_core::abi::v5_3::{ModelPlugin, ModelPluginRef};
+// With `abi-5-4`: the root module of 5.4, before the model's
+// `synthesize_with_progress`.
+#[cfg(any(feature = "abi-5-2", feature = "abi-5-3", feature = "abi-5-4"))]
+use engine_core::abi::v5_2::{Model, ModelBox, Model_TO};
+#[cfg(feature = "abi-5-4")]
+use engine_core::abi::v5_4::{ModelPlugin, ModelPluginRef};
 #[cfg(not(feature = "abi-5-1"))]
-use engine_core::abi::{AudioSink, Model, ModelBox, Model_TO, StreamSummary};
-#[cfg(not(any(feature = "abi-5-1", feature = "abi-5-2", feature = "abi-5-3")))]
-use engine_core::abi::{ModelPlugin, ModelPluginRef};
+use engine_core::abi::{AudioSink, StreamSummary};
+#[cfg(not(any(feature = "abi-5-1", feature = "abi-5-2", feature = "abi-5-3", feature = "abi-5-4")))]
+use engine_core::abi::{Model, ModelBox, ModelPlugin, ModelPluginRef, Model_TO};
 use engine_core::backend_kit::spec;
 use ggml_sys::gguf::GgufFile;
 use ggml_sys::{Backend, Context, TYPE_F32};
