@@ -3,8 +3,8 @@
 //! For an output that can seek back ([`super::Destination::Seekable`]) the
 //! stream starts with LAME's Info frame, whose LAME tag states the encoder
 //! delay and the last frame's padding (and the frame count, byte count and
-//! CRCs): decoders that read it (ffmpeg, mpg123, browsers) trim both and give
-//! back exactly the samples encoded. LAME writes that frame first as a
+//! CRCs): decoders that read it (ffmpeg, mpg123) trim both and give back
+//! exactly the samples encoded. LAME writes that frame first as a
 //! placeholder and computes it only at the end, so it is the header
 //! [`super::StreamEncoder::finish`] returns. A stream cannot go back to it
 //! and gets no tag: decoded, it is longer by the delay and the padding.
