@@ -116,9 +116,20 @@ fn read_limited(reader: impl Read, what: &str) -> Result<String, String> {
 }
 
 /// A spinner on stderr with the elapsed time, the pieces of audio the model
-/// has delivered (Supertonic: one per text chunk) and their length, only
-/// when stderr is a terminal (and not `-q`): logs and pipes stay clean.
-pub struct Progress(Option<indicatif::ProgressBar>, std::cell::Cell<u64>);
+/// has delivered (Supertonic: one per text chunk) and their length, and what
+/// the model reports of the piece it is making (Chatterbox: the speech tokens
+/// T3 has generated), only when stderr is a terminal (and not `-q`): logs and
+/// pipes stay clean.
+pub struct Progress(Option<indicatif::ProgressBar>, std::cell::RefCell<Shown>);
+
+/// What the spinner says.
+#[derive(Default)]
+struct Shown {
+    pieces: u64,
+    seconds: f64,
+    /// The model's count for the coming piece: what, and how many.
+    work: Option<(String, u64)>,
+}
 
 impl Progress {
     pub fn new(quiet: bool) -> Progress {
@@ -136,16 +147,37 @@ impl Progress {
 
     /// One more piece has come; `seconds` of audio so far.
     fn audio(&self, seconds: f64) {
-        self.1.set(self.1.get() + 1);
+        let mut shown = self.1.borrow_mut();
+        shown.pieces += 1;
+        shown.seconds = seconds;
+        shown.work = None;
+        self.show(&shown);
+    }
+
+    /// The model reports work on the coming piece.
+    fn work(&self, progress: &engine_core::engine::Progress<'_>) {
+        let mut shown = self.1.borrow_mut();
+        shown.work = Some((progress.unit.to_string(), progress.done));
+        self.show(&shown);
+    }
+
+    fn show(&self, shown: &Shown) {
         if let Some(bar) = &self.0 {
-            bar.set_message(progress_message(self.1.get(), seconds));
+            bar.set_message(progress_message(shown));
         }
     }
 }
 
-fn progress_message(pieces: u64, seconds: f64) -> String {
-    let s = if pieces == 1 { "" } else { "s" };
-    format!("{pieces} piece{s}, {seconds:.1} s of audio")
+fn progress_message(shown: &Shown) -> String {
+    let audio = match shown.pieces {
+        0 => "synthesizing".to_string(),
+        1 => format!("1 piece, {:.1} s of audio", shown.seconds),
+        n => format!("{n} pieces, {:.1} s of audio", shown.seconds),
+    };
+    match &shown.work {
+        Some((unit, done)) => format!("{audio}; {done} {unit}"),
+        None => audio,
+    }
 }
 
 impl Drop for Progress {
@@ -267,24 +299,33 @@ fn stream_into(
     // Started by the first piece, which brings the model's rate.
     let (mut samples, mut reader_gone, mut encoder) = (0u64, false, None::<StreamEncoder>);
     let mut buffer = Vec::new();
+    let on_progress = |p: &engine_core::engine::Progress<'_>| {
+        progress.work(p);
+        true
+    };
     let summary = session
-        .synthesize_streaming_with(text, overrides, |piece, rate| {
-            buffer.clear();
-            if encoder.is_none() {
-                encoder = Some(StreamEncoder::to(format.audio(), rate, destination).map_err(EngineError)?);
-            }
-            encoder.as_mut().expect("set above").push(piece, &mut buffer).map_err(EngineError)?;
-            samples += piece.len() as u64;
-            progress.audio(samples as f64 / rate as f64);
-            match file.write_all(&buffer) {
-                Ok(()) => Ok(true),
-                Err(e) if target.reader_may_go && e.kind() == std::io::ErrorKind::BrokenPipe => {
-                    reader_gone = true;
-                    Ok(false)
+        .synthesize_observed(
+            text,
+            overrides,
+            |piece, rate| {
+                buffer.clear();
+                if encoder.is_none() {
+                    encoder = Some(StreamEncoder::to(format.audio(), rate, destination).map_err(EngineError)?);
                 }
-                Err(e) => Err(EngineError(format!("writing {what}: {e}"))),
-            }
-        })
+                encoder.as_mut().expect("set above").push(piece, &mut buffer).map_err(EngineError)?;
+                samples += piece.len() as u64;
+                progress.audio(samples as f64 / rate as f64);
+                match file.write_all(&buffer) {
+                    Ok(()) => Ok(true),
+                    Err(e) if target.reader_may_go && e.kind() == std::io::ErrorKind::BrokenPipe => {
+                        reader_gone = true;
+                        Ok(false)
+                    }
+                    Err(e) => Err(EngineError(format!("writing {what}: {e}"))),
+                }
+            },
+            on_progress,
+        )
         .map_err(|e| fail(e.0))?;
     for t in summary.timings.iter() {
         tracing::debug!(stage = %t.stage, ms = t.ms, "stage timing");
@@ -335,9 +376,14 @@ fn header_start(file: &mut std::fs::File) -> Option<u64> {
 
 #[cfg(test)]
 mod progress_tests {
+    use super::{progress_message, Shown};
+
     #[test]
-    fn the_spinner_counts_pieces_and_seconds() {
-        assert_eq!(super::progress_message(1, 0.42), "1 piece, 0.4 s of audio");
-        assert_eq!(super::progress_message(3, 4.25), "3 pieces, 4.2 s of audio");
+    fn the_spinner_counts_pieces_seconds_and_the_models_work() {
+        let shown = |pieces, seconds, work: Option<(&str, u64)>| Shown { pieces, seconds, work: work.map(|(u, n)| (u.to_string(), n)) };
+        assert_eq!(progress_message(&shown(0, 0.0, None)), "synthesizing");
+        assert_eq!(progress_message(&shown(0, 0.0, Some(("speech tokens", 17)))), "synthesizing; 17 speech tokens");
+        assert_eq!(progress_message(&shown(1, 0.42, None)), "1 piece, 0.4 s of audio");
+        assert_eq!(progress_message(&shown(3, 4.25, Some(("speech tokens", 5)))), "3 pieces, 4.2 s of audio; 5 speech tokens");
     }
 }
