@@ -51,6 +51,8 @@ const APT_PACKAGES: &[&str] = &[
     // with the nodejs package of NodeSource's repository, where that is the
     // source; Debian's own `npm` package conflicts with it).
     "nodejs",
+    // cli/tests/deploy.rs: three `tts serve` replicas behind HAProxy.
+    "haproxy",
 ];
 
 fn main() {
@@ -147,6 +149,7 @@ fn test(extra: &[String]) -> Result<(), String> {
     openai_client()?;
     openai_node()?;
     converter_python()?;
+    kubernetes_validate()?;
     check_bundle()?;
     run_tests(extra)
 }
@@ -223,6 +226,36 @@ fn converter_python() -> Result<(), String> {
     }
     std::env::set_var("TTS_CHATTERBOX_PYTHON", &python);
     std::env::set_var("TTS_REQUIRE_CONVERTER_PYTHON", "1");
+    Ok(())
+}
+
+/// `kubernetes-validate` (the Kubernetes API schemas, offline), pinned, in
+/// `target/k8s-venv`: `cli/tests/deploy.rs` checks deploy/kubernetes/ with
+/// it. Without Python or PyPI that test reports itself skipped, unless
+/// `TTS_REQUIRE_KUBERNETES_VALIDATE` is set (CI sets it), where this fails.
+const KUBERNETES_VALIDATE_PACKAGE: &str = "kubernetes-validate==1.34.1";
+
+fn kubernetes_validate() -> Result<(), String> {
+    let venv = root().join("target/k8s-venv");
+    let version = KUBERNETES_VALIDATE_PACKAGE.split_once("==").map(|(_, v)| v).unwrap_or_default();
+    let ready = || {
+        Command::new(venv.join("bin/kubernetes-validate"))
+            .arg("--version")
+            .output()
+            .is_ok_and(|o| o.status.success() && String::from_utf8_lossy(&o.stdout).contains(version))
+    };
+    if !ready() {
+        let installed = run(Command::new("python3").args(["-m", "venv"]).arg(&venv))
+            .and_then(|()| run(Command::new(venv.join("bin/pip")).args(["install", "-q", "--disable-pip-version-check", KUBERNETES_VALIDATE_PACKAGE])));
+        if let Err(e) = installed {
+            if std::env::var_os("TTS_REQUIRE_KUBERNETES_VALIDATE").is_some() {
+                return Err(format!("installing {KUBERNETES_VALIDATE_PACKAGE} for the manifest test: {e}"));
+            }
+            eprintln!("xtask: {KUBERNETES_VALIDATE_PACKAGE} could not be installed ({e}); the manifest test will report itself skipped");
+            return Ok(());
+        }
+    }
+    std::env::set_var("TTS_KUBERNETES_VALIDATE_VENV", &venv);
     Ok(())
 }
 

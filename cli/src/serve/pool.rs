@@ -108,6 +108,13 @@ impl Pool {
         metrics: Arc<Metrics>,
     ) -> Result<Pool, String> {
         let (jobs, receiver) = crossbeam_channel::bounded::<Job>(queue);
+        // The model's gauges exist at 0 from the start, not from its first
+        // request: an autoscaler reading queue depth from an idle replica
+        // must see 0, not no data (which Kubernetes' HPA takes as a reason
+        // never to scale down).
+        let label = metrics::model(id);
+        metrics.queue_depth.get_or_create(&label).set(0);
+        metrics.busy_workers.get_or_create(&label).set(0);
         let sender = Sender { timeout: send_timeout, runtime };
         let mut workers = Vec::new();
         for (i, session) in sessions.into_iter().enumerate() {

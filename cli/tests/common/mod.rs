@@ -222,9 +222,15 @@ impl Drop for Serving {
 /// address it prints first, keeps draining its stderr, and waits until
 /// `/health` answers 200 (a hang guard of two minutes, not a timing check).
 pub fn start_serve(args: &[&str]) -> Serving {
+    start_serve_on(0, args)
+}
+
+/// [`start_serve`] on a chosen port (a replica restarted where its balancer
+/// expects it).
+pub fn start_serve_on(port: u16, args: &[&str]) -> Serving {
     use std::io::{BufRead, BufReader};
     let mut child = Command::new(tts())
-        .args(["serve", "--port", "0"])
+        .args(["serve", "--port", &port.to_string()])
         .args(args)
         .env_remove("TTS_LOG")
         .env_remove("TTS_API_KEY")
