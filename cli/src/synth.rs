@@ -221,11 +221,7 @@ pub fn token_lines(family: &str, tokens: &[TokenTrace]) -> String {
 /// `engine_core::output`), and gets the one-shot audio; stdout gets the
 /// streaming pieces (FLAC: the one-shot audio too).
 pub fn synthesize(session: &mut ModelSession, text: &str, out: &Path, format: Format, progress: &Progress) -> Result<Written, String> {
-    let one_shot: Vec<(String, String)> = ONE_SHOT_PIECES
-        .iter()
-        .filter(|(key, _)| session.option_specs().iter().any(|s| s.key.as_str() == *key))
-        .map(|(k, v)| (k.to_string(), v.to_string()))
-        .collect();
+    let one_shot = session.one_shot_overrides();
     if out == Path::new("-") {
         let mut stdout = std::fs::File::from(std::io::stdout().as_fd().try_clone_to_owned().map_err(|e| format!("stdout: {e}"))?);
         let overrides = if format == Format::Flac { &one_shot[..] } else { &[] };
@@ -256,12 +252,6 @@ pub fn synthesize(session: &mut ModelSession, text: &str, out: &Path, format: Fo
         (Ok(()), _, None) => Err(format!("{}: nothing was written", out.display())),
     }
 }
-
-/// Options that make a model's streamed pieces join to exactly its one-shot
-/// samples, where the model has them: Supertonic's first-chunk cut off
-/// (`stream_first_chars = 0`), Chatterbox's pieces per text chunk rather than
-/// per speech-token hop (`stream_tokens = 0`).
-const ONE_SHOT_PIECES: &[(&str, &str)] = &[("stream_first_chars", "0"), ("stream_tokens", "0")];
 
 /// Where [`stream_into`] writes.
 struct Target<'a> {

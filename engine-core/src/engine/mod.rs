@@ -36,20 +36,51 @@ pub fn plugin_dirs(profile: &Profile, exe: Option<&Path>, command_line: &[PathBu
             profile.plugin_dirs.iter().map(|d| d.display().to_string()).collect::<Vec<_>>().join(", ")
         ));
     }
-    if !command_line.is_empty() {
-        return Ok(command_line.to_vec());
-    }
-    if let Some(value) = std::env::var_os(PLUGIN_PATH_ENV).filter(|v| !v.is_empty()) {
-        return Ok(std::env::split_paths(&value).filter(|p| !p.as_os_str().is_empty()).collect());
-    }
-    if !profile.plugin_dirs.is_empty() {
-        return Ok(profile.plugin_dirs.clone());
+    if let Some(named) = named_plugin_dirs(profile, command_line) {
+        return Ok(named);
     }
     let Some(dir) = exe.and_then(Path::parent) else {
         return fail("cannot find the plugin directory: the path of the tts executable is unknown; pass --plugin-dir");
     };
     let bundled = dir.join("plugins");
     Ok(vec![if bundled.is_dir() { bundled } else { dir.to_path_buf() }])
+}
+
+/// [`plugin_dirs`] for a library (the C API's `libtts.so`) rather than an
+/// executable, where no profile is trusted to name code: `given` (the
+/// caller's argument), [`PLUGIN_PATH_ENV`], else the bundle's `plugins/`
+/// beside the directory holding `library` (`lib/libtts.so` beside
+/// `plugins/`), or the library's own directory in a development build tree.
+/// A profile naming plugin directories is refused, as it is without the
+/// opt-in in [`plugin_dirs`].
+pub fn library_plugin_dirs(profile: &Profile, library: Option<&Path>, given: &[PathBuf]) -> Result<Vec<PathBuf>, EngineError> {
+    if !profile.plugin_dirs.is_empty() {
+        return fail(format!(
+            "{}: [plugins] dirs would load code from {}; a profile is not trusted to name code: remove [plugins] dirs and pass the plugin directory as an argument or in {PLUGIN_PATH_ENV}",
+            profile.origin(),
+            profile.plugin_dirs.iter().map(|d| d.display().to_string()).collect::<Vec<_>>().join(", ")
+        ));
+    }
+    if let Some(named) = named_plugin_dirs(profile, given) {
+        return Ok(named);
+    }
+    let Some(dir) = library.and_then(Path::parent) else {
+        return fail("cannot find the plugin directory: the path of the library is unknown; pass the plugin directory");
+    };
+    let bundled = dir.parent().map(|bundle| bundle.join("plugins")).filter(|p| p.is_dir());
+    Ok(vec![bundled.unwrap_or_else(|| dir.to_path_buf())])
+}
+
+/// The plugin directories named by the caller, [`PLUGIN_PATH_ENV`] or a
+/// (trusted) profile, in that order; None when none names any.
+fn named_plugin_dirs(profile: &Profile, given: &[PathBuf]) -> Option<Vec<PathBuf>> {
+    if !given.is_empty() {
+        return Some(given.to_vec());
+    }
+    if let Some(value) = std::env::var_os(PLUGIN_PATH_ENV).filter(|v| !v.is_empty()) {
+        return Some(std::env::split_paths(&value).filter(|p| !p.as_os_str().is_empty()).collect());
+    }
+    (!profile.plugin_dirs.is_empty()).then(|| profile.plugin_dirs.clone())
 }
 
 struct OpenBackend {
@@ -541,6 +572,17 @@ impl ModelSession {
         crate::output::refuse_input_as_output(out, &inputs).map_err(EngineError)
     }
 
+    /// Overrides that make the model's streamed pieces join to exactly its
+    /// one-shot samples, for a front end that collects the whole audio
+    /// (a file, a buffer): [`ONE_SHOT_PIECES`] the model has.
+    pub fn one_shot_overrides(&self) -> Vec<(String, String)> {
+        ONE_SHOT_PIECES
+            .iter()
+            .filter(|(key, _)| self.specs.iter().any(|s| s.key.as_str() == *key))
+            .map(|(k, v)| (k.to_string(), v.to_string()))
+            .collect()
+    }
+
     /// The model plugin's options: key, kind, default and help.
     pub fn option_specs(&self) -> &[crate::abi::OptionSpec] {
         &self.specs
@@ -575,6 +617,12 @@ impl ModelSession {
         Ok(output.timings.iter().map(|t| (t.stage.to_string(), t.ms)).collect())
     }
 }
+
+/// Options that make a model's streamed pieces join to exactly its one-shot
+/// samples, where the model has them: Supertonic's first-chunk cut off
+/// (`stream_first_chars = 0`), Chatterbox's pieces per text chunk rather than
+/// per speech-token hop (`stream_tokens = 0`).
+pub const ONE_SHOT_PIECES: &[(&str, &str)] = &[("stream_first_chars", "0"), ("stream_tokens", "0")];
 
 /// What a model reports of its work before a piece is ready
 /// ([`ModelSession::synthesize_observed`]).
