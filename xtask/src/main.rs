@@ -53,6 +53,8 @@ const APT_PACKAGES: &[&str] = &[
     "nodejs",
     // cli/tests/deploy.rs: three `tts serve` replicas behind HAProxy.
     "haproxy",
+    // capi/tests/examples.rs: the C API's error paths under memcheck.
+    "valgrind",
 ];
 
 fn main() {
@@ -373,6 +375,7 @@ fn check_bundle() -> Result<(), String> {
     check_run_paths(&bundle)?;
     check_needed_libraries(&bundle)?;
     check_bundle_profiles(&bundle)?;
+    check_bundle_capi(&bundle)?;
     std::fs::remove_file(bundle.join("plugins/libtts_backend_vulkan.so")).map_err(|e| e.to_string())?;
     devices(&[&base, "no plugin file libtts_backend_vulkan.so", "\"backend\": \"cpu\""], &["software-gpu"])?;
     eprintln!("bundle check: ok ({})", bundle.display());
@@ -523,6 +526,52 @@ fn check_bundle_profiles(bundle: &Path) -> Result<(), String> {
     Ok(())
 }
 
+/// The bundle's C API works from the bundle alone: capi/examples/speak.c,
+/// compiled against its include/ and lib/, speaks the tiny Supertonic
+/// fixture with the plugins libtts finds beside lib/ (no plugin directory
+/// given, no library path). capi/tests/examples.rs then runs the error
+/// paths under valgrind with the CPU module the module kit built.
+fn check_bundle_capi(bundle: &Path) -> Result<(), String> {
+    let work = root().join("target/capi-check");
+    if work.exists() {
+        std::fs::remove_dir_all(&work).map_err(|e| e.to_string())?;
+    }
+    std::fs::create_dir_all(&work).map_err(|e| e.to_string())?;
+    let speak = work.join("speak");
+    let lib = bundle.join("lib");
+    run(Command::new("cc")
+        .arg("-std=c11")
+        .arg("-I")
+        .arg(bundle.join("include"))
+        .arg(root().join("capi/examples/speak.c"))
+        .arg("-L")
+        .arg(&lib)
+        .arg("-ltts")
+        .arg(format!("-Wl,-rpath,{}", lib.display()))
+        .arg("-o")
+        .arg(&speak))?;
+    let profile = work.join("profile.toml");
+    let model = root().join("tests/fixtures/supertonic/tiny-v2/model.gguf");
+    let text = format!("[backend]\nprefer = [\"cpu\"]\nfallback = false\n[backends.cpu]\nthreads = 1\n[model]\nfiles = [\"{}\"]\n", model.display());
+    std::fs::write(&profile, text).map_err(|e| e.to_string())?;
+    let out = work.join("speech.f32");
+    let o = Command::new(&speak)
+        .arg(&profile)
+        .arg("Hello from the bundle.")
+        .arg(&out)
+        .env_remove("LD_LIBRARY_PATH")
+        .env_remove("TTS_PLUGIN_PATH")
+        .output()
+        .map_err(|e| format!("{}: {e}", speak.display()))?;
+    let size = std::fs::metadata(&out).map(|m| m.len()).unwrap_or(0);
+    if !o.status.success() || size == 0 {
+        return Err(format!("bundle: the C API example failed: {}{}", String::from_utf8_lossy(&o.stdout), String::from_utf8_lossy(&o.stderr)));
+    }
+    eprintln!("bundle check: lib/libtts.so and include/tts.h speak ({size} bytes of samples)");
+    std::env::set_var("TTS_REQUIRE_VALGRIND", "1");
+    Ok(())
+}
+
 /// A profile as the bundle ships it: model files of the source tree (the test
 /// fixtures) are not in a bundle, so `files` is emptied and the user passes
 /// `--model` (or fills it in).
@@ -579,6 +628,12 @@ fn dist(args: &[String]) -> Result<PathBuf, String> {
     // Only the sonames are needed at run time.
     copy(target.join("libggml-base.so.0"), &lib)?;
     copy(target.join("libggml.so.0"), &lib)?;
+    // The C API (docs/c-api.md): libtts beside the ggml libraries it links,
+    // and its header.
+    copy(target.join("libtts.so"), &lib)?;
+    let include = out.join("include");
+    std::fs::create_dir_all(&include).map_err(|e| e.to_string())?;
+    copy(root().join("capi/include/tts.h"), &include)?;
     for b in &backends {
         copy(target.join(format!("libtts_backend_{b}.so")), &plugins)?;
         // The module, or every ISA variant of it, each with its stamp.
