@@ -54,6 +54,10 @@ impl Stream {
 /// message unless the stream was closed (then nobody reads it).
 fn synthesize(model: &SharedModel, text: &str, set: &[(String, String)], sender: &SyncSender<Message>, cancelled: &AtomicBool) {
     let result = lock(model).and_then(|mut loaded| {
+        // Closed while it waited for the model (another text was being made).
+        if cancelled.load(Ordering::SeqCst) {
+            return Ok(());
+        }
         loaded
             .session
             .synthesize_streaming_with(text, set, |piece, _rate| {
