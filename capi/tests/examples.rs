@@ -79,9 +79,8 @@ fn compile(source: &str, lib: &Path, out_dir: &Path) -> PathBuf {
         .arg(format!("-Wl,-rpath,{}", lib.display()))
         .arg("-o")
         .arg(&out);
-    if cpp {
-        cmd.arg("-pthread");
-    }
+    // stream.cpp and errors.c synthesize on a second thread.
+    cmd.arg("-pthread");
     let o = cmd.output().unwrap_or_else(|e| panic!("cc/c++: {e}"));
     assert!(o.status.success(), "compiling {}: {}", source.display(), String::from_utf8_lossy(&o.stderr));
     out

@@ -6,6 +6,7 @@
  *
  * Prints one line per check ("ok ..." or "FAILED ..."); exits 1 when any failed.
  */
+#include <pthread.h>
 #include <stdint.h>
 #include <stdio.h>
 #include <string.h>
@@ -38,6 +39,65 @@ static int32_t reenter(const float *samples, size_t len, uint32_t rate, void *us
     TtsStatus status = tts_synthesize((TtsEngine *)user_data, "Again.", NULL, NULL, 0, &audio);
     expect("synthesizing from the engine's own callback", status, TTS_STATUS_INVALID_ARGUMENT, "called from its own audio callback");
     return 0;
+}
+
+/* A synthesis on another thread whose engine this thread frees meanwhile:
+ * its first piece waits until the free is done, then the synthesis stops. */
+struct FreedMidway {
+    TtsEngine *engine;
+    pthread_mutex_t lock;
+    pthread_cond_t changed;
+    int in_piece, freed, pieces;
+    TtsStatus status;
+    char message[512];
+};
+
+static int32_t wait_for_the_free(const float *samples, size_t len, uint32_t rate, void *user_data) {
+    (void)samples, (void)len, (void)rate;
+    struct FreedMidway *f = user_data;
+    pthread_mutex_lock(&f->lock);
+    f->pieces++;
+    f->in_piece = 1;
+    pthread_cond_broadcast(&f->changed);
+    while (!f->freed) {
+        pthread_cond_wait(&f->changed, &f->lock);
+    }
+    pthread_mutex_unlock(&f->lock);
+    return 0;
+}
+
+static void *stream_until_freed(void *arg) {
+    struct FreedMidway *f = arg;
+    f->status = tts_synthesize_stream(f->engine, "Hello. And a second sentence.", NULL, NULL, 0, wait_for_the_free, f);
+    snprintf(f->message, sizeof f->message, "%s", tts_last_error());
+    return NULL;
+}
+
+static void free_during_a_synthesis(const char *profile, const char *plugins) {
+    struct FreedMidway f = {.engine = NULL, .in_piece = 0, .freed = 0, .pieces = 0};
+    pthread_mutex_init(&f.lock, NULL);
+    pthread_cond_init(&f.changed, NULL);
+    expect("opening an engine to free midway", tts_engine_open(profile, plugins, &f.engine), TTS_STATUS_OK, "");
+    pthread_t thread;
+    pthread_create(&thread, NULL, stream_until_freed, &f);
+    pthread_mutex_lock(&f.lock);
+    while (!f.in_piece) {
+        pthread_cond_wait(&f.changed, &f.lock);
+    }
+    pthread_mutex_unlock(&f.lock);
+    expect("freeing an engine while another thread synthesizes", tts_engine_free(f.engine), TTS_STATUS_OK, "");
+    pthread_mutex_lock(&f.lock);
+    f.freed = 1;
+    pthread_cond_broadcast(&f.changed);
+    pthread_mutex_unlock(&f.lock);
+    pthread_join(thread, NULL);
+    printf("%s the synthesis on the freed engine: status %d after %d piece(s): %s\n",
+           f.status == TTS_STATUS_CANCELLED && f.pieces == 1 && strstr(f.message, "tts_engine_free") ? "ok" : "FAILED", (int)f.status, f.pieces,
+           f.message);
+    failures += !(f.status == TTS_STATUS_CANCELLED && f.pieces == 1 && strstr(f.message, "tts_engine_free"));
+    expect("the freed engine is gone", tts_engine_cancel(f.engine), TTS_STATUS_INVALID_HANDLE, "freed already");
+    pthread_cond_destroy(&f.changed);
+    pthread_mutex_destroy(&f.lock);
 }
 
 int main(int argc, char **argv) {
@@ -132,6 +192,8 @@ int main(int argc, char **argv) {
     expect("the model of a freed engine", tts_engine_model(engine, NULL, NULL, NULL), TTS_STATUS_INVALID_HANDLE, "freed already");
     expect("freeing NULL engine", tts_engine_free(NULL), TTS_STATUS_OK, "");
     expect("freeing NULL audio", tts_audio_free(NULL), TTS_STATUS_OK, "");
+
+    free_during_a_synthesis(profile, plugins);
 
     printf("%d failed\n", failures);
     return failures == 0 ? 0 : 1;
