@@ -576,11 +576,7 @@ impl ModelSession {
     /// one-shot samples, for a front end that collects the whole audio
     /// (a file, a buffer): [`ONE_SHOT_PIECES`] the model has.
     pub fn one_shot_overrides(&self) -> Vec<(String, String)> {
-        ONE_SHOT_PIECES
-            .iter()
-            .filter(|(key, _)| self.specs.iter().any(|s| s.key.as_str() == *key))
-            .map(|(k, v)| (k.to_string(), v.to_string()))
-            .collect()
+        ONE_SHOT_PIECES.iter().filter(|(key, _)| self.specs.iter().any(|s| s.key.as_str() == *key)).map(|(k, v)| (k.to_string(), v.to_string())).collect()
     }
 
     /// The model plugin's options: key, kind, default and help.
@@ -753,6 +749,31 @@ mod tests {
         assert_eq!(pick(0), None);
         let cpu_and_soft = [dev(0, "soft", DeviceKind::SoftwareGpu), dev(1, "cpu", DeviceKind::Cpu)];
         assert_eq!(pick_device(&cpu_and_soft, &DeviceChoice::Auto).unwrap().name.as_str(), "cpu");
+    }
+
+    #[test]
+    fn a_library_finds_the_plugins_beside_its_directory_else_its_own() {
+        if std::env::var_os(PLUGIN_PATH_ENV).is_some_and(|v| !v.is_empty()) {
+            eprintln!("skipped: {PLUGIN_PATH_ENV} is set, and comes first");
+            return;
+        }
+        let profile = Profile::parse("[backend]\nprefer = [\"cpu\"]\n", "p.toml", Path::new(".")).unwrap();
+        let root = tempfile::tempdir().unwrap();
+        let (lib, plugins) = (root.path().join("lib"), root.path().join("plugins"));
+        std::fs::create_dir_all(&lib).unwrap();
+        let library = lib.join("libtts.so");
+        // A build tree: no plugins/ beside lib/, so the library's own directory.
+        assert_eq!(library_plugin_dirs(&profile, Some(&library), &[]).unwrap(), std::slice::from_ref(&lib));
+        // A bundle: lib/libtts.so beside plugins/.
+        std::fs::create_dir_all(&plugins).unwrap();
+        assert_eq!(library_plugin_dirs(&profile, Some(&library), &[]).unwrap(), [plugins]);
+        // The caller's directory comes first.
+        assert_eq!(library_plugin_dirs(&profile, Some(&library), std::slice::from_ref(&lib)).unwrap(), std::slice::from_ref(&lib));
+        assert!(library_plugin_dirs(&profile, None, &[]).unwrap_err().0.contains("the path of the library is unknown"));
+        // A profile naming code is refused even with a directory given.
+        let naming = Profile::parse("[plugins]\ndirs = [\"/opt/x\"]\n[backend]\nprefer = [\"cpu\"]\n", "p.toml", Path::new(".")).unwrap();
+        let refused = library_plugin_dirs(&naming, Some(&library), &[lib]).unwrap_err().0;
+        assert!(refused.starts_with("p.toml: [plugins] dirs would load code from /opt/x; a profile is not trusted to name code"), "{refused}");
     }
 
     #[test]
