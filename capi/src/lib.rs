@@ -372,9 +372,14 @@ pub extern "C" fn tts_engine_free(engine: *mut TtsEngine) -> TtsStatus {
         if engine.is_null() {
             return Ok(());
         }
-        let slot = engine_slot(engine)?;
+        // Out of the registry first, then the cancel: a synthesis that starts
+        // meanwhile either finds the handle gone or sees the cancel
+        // (`run_synthesis` clears the flag before it looks).
+        let removed = lock(&ENGINES).remove(&engine.addr());
+        let Some(slot) = removed else {
+            return Err(Failure(TtsStatus::InvalidHandle, "the engine handle is not a live engine (freed already, or not an engine)".into()));
+        };
         slot.cancel.store(true, Ordering::SeqCst);
-        lock(&ENGINES).remove(&engine.addr());
         Ok(())
     })
 }
@@ -505,6 +510,9 @@ fn run_synthesis(
     let _busy = Busy::enter(engine.addr())?;
     let mut session = slot.session.lock().map_err(|_| Failure(TtsStatus::Internal, "an earlier internal error left this engine unusable; free it".into()))?;
     slot.cancel.store(false, Ordering::SeqCst);
+    if !lock(&ENGINES).contains_key(&engine.addr()) {
+        return Err(Failure(TtsStatus::InvalidHandle, "the engine was freed before its synthesis started".into()));
+    }
     let mut overrides = options.to_vec();
     if whole {
         overrides.extend(session.one_shot_overrides());
