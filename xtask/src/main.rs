@@ -3,7 +3,11 @@
 //! - `test`: deps, build every workspace artifact (plugins are cdylibs the tests load), run all tests.
 //! - `dist [--release] [--backends cpu,vulkan] [--cpu-variants native|all|baseline] [--out DIR]`: assemble a bundle:
 //!   `tts`, `lib/` (the one shared libggml-base + libggml), `plugins/` (chosen backend
-//!   and model plugins with their ggml modules and stamps), `profiles/`.
+//!   and model plugins with their ggml modules and stamps), `profiles/`. `--no-build`
+//!   assembles what `target/` already holds.
+//! - `release [--debug] [--backends cpu,vulkan] [--with-cuda-kit] [--out DIR]`: the
+//!   archive `tts-<version>-<os>-<arch>.tar.gz` (a bundle, `THIRD-PARTY-LICENSES.md`
+//!   from cargo-about, `SHA256SUMS`) and its checksum beside it (docs/release.md).
 //! - `demo`: deps, dist, then run `tts` from the bundle on the embedded default profile.
 //! - `fuzz [--seconds N] [--runs N] [TARGET ...]`: build the cargo-fuzz targets
 //!   (fuzz/, stable toolchain, no sanitizer) and run each for N seconds or N
@@ -19,6 +23,8 @@
 
 use std::path::{Path, PathBuf};
 use std::process::{exit, Command};
+
+mod release;
 
 /// The ggml build (CMake, patch, bindgen's libclang), Vulkan (glslc, headers,
 /// lavapipe), OpenCL (headers, the ICD loader, pocl; Python 3 embeds the
@@ -63,11 +69,12 @@ fn main() {
         Some("deps") => deps(),
         Some("test") => deps().and_then(|_| test(&args[1..])),
         Some("dist") => deps().and_then(|_| dist(&args[1..]).map(|_| ())),
+        Some("release") => deps().and_then(|_| release::release(&args[1..]).map(|_| ())),
         Some("demo") => deps().and_then(|_| demo()),
         Some("module-kit") => module_kit(&args[1..]).map(|_| ()),
         Some("fuzz") => fuzz(&args[1..]),
         Some("soak") => deps().and_then(|_| soak(&args[1..])),
-        _ => Err("usage: cargo xtask <deps|test|dist|demo|module-kit|fuzz|soak> [options]".into()),
+        _ => Err("usage: cargo xtask <deps|test|dist|release|demo|module-kit|fuzz|soak> [options]".into()),
     };
     if let Err(e) = result {
         eprintln!("xtask: {e}");
@@ -153,7 +160,27 @@ fn test(extra: &[String]) -> Result<(), String> {
     converter_python()?;
     kubernetes_validate()?;
     check_bundle()?;
+    release_check()?;
     run_tests(extra)
+}
+
+/// The release archive of the dev build in `target/release-check`, named
+/// to `cli/tests/release.rs` (the relocation test) in
+/// `TTS_TEST_RELEASE_ARCHIVE`. Without crates.io for cargo-about that test
+/// reports itself skipped, unless `TTS_REQUIRE_RELEASE` is set (CI sets
+/// it), where this fails instead.
+fn release_check() -> Result<(), String> {
+    if let Err(e) = release::install_cargo_about() {
+        if std::env::var_os("TTS_REQUIRE_RELEASE").is_some() {
+            return Err(format!("installing cargo-about {} for the release test: {e}", release::CARGO_ABOUT_VERSION));
+        }
+        eprintln!("xtask: cargo-about could not be installed ({e}); the release tests will report themselves skipped");
+        return Ok(());
+    }
+    let archive = release::release(&["--debug".into(), "--out".into(), root().join("target/release-check").display().to_string()])?;
+    std::env::set_var("TTS_TEST_RELEASE_ARCHIVE", &archive);
+    std::env::set_var("TTS_REQUIRE_RELEASE", "1");
+    Ok(())
 }
 
 /// The official `openai` Python package, pinned, in `target/openai-venv`:
@@ -593,10 +620,12 @@ fn dist(args: &[String]) -> Result<PathBuf, String> {
     let mut release = false;
     let mut backends = vec!["cpu".to_string(), "vulkan".to_string()];
     let mut out = root().join("dist/tts");
+    let mut build = true;
     let mut it = args.iter();
     while let Some(a) = it.next() {
         match a.as_str() {
             "--release" => release = true,
+            "--no-build" => build = false,
             "--backends" => backends = it.next().ok_or("--backends needs a list")?.split(',').map(str::to_string).collect(),
             "--out" => out = PathBuf::from(it.next().ok_or("--out needs a directory")?),
             // native: this machine's ISA; all: every ISA variant, the best picked at
@@ -608,7 +637,9 @@ fn dist(args: &[String]) -> Result<PathBuf, String> {
             other => return Err(format!("dist: unknown option {other}")),
         }
     }
-    build_all(release)?;
+    if build {
+        build_all(release)?;
+    }
     let models: Vec<String> = std::fs::read_dir(root().join("models"))
         .map(|rd| rd.filter_map(|e| e.ok()).filter(|e| e.path().join("Cargo.toml").is_file()).map(|e| e.file_name().to_string_lossy().to_string()).collect())
         .unwrap_or_default();
