@@ -1,6 +1,7 @@
 //! `cargo xtask <task>`:
 //! - `deps`: install the system packages the ggml build needs (Debian/Ubuntu, as root).
-//! - `test`: deps, build every workspace artifact (plugins are cdylibs the tests load), run all tests.
+//! - `test`: deps, build every workspace artifact (plugins are cdylibs the tests load), run all tests
+//!   (the Python package's too: its wheel built, installed into a fresh venv and tested with pytest).
 //! - `dist [--release] [--backends cpu,vulkan] [--cpu-variants native|all|baseline] [--out DIR]`: assemble a bundle:
 //!   `tts`, `lib/` (the one shared libggml-base + libggml), `plugins/` (chosen backend
 //!   and model plugins with their ggml modules and stamps), `profiles/`. `--no-build`
@@ -8,6 +9,8 @@
 //! - `release [--debug] [--backends cpu,vulkan] [--with-cuda-kit] [--out DIR]`: the
 //!   archive `tts-<version>-<os>-<arch>.tar.gz` (a bundle, `THIRD-PARTY-LICENSES.md`
 //!   from cargo-about, `SHA256SUMS`) and its checksum beside it (docs/release.md).
+//! - `wheel [--release] [--backends cpu,vulkan] [--out DIR]`: the Python package's wheel
+//!   (python/, docs/python.md) with a bundle's plugins inside, into DIR (default `dist/`).
 //! - `demo`: deps, dist, then run `tts` from the bundle on the embedded default profile.
 //! - `fuzz [--seconds N] [--runs N] [TARGET ...]`: build the cargo-fuzz targets
 //!   (fuzz/, stable toolchain, no sanitizer) and run each for N seconds or N
@@ -24,6 +27,7 @@
 use std::path::{Path, PathBuf};
 use std::process::{exit, Command};
 
+mod python;
 mod release;
 
 /// The ggml build (CMake, patch, bindgen's libclang), Vulkan (glslc, headers,
@@ -70,11 +74,12 @@ fn main() {
         Some("test") => deps().and_then(|_| test(&args[1..])),
         Some("dist") => deps().and_then(|_| dist(&args[1..]).map(|_| ())),
         Some("release") => deps().and_then(|_| release::release(&args[1..]).map(|_| ())),
+        Some("wheel") => deps().and_then(|_| python::wheel(&args[1..]).map(|_| ())),
         Some("demo") => deps().and_then(|_| demo()),
         Some("module-kit") => module_kit(&args[1..]).map(|_| ()),
         Some("fuzz") => fuzz(&args[1..]),
         Some("soak") => deps().and_then(|_| soak(&args[1..])),
-        _ => Err("usage: cargo xtask <deps|test|dist|release|demo|module-kit|fuzz|soak> [options]".into()),
+        _ => Err("usage: cargo xtask <deps|test|dist|release|wheel|demo|module-kit|fuzz|soak> [options]".into()),
     };
     if let Err(e) = result {
         eprintln!("xtask: {e}");
@@ -161,6 +166,8 @@ fn test(extra: &[String]) -> Result<(), String> {
     kubernetes_validate()?;
     check_bundle()?;
     release_check()?;
+    // The wheel carries the bundle check_bundle assembled (CPU only).
+    python::test_package(&root().join("target/bundle-check"), &["cpu"], &root().join("target/debug/tts"))?;
     run_tests(extra)
 }
 
