@@ -6,13 +6,14 @@
 //! The wheel carries what the bundle `dist` assembles: `lib/` (libggml-base,
 //! libggml and the system libraries the bundle ships), the chosen backends
 //! (the CPU's by default) with their ggml modules, the model plugins, and
-//! the bundle's `licenses/`. They are staged into python/tts/ (ignored by git)
+//! the bundle's `licenses/`, with `THIRD-PARTY-LICENSES.md` made by
+//! cargo-about as the release archive's is. They are staged into python/tts/ (ignored by git)
 //! and named in pyproject.toml's `include`.
 
 use std::path::{Path, PathBuf};
 use std::process::Command;
 
-use crate::{dist, root, run};
+use crate::{dist, release, root, run};
 
 /// The wheel builder, installed from PyPI.
 const MATURIN_PACKAGE: &str = "maturin==1.16.0";
@@ -44,12 +45,12 @@ pub fn wheel(args: &[String]) -> Result<PathBuf, String> {
 
 /// Builds the wheel from `bundle` (a `dist` bundle) with `backends`,
 /// installs it into a fresh venv and runs the package's tests with `tts`
-/// (the CLI their parity tests compare with). Without Python or PyPI this
-/// reports the tests skipped, unless `TTS_REQUIRE_PYTHON_PACKAGE` is set
+/// (the CLI their parity tests compare with). Without Python, PyPI or
+/// crates.io (cargo-about) this reports the tests skipped, unless `TTS_REQUIRE_PYTHON_PACKAGE` is set
 /// (CI sets it), where it fails instead; a failing test fails it always.
 pub fn test_package(bundle: &Path, backends: &[&str], tts: &Path) -> Result<(), String> {
     let test_venv = root().join("target/py-test-venv");
-    let ready = maturin().and_then(|_| {
+    let ready = maturin().and_then(|_| release::install_cargo_about()).and_then(|_| {
         if test_venv.exists() {
             std::fs::remove_dir_all(&test_venv).map_err(|e| format!("{}: {e}", test_venv.display()))?;
         }
@@ -92,6 +93,7 @@ fn maturin() -> Result<PathBuf, String> {
 fn build_wheel(bundle: &Path, backends: &[&str], release: bool, out: &Path) -> Result<PathBuf, String> {
     let maturin = maturin()?;
     stage(bundle, backends)?;
+    write_inventory(backends)?;
     if out.exists() {
         for old in std::fs::read_dir(out).map_err(|e| format!("{}: {e}", out.display()))?.filter_map(|e| e.ok().map(|e| e.path())) {
             if old.extension().is_some_and(|x| x == "whl") {
@@ -118,6 +120,34 @@ fn build_wheel(bundle: &Path, backends: &[&str], release: bool, out: &Path) -> R
     let size = std::fs::metadata(&wheel).map(|m| m.len()).unwrap_or(0);
     eprintln!("python: {} ({:.1} MB)", wheel.display(), size as f64 / 1e6);
     Ok(wheel)
+}
+
+/// `tts/THIRD-PARTY-LICENSES.md`: the crates linked into the extension
+/// module and the staged plugins, by cargo-about as `cargo xtask release`
+/// makes the archive's ([`release::crate_licenses`]: GPL refused), the
+/// native libraries of docs/licenses.md, and the staged `licenses/`.
+fn write_inventory(backends: &[&str]) -> Result<(), String> {
+    let cargo_about = release::install_cargo_about()?;
+    let mut manifests = vec![root().join("python/Cargo.toml")];
+    manifests.extend(backends.iter().map(|b| root().join("backends").join(b).join("Cargo.toml")));
+    for entry in std::fs::read_dir(root().join("models")).map_err(|e| format!("models: {e}"))? {
+        let manifest = entry.map_err(|e| e.to_string())?.path().join("Cargo.toml");
+        if manifest.is_file() {
+            manifests.push(manifest);
+        }
+    }
+    manifests.sort();
+    let crates = release::crate_licenses(&cargo_about, &manifests)?;
+    let licenses_md = std::fs::read_to_string(root().join("docs/licenses.md")).map_err(|e| format!("docs/licenses.md: {e}"))?;
+    let native = release::native_libraries_section(&licenses_md)?;
+    let package = root().join("python/tts");
+    let name = format!("the Python package tts {}", env!("CARGO_PKG_VERSION"));
+    // The inventory's words are the archive's; this one is made by the wheel task.
+    let inventory = release::render_inventory(&name, &crates, &native, &release::license_files(&package)?)
+        .replace("(`cargo xtask release`)", "(`cargo xtask wheel`)")
+        .replace("the release fails", "the wheel task fails");
+    let path = package.join("THIRD-PARTY-LICENSES.md");
+    std::fs::write(&path, inventory).map_err(|e| format!("{}: {e}", path.display()))
 }
 
 /// Copies the bundle's libraries, `backends` (each plugin with its ggml

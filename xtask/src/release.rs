@@ -268,7 +268,7 @@ fn check_crates(all: &Crates) -> Result<(), String> {
 /// The "Native libraries" section of docs/licenses.md, which says what a
 /// bundle ships besides Rust crates and under which terms: the inventory
 /// carries it as written, so there is one account of them.
-fn native_libraries_section(licenses_md: &str) -> Result<String, String> {
+pub fn native_libraries_section(licenses_md: &str) -> Result<String, String> {
     let start = licenses_md.find("\n## Native libraries\n").ok_or("docs/licenses.md: no \"## Native libraries\" section")? + 1;
     let rest = &licenses_md[start..];
     let end = rest[3..].find("\n## ").map_or(rest.len(), |i| i + 4);
@@ -277,7 +277,7 @@ fn native_libraries_section(licenses_md: &str) -> Result<String, String> {
 
 /// The files under the bundle's `licenses/` (copyright files and notices of
 /// the native libraries it ships).
-fn license_files(stage: &Path) -> Result<Vec<String>, String> {
+pub fn license_files(stage: &Path) -> Result<Vec<String>, String> {
     let dir = stage.join("licenses");
     if !dir.is_dir() {
         return Ok(Vec::new());
