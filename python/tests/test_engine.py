@@ -190,6 +190,18 @@ def test_bad_profiles_are_tts_errors(tmp_path):
     assert issubclass(tts.TtsError, Exception)
 
 
+def test_plugins_come_from_plugin_dir_then_the_environment_then_the_wheel(tmp_path, monkeypatch):
+    text = profile_text(SUPERTONIC)
+    empty, other = tmp_path / "empty", tmp_path / "other"
+    empty.mkdir()
+    other.mkdir()
+    monkeypatch.setenv("TTS_PLUGIN_PATH", str(empty))
+    expect_error("no plugin file libtts_backend_cpu.so in %s" % empty, tts.Engine, profile_text=text)
+    expect_error("no plugin file libtts_backend_cpu.so in %s" % other, tts.Engine, profile_text=text, plugin_dir=other)
+    monkeypatch.delenv("TTS_PLUGIN_PATH")
+    assert tts.Engine(profile_text=text).backend == "cpu"
+
+
 def test_bad_texts_and_options_are_tts_errors(supertonic_profile):
     engine = tts.Engine(profile=supertonic_profile)
     expect_error("text is empty", engine.synthesize, "  \n")
