@@ -158,6 +158,64 @@ fn shipped_manifests(stage: &Path) -> Result<Vec<PathBuf>, String> {
     Ok(manifests)
 }
 
+/// `cargo metadata` of the workspace `manifest` belongs to, its
+/// dependencies resolved for this platform only.
+fn cargo_metadata(manifest: &Path) -> Result<serde_json::Value, String> {
+    let platform = crate::host_triple()?;
+    let out = Command::new(std::env::var("CARGO").unwrap_or_else(|_| "cargo".into()))
+        .args(["metadata", "--format-version", "1", "--offline", "--locked", "--filter-platform", &platform, "--manifest-path"])
+        .arg(manifest)
+        .output()
+        .map_err(|e| format!("cargo metadata: {e}"))?;
+    if !out.status.success() {
+        return Err(format!("cargo metadata failed: {}", String::from_utf8_lossy(&out.stderr).trim()));
+    }
+    serde_json::from_slice(&out.stdout).map_err(|e| format!("cargo metadata: {e}"))
+}
+
+/// The third-party crates the packages of `manifests` link: everything
+/// reachable from them through normal dependencies in `meta`'s resolve
+/// graph (build scripts' and tests' dependencies are not linked), less
+/// this workspace's own packages.
+fn linked_crates(meta: &serde_json::Value, manifests: &[PathBuf]) -> Result<BTreeSet<(String, String)>, String> {
+    let packages: BTreeMap<&str, &serde_json::Value> =
+        meta["packages"].as_array().ok_or("cargo metadata: no packages")?.iter().filter_map(|p| Some((p["id"].as_str()?, p))).collect();
+    let nodes: BTreeMap<&str, &serde_json::Value> =
+        meta["resolve"]["nodes"].as_array().ok_or("cargo metadata: no resolve graph")?.iter().filter_map(|n| Some((n["id"].as_str()?, n))).collect();
+    let mut todo: Vec<&str> = Vec::new();
+    for manifest in manifests {
+        let id = packages
+            .iter()
+            .find(|(_, p)| p["manifest_path"].as_str().is_some_and(|m| Path::new(m) == manifest))
+            .map(|(id, _)| *id)
+            .ok_or_else(|| format!("cargo metadata: no package of {}", manifest.display()))?;
+        todo.push(id);
+    }
+    let mut seen = BTreeSet::new();
+    while let Some(id) = todo.pop() {
+        if !seen.insert(id) {
+            continue;
+        }
+        for dep in nodes.get(id).and_then(|n| n["deps"].as_array()).into_iter().flatten() {
+            let normal = dep["dep_kinds"].as_array().into_iter().flatten().any(|k| k["kind"].is_null());
+            if let (true, Some(pkg)) = (normal, dep["pkg"].as_str()) {
+                todo.push(pkg);
+            }
+        }
+    }
+    Ok(seen
+        .iter()
+        .filter_map(|id| packages.get(id))
+        .filter(|p| !project_crate(p))
+        .filter_map(|p| Some((p["name"].as_str()?.to_string(), p["version"].as_str()?.to_string())))
+        .collect())
+}
+
+/// A package of this workspace (the project's code, not third-party).
+fn project_crate(package: &serde_json::Value) -> bool {
+    package["manifest_path"].as_str().is_some_and(|p| Path::new(p).starts_with(root()))
+}
+
 /// One crate of the inventory.
 #[derive(Debug, Default, PartialEq)]
 pub struct CrateLicense {
@@ -177,37 +235,60 @@ pub struct Crates {
     pub texts: BTreeMap<(String, String, String), BTreeSet<(String, String)>>,
 }
 
-/// Runs cargo-about (`xtask/about.toml`) on each manifest, offline and with
-/// the lock file as it is, and merges what it reports. It fails when a
-/// crate's licence is not covered by the accepted list or cannot be read.
+/// The licences of the third-party crates the packages of `manifests`
+/// link. cargo-about (`xtask/about.toml`) runs once over their whole
+/// workspace, offline and with the lock file as it is (some 350 crates in
+/// 30 s; a run per shipped binary took four times as long), and fails when
+/// a crate's licence is not covered by the accepted list or cannot be read:
+/// no crate of the workspace's graph may be GPL-only, shipped or not. Its
+/// report is then narrowed to the crates the packages link
+/// ([`linked_crates`], [`keep_linked`]) and checked again ([`check_crates`]).
 pub fn crate_licenses(cargo_about: &Path, manifests: &[PathBuf]) -> Result<Crates, String> {
-    let mut all = Crates::default();
-    for manifest in manifests {
-        let mut cmd = Command::new(cargo_about);
-        cmd.args(["--color", "never", "generate", "--format", "json", "--frozen", "--fail", "--config"])
-            .arg(root().join("xtask/about.toml"))
-            .arg("--manifest-path")
-            .arg(manifest);
-        let out = cmd.output().map_err(|e| format!("{}: {e}", cargo_about.display()))?;
-        if !out.status.success() {
-            return Err(format!(
-                "release: cargo-about refused the licences of {}'s dependencies (xtask/about.toml lists what is accepted; GPL never is):\n{}",
-                manifest.display(),
-                String::from_utf8_lossy(&out.stderr).trim()
-            ));
-        }
-        let report: serde_json::Value = serde_json::from_slice(&out.stdout).map_err(|e| format!("cargo-about output for {}: {e}", manifest.display()))?;
-        merge_report(&mut all, &report)?;
+    let first = manifests.first().ok_or("release: no package to list the crates of")?;
+    let meta = cargo_metadata(first)?;
+    let workspace = Path::new(meta["workspace_root"].as_str().ok_or("cargo metadata: no workspace_root")?).join("Cargo.toml");
+    let mut cmd = Command::new(cargo_about);
+    cmd.args(["--color", "never", "generate", "--format", "json", "--frozen", "--fail", "--workspace", "--config"])
+        .arg(root().join("xtask/about.toml"))
+        .arg("--manifest-path")
+        .arg(&workspace);
+    let out = cmd.output().map_err(|e| format!("{}: {e}", cargo_about.display()))?;
+    if !out.status.success() {
+        return Err(format!(
+            "release: cargo-about refused the licences of {}'s dependencies (xtask/about.toml lists what is accepted; GPL never is):\n{}",
+            workspace.display(),
+            String::from_utf8_lossy(&out.stderr).trim()
+        ));
     }
+    let report: serde_json::Value = serde_json::from_slice(&out.stdout).map_err(|e| format!("cargo-about output for {}: {e}", workspace.display()))?;
+    let mut all = Crates::default();
+    merge_report(&mut all, &report)?;
+    keep_linked(&mut all, &linked_crates(&meta, manifests)?);
     check_crates(&all)?;
     Ok(all)
+}
+
+/// Narrows `all` to the `linked` crates. `cargo metadata`'s resolve graph
+/// is wider than what a build activates (it lists `zlib-rs` under
+/// `flate2`, which no feature here enables and `cargo tree` does not
+/// show), so a linked crate cargo-about's own resolution left out is not in
+/// the inventory; they are named on stderr.
+pub fn keep_linked(all: &mut Crates, linked: &BTreeSet<(String, String)>) {
+    let unreported: Vec<String> = linked.iter().filter(|k| !all.crates.contains_key(*k)).map(|(n, v)| format!("{n} {v}")).collect();
+    if !unreported.is_empty() {
+        eprintln!("release: in Cargo's resolve graph but activated by no feature (not in the inventory): {}", unreported.join(", "));
+    }
+    all.crates.retain(|k, _| linked.contains(k));
+    for users in all.texts.values_mut() {
+        users.retain(|k| linked.contains(k));
+    }
+    all.texts.retain(|_, users| !users.is_empty());
 }
 
 /// Adds one cargo-about JSON report (`licenses[].used_by[].crate`, and
 /// `crates[]`, every crate it looked at) to `all`, leaving out this
 /// workspace's own crates (the project's code, not third-party).
 fn merge_report(all: &mut Crates, report: &serde_json::Value) -> Result<(), String> {
-    let project = |krate: &serde_json::Value| krate["manifest_path"].as_str().is_some_and(|p| Path::new(p).starts_with(root()));
     let key = |krate: &serde_json::Value| -> Result<(String, String), String> {
         match (krate["name"].as_str(), krate["version"].as_str()) {
             (Some(n), Some(v)) => Ok((n.to_string(), v.to_string())),
@@ -216,7 +297,7 @@ fn merge_report(all: &mut Crates, report: &serde_json::Value) -> Result<(), Stri
     };
     for krate in report["crates"].as_array().into_iter().flatten() {
         let package = &krate["package"];
-        if project(package) {
+        if project_crate(package) {
             continue;
         }
         let entry = all.crates.entry(key(package)?).or_default();
@@ -226,7 +307,7 @@ fn merge_report(all: &mut Crates, report: &serde_json::Value) -> Result<(), Stri
         let id = license["id"].as_str().ok_or("cargo-about output: a licence without id")?.to_string();
         let name = license["name"].as_str().unwrap_or(&id).to_string();
         let text = license["text"].as_str().unwrap_or_default().to_string();
-        for used in license["used_by"].as_array().into_iter().flatten().filter(|u| !project(&u["crate"])) {
+        for used in license["used_by"].as_array().into_iter().flatten().filter(|u| !project_crate(&u["crate"])) {
             let k = key(&used["crate"])?;
             all.texts.entry((id.clone(), name.clone(), text.clone())).or_default().insert(k.clone());
             let entry = all.crates.entry(k).or_default();
@@ -506,6 +587,22 @@ mod tests {
         assert!(e.ends_with("mystery 1.0.0 ((none declared)): no licence it is used under was found"), "{e}");
     }
 
+    /// The report narrowed to the linked crates: the others and the texts
+    /// only they used go; a linked crate the report lacks adds nothing.
+    #[test]
+    fn the_inventory_keeps_only_the_linked_crates() {
+        let mut all = inventory(&[("serde", "MIT", &["MIT"]), ("goblin", "MIT", &["MIT"]), ("pyo3", "Apache-2.0", &["Apache-2.0"])]);
+        let linked: std::collections::BTreeSet<(String, String)> = [("serde".to_string(), "1.0.0".to_string())].into();
+        super::keep_linked(&mut all, &linked);
+        assert_eq!(all.crates.keys().cloned().collect::<Vec<_>>(), [("serde".to_string(), "1.0.0".to_string())]);
+        assert_eq!(all.texts.len(), 1, "{:?}", all.texts);
+        assert_eq!(all.texts.values().next().unwrap().len(), 1);
+        let more: std::collections::BTreeSet<(String, String)> =
+            [("serde".to_string(), "1.0.0".to_string()), ("tokio".to_string(), "1.2.3".to_string())].into();
+        super::keep_linked(&mut all, &more);
+        assert_eq!(all.crates.keys().cloned().collect::<Vec<_>>(), [("serde".to_string(), "1.0.0".to_string())]);
+    }
+
     /// The inventory's account of native libraries is docs/licenses.md's
     /// section, whole and alone.
     #[test]
@@ -522,8 +619,8 @@ mod tests {
 
     /// cargo-about with the project's accepted list, on a small workspace of
     /// local crates (outside this repository, so they count as third-party):
-    /// a GPL-only dependency fails the inventory, one that offers MIT as well
-    /// is recorded under MIT.
+    /// a GPL-only crate in it fails the inventory, one that offers MIT as
+    /// well is recorded under MIT.
     /// Skips without the installed tool unless `TTS_REQUIRE_RELEASE` is set
     /// (`cargo xtask test` installs it).
     #[test]
@@ -536,7 +633,8 @@ mod tests {
         }
         let dir = tempfile::tempdir().unwrap();
         let ws = dir.path();
-        write(&ws.join("Cargo.toml"), "[workspace]\nresolver = \"2\"\nmembers = [\"app\", \"copyleft\", \"either\"]\n");
+        let members = |names: &str| write(&ws.join("Cargo.toml"), &format!("[workspace]\nresolver = \"2\"\nmembers = [{names}]\n"));
+        members("\"app\", \"either\"");
         let krate = |name: &str, license: &str, deps: &str| {
             write(
                 &ws.join(name).join("Cargo.toml"),
@@ -550,6 +648,7 @@ mod tests {
         assert!(Command::new(env!("CARGO")).args(["generate-lockfile", "--offline"]).current_dir(ws).status().unwrap().success());
         let all = super::crate_licenses(&tool, &[ws.join("app/Cargo.toml")]).unwrap();
         assert_eq!(all.crates[&("either".into(), "1.0.0".into())].used_under.iter().collect::<Vec<_>>(), ["MIT"]);
+        members("\"app\", \"either\", \"copyleft\"");
         krate("app", "MIT", "either = { path = \"../either\" }\ncopyleft = { path = \"../copyleft\" }\n");
         assert!(Command::new(env!("CARGO")).args(["generate-lockfile", "--offline"]).current_dir(ws).status().unwrap().success());
         let e = super::crate_licenses(&tool, &[ws.join("app/Cargo.toml")]).unwrap_err();
