@@ -94,6 +94,10 @@ pub fn release(args: &[String]) -> Result<PathBuf, String> {
     // missing tool fails before the build rather than after it.
     let cargo_about = install_cargo_about()?;
     dist(&dist_args)?;
+    // What `cargo xtask test` checks on its bundle, checked on this one: run
+    // paths inside it, every needed library shipped or a platform library.
+    crate::check_run_paths(&stage)?;
+    crate::check_needed_libraries(&stage)?;
     if o.cuda_kit {
         module_kit(&["cuda".into(), "--out".into(), stage.join("cuda-module-kit").display().to_string()])?;
     }
