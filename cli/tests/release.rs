@@ -149,7 +149,8 @@ fn the_licence_inventory_lists_the_crates_and_no_gpl() {
 
 /// Unpacked anywhere, `tts devices` loads libggml-base and the plugins
 /// from the unpacked tree (the dynamic loader's own record, `LD_DEBUG=libs`,
-/// shows no library of the build tree), and a synthesis with the bundled
+/// shows every library the archive ships loaded from it, libsoxr and LAME
+/// among them, and none of the build tree), and a synthesis with the bundled
 /// Supertonic profile and the tiny fixture copied beside it gives the same
 /// bytes as the build tree's `tts`.
 #[test]
@@ -172,8 +173,17 @@ fn unpacked_anywhere_it_lists_devices_and_speaks() {
     let loader = stderr(&o);
     let loaded: Vec<&str> = loader.lines().filter_map(|l| l.split_once("calling init: ").map(|(_, p)| p.trim())).collect();
     assert!(loaded.iter().any(|p| p.ends_with("/plugins/libtts_model_supertonic.so")), "LD_DEBUG shows no plugin:\n{loader}");
+    // Every library the archive ships loads from it, the system's libsoxr
+    // and LAME included (the Chatterbox plugin and tts itself need them).
+    let mut shipped = dir_names(&u.top.join("lib"));
+    shipped.extend(dir_names(&u.top.join("plugins")));
+    for name in ["libggml-base.so.0", "libsoxr.so.0", "libmp3lame.so.0", "libtts_model_chatterbox.so"] {
+        assert!(loaded.iter().any(|p| p.ends_with(&format!("/{name}"))), "{name} not loaded:\n{loader}");
+    }
     for path in &loaded {
-        assert!(path.starts_with(&top) || !path.starts_with(&build_tree), "{path} loaded from the build tree");
+        assert!(!path.starts_with(&build_tree), "{path} loaded from the build tree");
+        let name = path.rsplit('/').next().unwrap();
+        assert!(!shipped.iter().any(|s| s == name) || path.starts_with(&top), "{path}: the archive ships {name}, but it loaded from elsewhere");
     }
 
     let models = u.dir.path().join("work/models");
