@@ -1,5 +1,6 @@
-//! include/tts.h is what cbindgen generates from src/lib.rs: a change to the
-//! C API that did not regenerate the header fails here. With
+//! include/tts.h is what cbindgen generates from src/lib.rs and the modules
+//! it declares: a change to the C API that did not regenerate the header, or
+//! one that reorders the modules, fails here. With
 //! `TTS_UPDATE_HEADER=1` the test writes the regenerated header instead.
 
 use std::path::Path;
@@ -8,7 +9,8 @@ use std::path::Path;
 fn the_committed_header_is_generated_from_the_source() {
     let dir = Path::new(env!("CARGO_MANIFEST_DIR"));
     let config = cbindgen::Config::from_file(dir.join("cbindgen.toml")).unwrap();
-    // The one source file, not `cargo metadata`: the C API lives in lib.rs.
+    // The crate root, not `cargo metadata`: cbindgen follows its `mod`
+    // declarations into the module files, in their order.
     let bindings = cbindgen::Builder::new().with_config(config).with_src(dir.join("src/lib.rs")).generate().expect("cbindgen reads src/lib.rs");
     let mut generated = Vec::new();
     bindings.write(&mut generated);
