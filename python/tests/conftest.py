@@ -2,8 +2,8 @@
 fixtures, and the `tts` CLI whose output the package must match.
 
 The package under test is the installed wheel (`cargo xtask test` installs
-it into a fresh venv); the CLI is the workspace's debug build, or the one
-TTS_CLI names."""
+it into a fresh venv); the CLI is the one TTS_CLI names (xtask names the
+bundle's, whose plugins the wheel carries), else the workspace's debug build."""
 
 import os
 import pathlib
@@ -61,3 +61,14 @@ def run_cli(cli, *args):
     done = subprocess.run([str(cli), *map(str, args)], capture_output=True, env=env, timeout=300)
     assert done.returncode == 0, done.stderr.decode(errors="replace")
     return done
+
+
+def assert_same_bytes(got, expected, what="the samples"):
+    """`got == expected` for two byte strings of float32 samples, failing with
+    one short line: pytest's own report of two long unequal byte strings is a
+    diff that takes minutes to compute."""
+    if got == expected:
+        return
+    n = min(len(got), len(expected))
+    first = next((i for i in range(0, n, 4) if got[i : i + 4] != expected[i : i + 4]), n)
+    pytest.fail("%s differ: %d and %d bytes, first at sample %d" % (what, len(got), len(expected), first // 4), pytrace=False)

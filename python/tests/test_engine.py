@@ -8,7 +8,7 @@ import numpy as np
 import pytest
 
 import tts
-from conftest import CHATTERBOX, SUPERTONIC, profile_text, run_cli
+from conftest import CHATTERBOX, SUPERTONIC, assert_same_bytes, profile_text, run_cli
 
 TEXT = "Hello there. This is a test of the engine."
 
@@ -29,35 +29,35 @@ def test_synthesize_matches_the_cli_bit_for_bit(cli, model_files, tmp_path):
     samples = engine.synthesize(TEXT)
     assert isinstance(samples, np.ndarray) and samples.dtype == np.float32 and samples.ndim == 1
     assert samples.size > 0
-    assert samples.tobytes() == cli_samples(cli, profile, tmp_path)
+    assert_same_bytes(samples.tobytes(), cli_samples(cli, profile, tmp_path))
 
 
 def test_options_match_the_clis_set(cli, supertonic_profile, tmp_path):
     engine = tts.Engine(profile=supertonic_profile)
     samples = engine.synthesize(TEXT, voice="M1", speed=1.3, steps=3)
-    assert samples.tobytes() == cli_samples(cli, supertonic_profile, tmp_path, "voice=M1", "speed=1.3", "steps=3")
+    assert_same_bytes(samples.tobytes(), cli_samples(cli, supertonic_profile, tmp_path, "voice=M1", "speed=1.3", "steps=3"))
     # Options of one call do not stay: the next is the profile's again.
-    assert engine.synthesize(TEXT).tobytes() == cli_samples(cli, supertonic_profile, tmp_path)
+    assert_same_bytes(engine.synthesize(TEXT).tobytes(), cli_samples(cli, supertonic_profile, tmp_path))
     # Options given to the engine apply to every call, as --set does.
     set_at_open = tts.Engine(profile=supertonic_profile, voice="M1", speed=1.3, steps=3)
-    assert set_at_open.synthesize(TEXT).tobytes() == samples.tobytes()
+    assert_same_bytes(set_at_open.synthesize(TEXT).tobytes(), samples.tobytes())
 
 
 def test_profile_text_and_path_give_the_same_engine(supertonic_profile):
     by_path = tts.Engine(profile=supertonic_profile).synthesize(TEXT)
     by_text = tts.Engine(profile_text=supertonic_profile.read_text()).synthesize(TEXT)
-    assert by_path.tobytes() == by_text.tobytes()
+    assert_same_bytes(by_path.tobytes(), by_text.tobytes())
 
 
 def test_model_replaces_the_profiles_files_as_the_clis_model_does(cli, supertonic_profile, tmp_path):
     expected = tts.Engine(profile=supertonic_profile).synthesize(TEXT).tobytes()
     no_files = profile_text([])
-    assert tts.Engine(profile_text=no_files, model=SUPERTONIC[0]).synthesize(TEXT).tobytes() == expected
-    assert tts.Engine(profile_text=no_files, model=[str(SUPERTONIC[0])]).synthesize(TEXT).tobytes() == expected
+    assert_same_bytes(tts.Engine(profile_text=no_files, model=SUPERTONIC[0]).synthesize(TEXT).tobytes(), expected)
+    assert_same_bytes(tts.Engine(profile_text=no_files, model=[str(SUPERTONIC[0])]).synthesize(TEXT).tobytes(), expected)
     # The embedded default profile, as `tts --model FILE` with no profile.
     out = tmp_path / "default.f32"
     run_cli(cli, "--model", SUPERTONIC[0], "--quiet", "--text", TEXT, "--out", out)
-    assert tts.Engine(model=SUPERTONIC[0]).synthesize(TEXT).tobytes() == out.read_bytes()
+    assert_same_bytes(tts.Engine(model=SUPERTONIC[0]).synthesize(TEXT).tobytes(), out.read_bytes())
     chatterbox = tts.Engine(profile_text=no_files, model=CHATTERBOX)
     assert chatterbox.family == "chatterbox"
     expect_error("[model] files is empty", tts.Engine, profile_text=no_files)
@@ -85,7 +85,7 @@ def test_stream_pieces_join_to_the_one_shot_samples(model_files, tmp_path):
     joined = {"supertonic": dict(stream_first_chars=0), "chatterbox": dict(stream_tokens=0)}[engine.family]
     pieces = list(engine.stream(TEXT, **joined))
     assert all(p.dtype == np.float32 and p.ndim == 1 and p.size > 0 for p in pieces)
-    assert np.concatenate(pieces).tobytes() == one_shot.tobytes()
+    assert_same_bytes(np.concatenate(pieces).tobytes(), one_shot.tobytes())
 
 
 def test_a_stream_yields_several_pieces(chatterbox_profile):
@@ -120,7 +120,7 @@ def test_two_threads_synthesize_at_once(chatterbox_profile, supertonic_profile):
     assert errors == []
     assert len(results) == 12
     for (name, text, _), got in results.items():
-        assert got == expected[(name, text)], (name, text)
+        assert_same_bytes(got, expected[(name, text)], what="%s, %r" % (name, text))
 
 
 def test_the_gil_is_released_while_synthesizing(chatterbox_profile):
@@ -157,7 +157,7 @@ def test_a_closed_stream_stops_and_frees_the_engine(chatterbox_profile):
     with pytest.raises(StopIteration):
         next(stream)
     stream.close()  # twice: nothing happens
-    assert engine.synthesize(TEXT).tobytes() == reference
+    assert_same_bytes(engine.synthesize(TEXT).tobytes(), reference)
     # Leaving a with block closes it, and so does dropping it unread.
     with engine.stream(TEXT) as s:
         next(s)
@@ -166,7 +166,7 @@ def test_a_closed_stream_stops_and_frees_the_engine(chatterbox_profile):
     dropped = engine.stream(TEXT)
     next(dropped)
     del dropped
-    assert engine.synthesize(TEXT).tobytes() == reference
+    assert_same_bytes(engine.synthesize(TEXT).tobytes(), reference)
 
 
 def expect_error(message, call, *args, **kwargs):

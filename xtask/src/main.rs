@@ -166,8 +166,12 @@ fn test(extra: &[String]) -> Result<(), String> {
     kubernetes_validate()?;
     check_bundle()?;
     release_check()?;
-    // The wheel carries the bundle check_bundle assembled (CPU only).
-    python::test_package(&root().join("target/bundle-check"), &["cpu"], &root().join("target/debug/tts"))?;
+    // The wheel carries the bundle check_bundle assembled (CPU only), and is
+    // compared with that bundle's `tts`: the same plugins and CPU module (the
+    // bundle's is built from the module kit, the build tree's for this
+    // machine's ISA), so the same samples bit for bit.
+    let bundle = root().join("target/bundle-check");
+    python::test_package(&bundle, &["cpu"], &bundle.join("tts"))?;
     run_tests(extra)
 }
 
