@@ -154,6 +154,17 @@ struct Converter {
     convert: extern "C" fn(&ConvertRequest) -> RResult<ConvertOutput, RString>,
 }
 
+impl Converter {
+    /// Both entry points or neither: a plugin that declares one without the
+    /// other converts nothing.
+    fn both(
+        info: Option<extern "C" fn() -> ConverterInfo>,
+        convert: Option<extern "C" fn(&ConvertRequest) -> RResult<ConvertOutput, RString>>,
+    ) -> Option<Converter> {
+        Some(Converter { info: info?, convert: convert? })
+    }
+}
+
 type LoadFn = extern "C" fn(&ModelLoadRequest, &BackendHandle) -> RResult<ModelBox, RString>;
 
 type LoadFn5_2 = extern "C" fn(&ModelLoadRequest, &BackendHandle) -> RResult<v5_2::ModelBox, RString>;
@@ -186,11 +197,7 @@ impl LoadedModelPlugin {
             option_specs: m.option_specs(),
             load: ModelLoader::Current(m.load()),
             load_for_cloning: m.load_for_cloning().map(ModelLoader::Current),
-            // Both or neither: a plugin that declares one without the other converts nothing.
-            converter: match (m.converter(), m.convert()) {
-                (Some(info), Some(convert)) => Some(Converter { info, convert }),
-                _ => None,
-            },
+            converter: Converter::both(m.converter(), m.convert()),
             abi_version: crate::abi::PLUGIN_ABI_VERSION,
         }
     }
@@ -202,10 +209,7 @@ impl LoadedModelPlugin {
             option_specs: m.option_specs(),
             load: ModelLoader::V5_2(m.load()),
             load_for_cloning: m.load_for_cloning().map(ModelLoader::V5_2),
-            converter: match (m.converter(), m.convert()) {
-                (Some(info), Some(convert)) => Some(Converter { info, convert }),
-                _ => None,
-            },
+            converter: Converter::both(m.converter(), m.convert()),
             abi_version: v5_4::PLUGIN_ABI_VERSION,
         }
     }
