@@ -308,6 +308,23 @@ enum Command {
         /// send requests, with a key its user gives it.
         #[arg(long)]
         cors_allow_any_with_key: bool,
+        /// Refuse to start without an API key (from $TTS_API_KEY or
+        /// --api-key): for deployments where serving unauthenticated would
+        /// be a misconfiguration, such as the container image.
+        #[arg(long)]
+        require_api_key: bool,
+        /// Serve a model installed by `tts pull NAME`, with id NAME
+        /// (repeatable; with --profile too, each is one more model).
+        #[arg(long = "model-name", value_name = "NAME")]
+        model_names: Vec<String>,
+        /// Where `tts pull` installs models [default: $TTS_MODELS_DIR, else
+        /// $XDG_DATA_HOME/tts/models, else ~/.local/share/tts/models].
+        #[arg(long = "models-dir", id = "serve_models_dir", value_name = "DIR", requires = "model_names")]
+        models_dir: Option<PathBuf>,
+        /// Before serving, `tts pull` each --model-name not installed yet
+        /// (a catalog name; default storage).
+        #[arg(long, requires = "model_names")]
+        pull: bool,
     },
     /// Convert an official checkpoint directory to the GGUF files `tts`
     /// loads, with the converter of the model plugin that recognises it
@@ -522,6 +539,17 @@ fn openai_voices_of(profile: &Profile) -> Result<Vec<(String, String)>, String> 
 
 /// `--cors-origin`: exact origins (`scheme://host[:port]`, as browsers send
 /// them), or `*`, which with an API key needs `--cors-allow-any-with-key`.
+/// `tts pull SPEC` into the models directory, converting with the plugin
+/// that recognises the checkpoint; the installed model's directory.
+fn pull_model(common: &Common, spec: &str, weights: Option<&str>, set: &[(String, String)], models_dir: Option<&std::path::Path>, quiet: bool) -> Result<PathBuf, String> {
+    let convert = |source: &std::path::Path, out: &std::path::Path, family: Option<&str>, options: &[(String, String)]| {
+        let report = convert::convert_checkpoint(common, source, out, family, options)?;
+        Ok((report.variant, report.files.into_iter().map(|f| (f.path, f.summary)).collect()))
+    };
+    let request = pull::PullRequest { spec, weights, set, models_dir, quiet };
+    pull::pull(&request, &convert)
+}
+
 fn cors_of(origins: Vec<String>, any_with_key: bool, api_key: bool) -> Result<serve::Cors, String> {
     let any = origins.iter().any(|o| o == "*");
     if any && api_key && !any_with_key {
@@ -711,8 +739,12 @@ fn run(cli: Cli) -> Result<(), String> {
             set,
             cors_origins,
             cors_allow_any_with_key,
+            require_api_key,
+            model_names,
+            models_dir,
+            pull,
         }) => {
-            if common.profiles.len() > 1 && !common.models.is_empty() {
+            if common.profiles.len() + model_names.len() > 1 && !common.models.is_empty() {
                 return Err("--model applies to one profile; with several, name each model file in its profile".into());
             }
             if workers == 0 || queue == 0 {
@@ -730,24 +762,40 @@ fn run(cli: Cli) -> Result<(), String> {
                 (None, Some(k)) => Some(k.into_string().map_err(|_| "TTS_API_KEY is not valid UTF-8".to_string())?),
                 (None, None) => None,
             };
+            if require_api_key && api_key.is_none() {
+                return Err("no API key, and --require-api-key is given: set TTS_API_KEY (or --api-key)".into());
+            }
             if let Some(dir) = voices_dir.as_deref().filter(|d| !d.is_dir()) {
                 return Err(format!("--voices-dir {}: not a directory", dir.display()));
             }
             let cors = cors_of(cors_origins, cors_allow_any_with_key, api_key.is_some())?;
-            let profiles: Vec<Option<&std::path::Path>> = match common.profiles.is_empty() {
-                true => vec![None],
-                false => common.profiles.iter().map(|p| Some(p.as_path())).collect(),
-            };
-            let mut ids: Vec<String> = Vec::new();
-            for profile in &profiles {
-                let id = profile.and_then(|p| p.file_stem()).map_or("default".to_string(), |s| s.to_string_lossy().into_owned());
-                if ids.contains(&id) {
-                    return Err(format!("two profiles are named `{id}`; models are named by the profile file's stem"));
+            // (profile, model id): each --profile by its file's stem, each
+            // --model-name by its name, else the built-in profile.
+            let mut profiles: Vec<(Option<PathBuf>, String)> = Vec::new();
+            for p in &common.profiles {
+                profiles.push((Some(p.clone()), p.file_stem().map_or(String::new(), |s| s.to_string_lossy().into_owned())));
+            }
+            for name in &model_names {
+                let installed = match pull::installed_profile(models_dir.as_deref(), name) {
+                    Err(_) if pull => {
+                        pull_model(&common, name, None, &[], models_dir.as_deref(), cli.quiet)?;
+                        pull::installed_profile(models_dir.as_deref(), name)?
+                    }
+                    found => found?,
+                };
+                profiles.push((Some(installed), name.clone()));
+            }
+            if profiles.is_empty() {
+                profiles.push((None, "default".to_string()));
+            }
+            for (i, (_, id)) in profiles.iter().enumerate() {
+                if profiles[..i].iter().any(|(_, other)| other == id) {
+                    return Err(format!("two models are named `{id}`; a model is named by its profile file's stem or its --model-name"));
                 }
-                ids.push(id);
             }
             let mut sources: Vec<serve::ModelSource> = Vec::new();
-            for (profile, id) in profiles.into_iter().zip(ids) {
+            for (profile, id) in profiles {
+                let profile = profile.as_deref();
                 let openai_voices = match profile {
                     Some(p) => openai_voices_of(&Profile::load(p).map_err(|e| e.to_string())?)?,
                     None => Vec::new(),
@@ -803,12 +851,7 @@ fn run(cli: Cli) -> Result<(), String> {
             if !common.models.is_empty() {
                 return Err("--model does not apply to `tts pull` (it installs the model files it converts)".into());
             }
-            let convert = |source: &std::path::Path, out: &std::path::Path, family: Option<&str>, options: &[(String, String)]| {
-                let report = convert::convert_checkpoint(&common, source, out, family, options)?;
-                Ok((report.variant, report.files.into_iter().map(|f| (f.path, f.summary)).collect()))
-            };
-            let request = pull::PullRequest { spec: &name, weights: weights.as_deref(), set: &set, models_dir: models_dir.as_deref(), quiet: cli.quiet };
-            let dir = pull::pull(&request, &convert)?;
+            let dir = pull_model(&common, &name, weights.as_deref(), &set, models_dir.as_deref(), cli.quiet)?;
             if !cli.quiet {
                 let name = dir.file_name().map(|n| n.to_string_lossy().into_owned()).unwrap_or_default();
                 eprintln!(

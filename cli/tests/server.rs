@@ -447,8 +447,9 @@ fn serve_refuses_bad_flags_in_one_line() {
     let p = profile.display().to_string();
     for (args, want) in [
         (vec!["serve", "--profile", &p, "--workers", "0", "--port", "0"], "--workers and --queue must be at least 1"),
-        (vec!["serve", "--profile", &p, "--profile", &p, "--port", "0"], "two profiles are named `supertonic`"),
+        (vec!["serve", "--profile", &p, "--profile", &p, "--port", "0"], "two models are named `supertonic`"),
         (vec!["serve", "--profile", &p, "--voices-dir", "/nonexistent/voices", "--port", "0"], "--voices-dir /nonexistent/voices: not a directory"),
+        (vec!["serve", "--profile", &p, "--require-api-key", "--host", "0.0.0.0", "--port", "0"], "no API key, and --require-api-key is given: set TTS_API_KEY (or --api-key)"),
     ] {
         let out = common::run(&args);
         common::assert_one_line_error(&out, want);
