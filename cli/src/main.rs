@@ -537,11 +537,16 @@ fn openai_voices_of(profile: &Profile) -> Result<Vec<(String, String)>, String> 
     Ok(voices)
 }
 
-/// `--cors-origin`: exact origins (`scheme://host[:port]`, as browsers send
-/// them), or `*`, which with an API key needs `--cors-allow-any-with-key`.
 /// `tts pull SPEC` into the models directory, converting with the plugin
 /// that recognises the checkpoint; the installed model's directory.
-fn pull_model(common: &Common, spec: &str, weights: Option<&str>, set: &[(String, String)], models_dir: Option<&std::path::Path>, quiet: bool) -> Result<PathBuf, String> {
+fn pull_model(
+    common: &Common,
+    spec: &str,
+    weights: Option<&str>,
+    set: &[(String, String)],
+    models_dir: Option<&std::path::Path>,
+    quiet: bool,
+) -> Result<PathBuf, String> {
     let convert = |source: &std::path::Path, out: &std::path::Path, family: Option<&str>, options: &[(String, String)]| {
         let report = convert::convert_checkpoint(common, source, out, family, options)?;
         Ok((report.variant, report.files.into_iter().map(|f| (f.path, f.summary)).collect()))
@@ -550,6 +555,8 @@ fn pull_model(common: &Common, spec: &str, weights: Option<&str>, set: &[(String
     pull::pull(&request, &convert)
 }
 
+/// `--cors-origin`: exact origins (`scheme://host[:port]`, as browsers send
+/// them), or `*`, which with an API key needs `--cors-allow-any-with-key`.
 fn cors_of(origins: Vec<String>, any_with_key: bool, api_key: bool) -> Result<serve::Cors, String> {
     let any = origins.iter().any(|o| o == "*");
     if any && api_key && !any_with_key {
