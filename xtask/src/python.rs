@@ -17,8 +17,10 @@ use crate::{dist, release, root, run};
 
 /// The wheel builder, installed from PyPI.
 const MATURIN_PACKAGE: &str = "maturin==1.16.0";
-/// What the tests run on besides the wheel (which asks for numpy itself).
-const TEST_PACKAGES: [&str; 2] = ["pytest==9.2.0", "numpy==2.4.6"];
+/// What the tests run on besides the wheel (which asks for numpy itself);
+/// Ray for deploy/ray/tts_batch.py's test (test_ray_batch.py), which must
+/// not skip once it is installed (`TTS_REQUIRE_RAY`).
+const TEST_PACKAGES: [&str; 3] = ["pytest==9.2.0", "numpy==2.4.6", "ray==2.60.0"];
 
 /// `cargo xtask wheel [--release] [--backends cpu,vulkan] [--out DIR]`:
 /// a bundle (`dist`, default backends: the CPU) in `target/wheel-bundle`,
@@ -72,6 +74,7 @@ pub fn test_package(bundle: &Path, backends: &[&str], tts: &Path) -> Result<(), 
         .args(["-m", "pytest", "-p", "no:cacheprovider", "-q"])
         .arg(root().join("python/tests"))
         .env("TTS_CLI", tts)
+        .env("TTS_REQUIRE_RAY", "1")
         .env_remove("TTS_PLUGIN_PATH"))
 }
 
