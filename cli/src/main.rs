@@ -326,6 +326,17 @@ enum Command {
         #[arg(long, requires = "model_names")]
         pull: bool,
     },
+    /// Ask a running `tts serve` whether it is ready: exit 0 when its
+    /// `/health` answers 200, else 1 with the reason (a container's
+    /// HEALTHCHECK; the image has no curl).
+    Health {
+        /// The server's base URL.
+        #[arg(long, default_value = "http://127.0.0.1:8880")]
+        url: String,
+        /// Seconds to wait for the connection and the answer.
+        #[arg(long, value_name = "SECONDS", default_value_t = 5.0, value_parser = parse_seconds)]
+        timeout: f64,
+    },
     /// Convert an official checkpoint directory to the GGUF files `tts`
     /// loads, with the converter of the model plugin that recognises it
     /// (`--list`: the converters, their marker files and options).
@@ -831,6 +842,7 @@ fn run(cli: Cli) -> Result<(), String> {
             };
             serve::run(sources, options, cli.quiet)
         }
+        Some(Command::Health { url, timeout }) => serve::probe_health(&url, std::time::Duration::from_secs_f64(timeout)),
         Some(Command::Convert { common, source, out_dir, family, weights, set, list, json }) => {
             if list {
                 return write_stdout(&convert::list(&common, json)?);

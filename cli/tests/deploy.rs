@@ -230,6 +230,8 @@ fn kubernetes_manifests_fit_tts_serve() {
     let mut served: Vec<String> =
         args.iter().filter(|a| !a.starts_with("--host=") && !a.starts_with("--port=") && !a.starts_with("--profile=")).cloned().collect();
     served.extend(["--profile".into(), local_profile.display().to_string(), "--plugin-dir".into(), plugins.path().display().to_string()]);
+    // What the Secret gives the pod (the arguments may require a key).
+    served.extend(["--api-key".into(), "from-the-secret".into()]);
     let served: Vec<&str> = served.iter().map(String::as_str).collect();
     let server = start_serve(&served);
     let (status, text) = get(&format!("{}/metrics", server.base));

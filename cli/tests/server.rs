@@ -449,7 +449,10 @@ fn serve_refuses_bad_flags_in_one_line() {
         (vec!["serve", "--profile", &p, "--workers", "0", "--port", "0"], "--workers and --queue must be at least 1"),
         (vec!["serve", "--profile", &p, "--profile", &p, "--port", "0"], "two models are named `supertonic`"),
         (vec!["serve", "--profile", &p, "--voices-dir", "/nonexistent/voices", "--port", "0"], "--voices-dir /nonexistent/voices: not a directory"),
-        (vec!["serve", "--profile", &p, "--require-api-key", "--host", "0.0.0.0", "--port", "0"], "no API key, and --require-api-key is given: set TTS_API_KEY (or --api-key)"),
+        (
+            vec!["serve", "--profile", &p, "--require-api-key", "--host", "0.0.0.0", "--port", "0"],
+            "no API key, and --require-api-key is given: set TTS_API_KEY (or --api-key)",
+        ),
     ] {
         let out = common::run(&args);
         common::assert_one_line_error(&out, want);
@@ -1175,4 +1178,18 @@ fn chatterbox_lists_only_voices_of_its_variant() {
             "{e}"
         );
     }
+}
+
+/// `tts health` (the container's HEALTHCHECK): 0 and silent while the server
+/// is ready, 1 with one line once it is gone or for a URL it cannot ask.
+#[test]
+fn tts_health_answers_for_a_running_server_and_names_why_not() {
+    let mut server = Server::start(&[]);
+    let ok = common::run(&["health", "--url", &server.base]);
+    assert!(ok.status.success() && ok.stdout.is_empty() && ok.stderr.is_empty(), "{ok:?}");
+    let base = server.base.clone();
+    assert!(server.stop().success());
+    let gone = common::run(&["health", "--url", &base, "--timeout", "10"]);
+    common::assert_one_line_error(&gone, &format!("{base}/health: Connection Failed"));
+    common::assert_one_line_error(&common::run(&["health", "--url", "ftp://127.0.0.1:1"]), "--url ftp://127.0.0.1:1: not an http:// or https:// URL");
 }

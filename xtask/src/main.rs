@@ -27,6 +27,7 @@
 use std::path::{Path, PathBuf};
 use std::process::{exit, Command};
 
+mod image;
 mod python;
 mod release;
 
@@ -65,6 +66,11 @@ const APT_PACKAGES: &[&str] = &[
     "haproxy",
     // capi/tests/examples.rs: the C API's error paths under memcheck.
     "valgrind",
+    // cli/tests/container.rs: the image built with podman on a base made
+    // with debootstrap, its root filesystem run in private namespaces.
+    "podman",
+    "debootstrap",
+    "iproute2",
 ];
 
 fn main() {
@@ -74,12 +80,13 @@ fn main() {
         Some("test") => deps().and_then(|_| test(&args[1..])),
         Some("dist") => deps().and_then(|_| dist(&args[1..]).map(|_| ())),
         Some("release") => deps().and_then(|_| release::release(&args[1..]).map(|_| ())),
+        Some("image") => deps().and_then(|_| image::image(&args[1..]).map(|_| ())),
         Some("wheel") => deps().and_then(|_| python::wheel(&args[1..]).map(|_| ())),
         Some("demo") => deps().and_then(|_| demo()),
         Some("module-kit") => module_kit(&args[1..]).map(|_| ()),
         Some("fuzz") => fuzz(&args[1..]),
         Some("soak") => deps().and_then(|_| soak(&args[1..])),
-        _ => Err("usage: cargo xtask <deps|test|dist|release|wheel|demo|module-kit|fuzz|soak> [options]".into()),
+        _ => Err("usage: cargo xtask <deps|test|dist|release|image|wheel|demo|module-kit|fuzz|soak> [options]".into()),
     };
     if let Err(e) = result {
         eprintln!("xtask: {e}");
@@ -166,6 +173,7 @@ fn test(extra: &[String]) -> Result<(), String> {
     kubernetes_validate()?;
     check_bundle()?;
     release_check()?;
+    container_check()?;
     // The wheel carries the bundle check_bundle assembled (CPU only), and is
     // compared with that bundle's `tts`: the same plugins and CPU module (the
     // bundle's is built from the module kit, the build tree's for this
@@ -191,6 +199,44 @@ fn release_check() -> Result<(), String> {
     let archive = release::release(&["--debug".into(), "--out".into(), root().join("target/release-check").display().to_string()])?;
     std::env::set_var("TTS_TEST_RELEASE_ARCHIVE", &archive);
     std::env::set_var("TTS_REQUIRE_RELEASE", "1");
+    Ok(())
+}
+
+/// The container image of the release archive `release_check` packed, on
+/// a base made with debootstrap, in a private podman store under
+/// `target/container`, named to `cli/tests/container.rs` in
+/// `TTS_TEST_IMAGE`. Without root, podman or debootstrap that test reports
+/// itself skipped, unless `TTS_REQUIRE_CONTAINER` is set (CI sets it), where
+/// this fails instead.
+fn container_check() -> Result<(), String> {
+    let required = std::env::var_os("TTS_REQUIRE_CONTAINER").is_some();
+    let root_user = Command::new("id").arg("-u").output().is_ok_and(|o| o.stdout.starts_with(b"0\n"));
+    let have = |tool: &str| Command::new(tool).arg("--version").output().is_ok_and(|o| o.status.success());
+    let missing = match std::env::var_os("TTS_TEST_RELEASE_ARCHIVE") {
+        None => Some("no release archive".to_string()),
+        Some(_) if !root_user => Some("not root (debootstrap and the namespaces need it)".into()),
+        Some(_) => ["podman", "debootstrap"].into_iter().find(|t| !have(t)).map(|t| format!("no {t}")),
+    };
+    if let Some(why) = missing {
+        if required {
+            return Err(format!("the container image test: {why}"));
+        }
+        eprintln!("xtask: {why}; the container image test will report itself skipped");
+        return Ok(());
+    }
+    let archive = std::env::var("TTS_TEST_RELEASE_ARCHIVE").map_err(|e| e.to_string())?;
+    let store = root().join("target/container/store");
+    let (tag, _) = image::image(&[
+        "--archive".into(),
+        archive,
+        "--debootstrap-base".into(),
+        "--store".into(),
+        store.display().to_string(),
+        "--tag".into(),
+        "tts:test".into(),
+    ])?;
+    std::env::set_var("TTS_TEST_IMAGE", tag);
+    std::env::set_var("TTS_TEST_IMAGE_STORE", &store);
     Ok(())
 }
 

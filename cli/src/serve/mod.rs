@@ -59,6 +59,30 @@ pub struct Limits {
     pub shutdown_grace: Duration,
 }
 
+/// `GET URL/health` (`tts health`): Ok on 200; else the status and what it
+/// means, or why no answer came. No proxy: the server probed is usually this
+/// host's own.
+pub fn probe_health(url: &str, timeout: Duration) -> Result<(), String> {
+    let base = url.trim_end_matches('/');
+    if !(base.starts_with("http://") || base.starts_with("https://")) {
+        return Err(format!("--url {url}: not an http:// or https:// URL"));
+    }
+    let agent = ureq2::AgentBuilder::new().timeout(timeout).redirects(0).build();
+    let health = format!("{base}/health");
+    match agent.get(&health).call() {
+        Ok(answer) if answer.status() == 200 => Ok(()),
+        Ok(answer) => Err(format!("{health}: {} {}", answer.status(), answer.status_text())),
+        Err(ureq2::Error::Status(503, _)) => Err(format!("{health}: 503, not ready (loading its models or draining)")),
+        Err(ureq2::Error::Status(code, answer)) => Err(format!("{health}: {code} {}", answer.status_text())),
+        Err(ureq2::Error::Transport(t)) => {
+            // ureq names the URL itself; once is enough.
+            let said = t.to_string();
+            let said = said.strip_prefix(&format!("{health}: ")).unwrap_or(&said);
+            Err(format!("{health}: {}", engine_core::logging::escape(said)))
+        }
+    }
+}
+
 /// A profile to serve: the model id requests name, and its opened engine.
 pub struct ModelSource {
     pub id: String,
