@@ -10,6 +10,7 @@ of that session, never by `ray stop`, which would stop every Ray on the
 machine. Without Ray the cluster's tests skip, unless TTS_REQUIRE_RAY is
 set (`cargo xtask test` sets it once it has installed Ray), where they fail."""
 
+import fcntl
 import hashlib
 import importlib.util
 import json
@@ -379,6 +380,22 @@ def test_a_bad_manifest_is_one_line_naming_the_line_and_nothing_starts(tmp_path,
     assert done.returncode == 1 and done.stdout == b""
     assert stderr.startswith("tts_batch: %s%s" % (manifest, error)) and stderr.count("\n") == 1, stderr
     assert not out.exists()
+
+
+def test_a_second_run_on_the_same_directory_is_refused(tmp_path):
+    manifest = write_manifest(tmp_path / "corpus.jsonl", [{"id": "a", "text": "Hello."}])
+    out = tmp_path / "out"
+    out.mkdir()
+    # What a running driver holds on DIR.
+    held = os.open(out, os.O_RDONLY)
+    try:
+        fcntl.flock(held, fcntl.LOCK_EX | fcntl.LOCK_NB)
+        done = run_job([sys.executable, str(SCRIPT), str(manifest), "--out", str(out), "--address", "127.0.0.1:9"], timeout=60)
+    finally:
+        os.close(held)
+    assert done.returncode == 1
+    assert done.stderr.decode(errors="replace") == "tts_batch: %s: another run is using this directory\n" % out
+    assert os.listdir(out) == []
 
 
 def test_the_wav_writer_agrees_with_the_checker_here():
