@@ -280,6 +280,34 @@ def test_a_killed_run_resumes_without_duplicate_missing_or_cut_files(cluster, tm
         assert_same_bytes(samples, engine.synthesize(line["text"], **options).tobytes(), what=record["id"])
 
 
+def test_ctrl_c_stops_the_run_and_keeps_what_was_recorded(cluster, tmp_path, supertonic_profile):
+    manifest = write_manifest(tmp_path / "corpus.jsonl", corpus())
+    out, results = tmp_path / "out", tmp_path / "out" / "results.jsonl"
+    # SIGINT as a terminal sends it, whatever this process's parent ignores.
+    run = subprocess.Popen(job(manifest, out, supertonic_profile, cluster.address), env=job_env(), stdin=subprocess.DEVNULL,
+                           stdout=subprocess.PIPE, stderr=subprocess.PIPE, preexec_fn=lambda: signal.signal(signal.SIGINT, signal.SIG_DFL))  # fmt: skip
+    try:
+        deadline = time.monotonic() + 300
+        while not complete_records(results):
+            assert run.poll() is None and time.monotonic() < deadline, "the run recorded nothing"
+            time.sleep(0.005)
+        run.send_signal(signal.SIGINT)
+        stdout, stderr = run.communicate(timeout=60)
+    finally:
+        run.kill()
+        run.wait(timeout=30)
+    stderr = stderr.decode(errors="replace")
+    assert run.returncode == 130, stderr
+    assert "Traceback" not in stderr and stderr.endswith(" (2 workers)\ntts_batch: interrupted\n"), stderr
+    assert ", 0 failed, interrupted in " in stderr.splitlines()[-2], stderr
+    text = results.read_text()
+    records = [json.loads(line) for line in text.splitlines()]
+    assert text.endswith("\n") and 0 < len(records) < ITEMS
+    for record in records:
+        assert hashlib.sha256((out / record["file"]).read_bytes()).hexdigest() == record["sha256"]
+    wait_for_the_killed_jobs_actors_to_end(cluster)
+
+
 def wait_for_the_killed_jobs_actors_to_end(cluster):
     """Ray ends a dead driver's actors by itself; until then one may still
     finish its item and write its file."""
