@@ -172,8 +172,8 @@ def sha256_file(path):
 
 class Synthesizer:
     """One Ray actor: one engine, loaded once, synthesizing items into DIR.
-    Made a Ray actor by `ray.remote` in `run`, so importing this file needs
-    no Ray."""
+    Made a Ray actor by `ray.remote` in `start_workers`, so importing this
+    file needs no Ray."""
 
     def __init__(self, out, profile, plugin_dir, model):
         self.out, self.engine, self.error = out, None, None
