@@ -116,7 +116,9 @@ impl Drop for Running {
     }
 }
 
-fn start(image: &Image, rootfs: &Path, env: &[(&str, &str)]) -> Running {
+/// The container's process (`unshare`, then the server as its child) and
+/// its stderr, line by line.
+fn spawn(image: &Image, rootfs: &Path, env: &[(&str, &str)]) -> (Child, std::sync::mpsc::Receiver<String>) {
     let (uid, gid) = image.user();
     let workdir = image.config("WorkingDir").as_str().unwrap_or("/").to_string();
     let mut argv = image.strings("Entrypoint");
@@ -155,6 +157,20 @@ fn start(image: &Image, rootfs: &Path, env: &[(&str, &str)]) -> Running {
             }
         }
     });
+    (holder, stderr)
+}
+
+/// Runs the container until it ends (a hang guard of a minute): its exit
+/// status and what it said.
+fn run_to_end(image: &Image, rootfs: &Path, env: &[(&str, &str)]) -> (std::process::ExitStatus, String) {
+    let (holder, stderr) = spawn(image, rootfs, env);
+    let out = wait_or_kill(holder, Duration::from_secs(60), "the container");
+    (out.status, stderr.iter().collect::<Vec<_>>().join("\n"))
+}
+
+/// Starts the container and waits for its server process.
+fn start(image: &Image, rootfs: &Path, env: &[(&str, &str)]) -> Running {
+    let (mut holder, stderr) = spawn(image, rootfs, env);
     // The server: the holder's child once the chain of execs reaches `tts`.
     let started = Instant::now();
     let server_pid = loop {
@@ -179,7 +195,8 @@ impl Running {
     /// status and what it said that was not read yet.
     fn finish(mut self) -> (std::process::ExitStatus, String) {
         let out = wait_or_kill(self.holder.take().unwrap(), Duration::from_secs(60), "the container");
-        let said: Vec<String> = self.stderr.try_iter().collect();
+        // The reader ends with the pipe, closed once the process is gone.
+        let said: Vec<String> = self.stderr.iter().collect();
         (out.status, said.join("\n"))
     }
 
@@ -285,7 +302,7 @@ fn the_image_serves_speech_from_its_extracted_root_filesystem() {
     mount_models(&image, &rootfs);
 
     // No key in the environment: refused, in one line, before listening.
-    let (status, said) = start(&image, &rootfs, &[]).finish();
+    let (status, said) = run_to_end(&image, &rootfs, &[]);
     assert_eq!(status.code(), Some(1), "{said}");
     assert_eq!(said, "error: no API key, and --require-api-key is given: set TTS_API_KEY (or --api-key)");
 
