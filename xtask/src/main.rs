@@ -122,14 +122,18 @@ fn have_dpkg(pkg: &str) -> bool {
         .unwrap_or(false)
 }
 
+/// Whether xtask runs as root (`id -u` is 0).
+fn is_root() -> bool {
+    Command::new("id").arg("-u").output().is_ok_and(|o| o.stdout == b"0\n")
+}
+
 fn deps() -> Result<(), String> {
     if Command::new("dpkg-query").arg("--version").output().is_err() {
         eprintln!("xtask: not a Debian-based system; install by hand: {}", APT_PACKAGES.join(" "));
     } else {
         let missing: Vec<&str> = APT_PACKAGES.iter().copied().filter(|p| !have_dpkg(p)).collect();
         if !missing.is_empty() {
-            let root_user = Command::new("id").arg("-u").output().map(|o| o.stdout.starts_with(b"0")).unwrap_or(false);
-            let sudo: &[&str] = if root_user { &[] } else { &["sudo"] };
+            let sudo: &[&str] = if is_root() { &[] } else { &["sudo"] };
             let apt = |args: &[&str]| {
                 let mut all: Vec<&str> = sudo.to_vec();
                 all.extend_from_slice(args);
@@ -210,11 +214,10 @@ fn release_check() -> Result<(), String> {
 /// this fails instead.
 fn container_check() -> Result<(), String> {
     let required = std::env::var_os("TTS_REQUIRE_CONTAINER").is_some();
-    let root_user = Command::new("id").arg("-u").output().is_ok_and(|o| o.stdout.starts_with(b"0\n"));
     let have = |tool: &str| Command::new(tool).arg("--version").output().is_ok_and(|o| o.status.success());
     let missing = match std::env::var_os("TTS_TEST_RELEASE_ARCHIVE") {
         None => Some("no release archive".to_string()),
-        Some(_) if !root_user => Some("not root (debootstrap and the namespaces need it)".into()),
+        Some(_) if !is_root() => Some("not root (debootstrap and the namespaces need it)".into()),
         Some(_) => ["podman", "debootstrap"].into_iter().find(|t| !have(t)).map(|t| format!("no {t}")),
     };
     if let Some(why) = missing {
