@@ -358,20 +358,6 @@ fn wait_for(what: &str, limit: Duration, mut done: impl FnMut() -> bool) {
     }
 }
 
-/// SIGTERM, then the exit status (the server drains first).
-fn stop(replica: &mut Serving) -> std::process::ExitStatus {
-    // SAFETY: kill(2) on our own child's id.
-    unsafe { libc::kill(replica.child.id() as i32, libc::SIGTERM) };
-    let started = Instant::now();
-    loop {
-        if let Some(status) = replica.child.try_wait().unwrap() {
-            return status;
-        }
-        assert!(started.elapsed() < Duration::from_secs(60), "the replica did not stop on SIGTERM (hang guard)");
-        std::thread::sleep(Duration::from_millis(20));
-    }
-}
-
 const CLIENTS: usize = 3;
 /// The most requests a client sends (the run ends earlier, once the
 /// restarted replica has served its share).
@@ -453,7 +439,7 @@ fn three_replicas_behind_haproxy_answer_every_request_across_a_restart() {
     for wait_until_out in [true, false] {
         assert!(speech_served(&replicas[1]) > 0, "replica 2 served nothing before it was stopped");
         let at_stop = count();
-        let status = stop(&mut replicas[1]);
+        let status = replicas[1].stop();
         assert!(status.success(), "the drained replica's exit: {status}");
         if wait_until_out {
             wait_for("HAProxy taking the stopped replica out", guard, || balancer.state("replica2") == "DOWN");

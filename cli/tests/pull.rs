@@ -803,28 +803,19 @@ fn an_etag_that_is_a_path_is_refused_before_anything_is_written() {
 /// the environment; a second start finds it installed and needs no hub.
 #[test]
 fn serve_pulls_a_missing_model_then_serves_it_by_name() {
-    use std::io::{BufRead, BufReader};
     let hub = FakeHub::start(all_repos(), Faults::default());
     let m = Machine::new();
-    let start = |hub: &str, extra: &[&str]| -> (std::process::Child, String) {
+    let start = |hub: &str, extra: &[&str]| -> Serving {
         let mut args = vec!["serve", "--port", "0", "--require-api-key", "--model-name", "supertonic-2"];
         args.extend(m.plugin_args());
         args.extend_from_slice(extra);
         let mut cmd = m.command(hub, &args);
-        cmd.env("TTS_API_KEY", "k-123").stdout(std::process::Stdio::null());
-        let mut child = cmd.spawn().unwrap();
-        let mut lines = BufReader::new(child.stderr.take().unwrap()).lines();
-        let listening = lines.by_ref().map_while(Result::ok).find(|l| l.starts_with("listening on ")).expect("tts serve never listened");
-        std::thread::spawn(move || lines.for_each(drop));
-        (child, listening["listening on ".len()..].split_whitespace().next().unwrap().to_string())
+        cmd.env("TTS_API_KEY", "k-123");
+        serve_from(cmd)
     };
     let agent: ureq::Agent = ureq::Agent::config_builder().http_status_as_error(false).build().into();
-    let serve_and_speak = |child: std::process::Child, base: &str| {
-        let started = std::time::Instant::now();
-        while agent.get(format!("{base}/health")).call().map(|r| r.status().as_u16()).unwrap_or(0) != 200 {
-            assert!(started.elapsed() < Duration::from_secs(120), "the model did not load (hang guard)");
-            std::thread::sleep(Duration::from_millis(50));
-        }
+    let serve_and_speak = |mut server: Serving| {
+        let base = server.base.clone();
         let mut models = agent.get(format!("{base}/v1/models")).header("Authorization", "Bearer k-123").call().unwrap();
         let models: serde_json::Value = models.body_mut().read_json().unwrap();
         assert_eq!(models["data"][0]["id"], "supertonic-2", "{models}");
@@ -832,16 +823,13 @@ fn serve_pulls_a_missing_model_then_serves_it_by_name() {
         let mut answer = agent.post(format!("{base}/v1/audio/speech")).header("Authorization", "Bearer k-123").send_json(&request).unwrap();
         assert_eq!(answer.status().as_u16(), 200);
         assert!(answer.body_mut().read_to_vec().unwrap().starts_with(b"RIFF"));
-        unsafe { libc::kill(child.id() as i32, libc::SIGTERM) };
-        let out = wait_or_kill(child, Duration::from_secs(60), "tts serve");
-        assert!(out.status.success(), "{:?}", out.status);
+        let status = server.stop();
+        assert!(status.success(), "{status:?}");
     };
-    let (child, base) = start(&hub.url, &["--pull"]);
-    serve_and_speak(child, &base);
+    serve_and_speak(start(&hub.url, &["--pull"]));
     m.assert_models(&["supertonic-2"]);
     // Installed now: served without --pull, with a hub that answers nothing.
-    let (child, base) = start("http://127.0.0.1:9", &[]);
-    serve_and_speak(child, &base);
+    serve_and_speak(start("http://127.0.0.1:9", &[]));
     // Not installed and no --pull: the hint, before anything listens.
     let mut args = vec!["serve", "--port", "0", "--model-name", "supertonic-3"];
     args.extend(m.plugin_args());

@@ -211,6 +211,23 @@ pub struct Serving {
     pub base: String,
 }
 
+impl Serving {
+    /// SIGTERM, then the exit status once it has drained (a hang guard of a
+    /// minute, not a timing check).
+    pub fn stop(&mut self) -> std::process::ExitStatus {
+        // SAFETY: kill(2) on our own child's id.
+        unsafe { libc::kill(self.child.id() as i32, libc::SIGTERM) };
+        let started = std::time::Instant::now();
+        loop {
+            if let Some(status) = self.child.try_wait().unwrap() {
+                return status;
+            }
+            assert!(started.elapsed() < std::time::Duration::from_secs(60), "tts serve did not stop on SIGTERM (hang guard)");
+            std::thread::sleep(std::time::Duration::from_millis(20));
+        }
+    }
+}
+
 impl Drop for Serving {
     fn drop(&mut self) {
         let _ = self.child.kill();
@@ -228,19 +245,21 @@ pub fn start_serve(args: &[&str]) -> Serving {
 /// [`start_serve`] on a chosen port (a replica restarted where its balancer
 /// expects it).
 pub fn start_serve_on(port: u16, args: &[&str]) -> Serving {
+    let mut cmd = Command::new(tts());
+    cmd.args(["serve", "--port", &port.to_string()]).args(args).env_remove("TTS_LOG").env_remove("TTS_API_KEY");
+    serve_from(cmd)
+}
+
+/// Starts `cmd`, a prepared `tts serve` (its own binary, arguments and
+/// environment), and waits for it as [`start_serve`] does: the address from
+/// its first `listening on` line (lines before it, such as a pull's, are
+/// skipped), then `/health` answering 200.
+pub fn serve_from(mut cmd: Command) -> Serving {
     use std::io::{BufRead, BufReader};
-    let mut child = Command::new(tts())
-        .args(["serve", "--port", &port.to_string()])
-        .args(args)
-        .env_remove("TTS_LOG")
-        .env_remove("TTS_API_KEY")
-        .stdout(std::process::Stdio::null())
-        .stderr(std::process::Stdio::piped())
-        .spawn()
-        .unwrap();
+    let mut child = cmd.stdout(std::process::Stdio::null()).stderr(std::process::Stdio::piped()).spawn().unwrap();
     let mut lines = BufReader::new(child.stderr.take().unwrap()).lines();
-    let first = lines.next().expect("tts serve printed nothing").unwrap();
-    let base = first.strip_prefix("listening on ").and_then(|r| r.split_whitespace().next()).unwrap_or_else(|| panic!("first line: {first}")).to_string();
+    let listening = lines.by_ref().map_while(Result::ok).find(|l| l.starts_with("listening on ")).expect("tts serve never printed `listening on`");
+    let base = listening["listening on ".len()..].split_whitespace().next().unwrap().to_string();
     // The rest of stderr is drained so the server never blocks on it.
     std::thread::spawn(move || lines.for_each(drop));
     let serving = Serving { child, base };
