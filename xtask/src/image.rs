@@ -94,8 +94,13 @@ pub fn image(args: &[String]) -> Result<(String, u64), String> {
         .arg(&context));
     let _ = std::fs::remove_dir_all(&context);
     built?;
-    // The intermediate stage (the unpacked archive) is not part of the image.
-    let _ = podman(store).args(["image", "prune", "-f"]).output();
+    // The intermediate stage (the unpacked archive) is not part of the
+    // image; in a private store nothing else is, so it is pruned there. A
+    // user's own store is left as it is (pruning would take their dangling
+    // images too).
+    if store.is_some() {
+        let _ = podman(store).args(["image", "prune", "-f"]).output();
+    }
     let size: u64 = podman_output(store, &["image", "inspect", "--format", "{{.Size}}", &o.tag])?.parse().map_err(|e| format!("image size: {e}"))?;
     eprintln!("image: {} ({:.1} MB, {:.1} MiB; base {base})", o.tag, size as f64 / 1e6, size as f64 / 1048576.0);
     Ok((o.tag, size))
