@@ -28,8 +28,9 @@ pub fn gpu_kind(device: &Device) -> DeviceKind {
 pub trait BackendFlavor: Send + Sync + 'static {
     /// Classifies a ggml device; `None` hides it (e.g. software devices not allowed).
     fn classify(&self, registry: &Registry, index: usize, device: &Device) -> Option<DeviceKind>;
-    /// Adjusts or extends the common probe results for a device.
-    fn adjust_probes(&self, _device: &Device, _results: &mut Vec<ProbeResult>) {}
+    /// Adjusts or extends the common probe results for a device (`index` is
+    /// its index in the ggml registry, as for [`BackendFlavor::classify`]).
+    fn adjust_probes(&self, _index: usize, _device: &Device, _results: &mut Vec<ProbeResult>) {}
     /// Called on a freshly initialised backend (threads, ...). Returns the thread count.
     fn configure(&self, _backend: &ggml_sys::Backend) -> u32 {
         0
@@ -175,6 +176,8 @@ macro_rules! load_plugin_module {
 
 struct DeviceEntry {
     info: DeviceInfo,
+    /// Index in the ggml registry (the module's own numbering).
+    registry_index: usize,
     device: Device,
     probes: Mutex<Option<Vec<ProbeResult>>>,
 }
@@ -194,10 +197,10 @@ impl<F: BackendFlavor> GgmlSession<F> {
             .enumerate()
             .filter_map(|(i, device)| {
                 let kind = flavor.classify(&registry, i, &device)?;
-                Some((device, kind))
+                Some((i, device, kind))
             })
             .enumerate()
-            .map(|(index, (device, kind))| {
+            .map(|(index, (registry_index, device, kind))| {
                 let (free, total) = device.memory();
                 DeviceEntry {
                     info: DeviceInfo {
@@ -209,6 +212,7 @@ impl<F: BackendFlavor> GgmlSession<F> {
                         memory_free: free as u64,
                         memory_total: total as u64,
                     },
+                    registry_index,
                     device,
                     probes: Mutex::new(None),
                 }
@@ -243,7 +247,7 @@ impl<F: BackendFlavor> BackendSession for GgmlSession<F> {
         let mut cache = entry.probes.lock().unwrap_or_else(|p| p.into_inner());
         let results = cache.get_or_insert_with(|| {
             let mut r = probes::run_all(entry.device);
-            self.flavor.adjust_probes(&entry.device, &mut r);
+            self.flavor.adjust_probes(entry.registry_index, &entry.device, &mut r);
             r
         });
         RResult::ROk(results.iter().cloned().collect())

@@ -11,6 +11,8 @@ use std::io;
 use std::path::{Path, PathBuf};
 use std::process::Command;
 
+pub mod vulkan_toolchain;
+
 /// Registry package that carries the pinned ggml tree.
 pub const PINNED_CRATE: &str = "llama-cpp-sys-2";
 /// Exact version pinned in this crate's Cargo.toml.
@@ -33,19 +35,25 @@ pub fn locate_source(scratch: &Path) -> Result<PathBuf> {
             Err(format!("{SOURCE_DIR_ENV}={} is not a ggml source directory", dir.display()))
         };
     }
-    if let Some(dir) = find_in_registry()? {
+    crate_in_registry(PINNED_CRATE, PINNED_VERSION, scratch)
+        .map(|dir| dir.join("llama.cpp/ggml"))
+        .map_err(|e| format!("{e}; set {SOURCE_DIR_ENV} to a ggml source directory"))
+}
+
+/// The unpacked source of registry package `name`-`version` (pinned, never
+/// compiled, in this crate's `cfg(any())` dependencies): cargo's unpacked copy,
+/// else its cached `.crate` archive unpacked into `scratch`, else after running
+/// `cargo fetch` on the workspace.
+pub fn crate_in_registry(name: &str, version: &str, scratch: &Path) -> Result<PathBuf> {
+    let dir_name = format!("{name}-{version}");
+    if let Some(dir) = find_in_registry(&dir_name) {
         return Ok(dir);
     }
-    if let Some(dir) = unpack_cached_crate(scratch)? {
+    if let Some(dir) = unpack_cached_crate(&dir_name, scratch)? {
         return Ok(dir);
     }
     fetch_workspace()?;
-    find_in_registry()?.ok_or_else(|| {
-        format!(
-            "pinned ggml source {PINNED_CRATE}-{PINNED_VERSION} not found after `cargo fetch`; \
-             set {SOURCE_DIR_ENV} to a ggml source directory"
-        )
-    })
+    find_in_registry(&dir_name).ok_or_else(|| format!("pinned source {dir_name} not found after `cargo fetch`"))
 }
 
 /// Prints a `cargo:` directive when running as a build script (not from xtask).
@@ -59,29 +67,19 @@ fn cargo_home() -> PathBuf {
     std::env::var_os("CARGO_HOME").map(PathBuf::from).unwrap_or_else(|| PathBuf::from(std::env::var_os("HOME").unwrap_or_default()).join(".cargo"))
 }
 
-fn crate_dir_name() -> String {
-    format!("{PINNED_CRATE}-{PINNED_VERSION}")
-}
-
-fn find_in_registry() -> Result<Option<PathBuf>> {
+fn find_in_registry(dir_name: &str) -> Option<PathBuf> {
     let src = cargo_home().join("registry/src");
-    for index in read_dir_sorted(&src) {
-        let ggml = index.join(crate_dir_name()).join("llama.cpp/ggml");
-        if ggml.join("CMakeLists.txt").is_file() {
-            return Ok(Some(ggml));
-        }
-    }
-    Ok(None)
+    read_dir_sorted(&src).into_iter().map(|index| index.join(dir_name)).find(|dir| dir.join("Cargo.toml").is_file())
 }
 
-fn unpack_cached_crate(scratch: &Path) -> Result<Option<PathBuf>> {
+fn unpack_cached_crate(dir_name: &str, scratch: &Path) -> Result<Option<PathBuf>> {
     let cache = cargo_home().join("registry/cache");
     for index in read_dir_sorted(&cache) {
-        let archive = index.join(format!("{}.crate", crate_dir_name()));
+        let archive = index.join(format!("{dir_name}.crate"));
         if archive.is_file() {
             let file = fs::File::open(&archive).map_err(|e| format!("{}: {e}", archive.display()))?;
             tar::Archive::new(flate2::read::GzDecoder::new(file)).unpack(scratch).map_err(|e| format!("unpacking {}: {e}", archive.display()))?;
-            return Ok(Some(scratch.join(crate_dir_name()).join("llama.cpp/ggml")));
+            return Ok(Some(scratch.join(dir_name)));
         }
     }
     Ok(None)
@@ -101,7 +99,7 @@ fn fetch_workspace() -> Result<()> {
     if status.success() {
         Ok(())
     } else {
-        Err(format!("cargo fetch failed ({status}); run it once by hand or set {SOURCE_DIR_ENV}"))
+        Err(format!("cargo fetch failed ({status}); run it once by hand"))
     }
 }
 
@@ -376,6 +374,11 @@ pub fn cached_build(pristine: &Path, patches: &[PathBuf], allowed_dir: &str, cma
     let build = root.join("build");
     cmake.configure_and_build(&src, &build, targets)?;
     Ok(CachedBuild { src, build })
+}
+
+/// Where build tools made once for every profile are kept (`<target>/vulkan-toolchain`).
+pub fn tool_cache() -> Result<PathBuf> {
+    Ok(target_dir()?.join("vulkan-toolchain"))
 }
 
 /// Cargo's target directory (`<target>/<profile>/build/<pkg>-<hash>/out` → `<target>`).
