@@ -7,7 +7,7 @@
 #   .whl/                       the Python wheels the reference needs (gpu-reference notes)
 #   .gl/                        the Vulkan loader (Debian libvulkan1 and glvnd)
 # Usage: bash bench/gpu_host.sh STAGE...  with stages
-#   parity      the parity suites on CUDA, and CPU/CUDA/Vulkan compared on the tiny fixtures
+#   parity      the parity suites on Vulkan and CUDA, and CPU/CUDA/Vulkan compared on the tiny fixtures
 #   chatterbox  full-size random Turbo checkpoints, converted; tts (cuda, vulkan) vs PyTorch on the GPU
 #   nano        the same for Nano, tts only (the reference package predates Nano)
 #   mtl         Multilingual: CPU/CUDA/Vulkan compared on the tiny fixture; a full-size random
@@ -40,7 +40,9 @@ ldconfig
 export VK_DRIVER_FILES=/usr/local/nvidia/share/vulkan/icd.d/nvidia_icd.json
 
 # Python: the reference package and gguf, with a stand-in for the watermarker.
-if [ ! -d /tmp/site/chatterbox ]; then
+# The wheels may come in a later call than the rest (the carried tree has a size
+# limit); the stages that need them fail on the import.
+if [ ! -d /tmp/site/chatterbox ] && compgen -G ".whl/*.whl" > /dev/null; then
   python3 -m pip install -q --no-index --no-deps --no-compile --no-cache-dir --upgrade --target /tmp/site .whl/*.whl || exit 1
   mkdir -p /tmp/site/perth
   printf 'class PerthImplicitWatermarker:\n    def apply_watermark(self, wav, sample_rate):\n        return wav\n' > /tmp/site/perth/__init__.py
@@ -82,6 +84,13 @@ stage_parity() {
   echo "== devices"
   profile cuda cuda
   "$rel/tts" devices --profile "$work/cuda.toml" --plugin-dir "$rel" 2>&1 | sed -n '/backend cuda/,/backend /p'
+  echo "== devices (Vulkan)"
+  profile vulkan vulkan
+  "$rel/tts" devices --profile "$work/vulkan.toml" --plugin-dir "$rel" 2>&1 | sed -n '/backend vulkan/,/backend /p' | grep -v "^backend [^v]"
+  echo "== parity suites on Vulkan"
+  for t in "$rel"/deps/parity_vulkan-*; do
+    [ -x "$t" ] && LD_LIBRARY_PATH=$rel TTS_REQUIRE_BACKEND=vulkan "$t" --nocapture --test-threads 1 2>&1 | tee -a "$out/parity-vulkan.log" | grep -E "rel err|agree|test result|panicked|FAILED|skipped"
+  done
   echo "== parity suites on CUDA"
   for t in "$rel"/deps/parity_cuda-*; do
     [ -x "$t" ] && LD_LIBRARY_PATH=$rel TTS_REQUIRE_BACKEND=cuda "$t" --nocapture --test-threads 1 2>&1 | tee -a "$out/parity.log" | grep -E "rel err|agree|test result|panicked|FAILED|skipped"

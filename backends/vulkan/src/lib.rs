@@ -143,6 +143,25 @@ mod tests {
         assert_eq!(rows("fp16 KHR_coopmat", "matrix-cores")[0].2, "matrix cores: KHR_coopmat");
     }
 
+    /// The module this build placed beside the plugin embeds the SPIR-V of
+    /// every tensor-core shader family: each shader declares its extension by
+    /// name (`OpExtension`), so a build that fell back to a glslc without
+    /// them fails here, not silently on a user's GPU.
+    #[test]
+    fn the_module_carries_the_tensor_core_shaders() {
+        if SHADER_SET == "basic" {
+            eprintln!("skipped: built with TTS_VULKAN_SHADERS=basic");
+            return;
+        }
+        let exe = std::env::current_exe().unwrap();
+        let module = exe.parent().and_then(|deps| deps.parent()).unwrap().join(format!("{}.so", env!("TTS_MODULE_STEM")));
+        let bytes = std::fs::read(&module).unwrap_or_else(|e| panic!("{}: {e}", module.display()));
+        let count = |needle: &[u8]| bytes.windows(needle.len()).filter(|w| *w == needle).count();
+        for ext in ["SPV_KHR_cooperative_matrix", "SPV_NV_cooperative_matrix2", "SPV_KHR_integer_dot_product", "SPV_KHR_bfloat16"] {
+            assert!(count(ext.as_bytes()) > 0, "{} has no shader declaring {ext}", module.display());
+        }
+    }
+
     #[test]
     fn a_basic_build_says_why_the_device_has_no_matrix_cores() {
         let r = rows("fp16", "basic");

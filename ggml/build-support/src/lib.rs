@@ -297,11 +297,16 @@ pub fn copy_into(file: &Path, dir: &Path) -> Result<PathBuf> {
 
 /// Copies `from` to `to` through a temporary sibling and a rename, so a process
 /// that loads `to` (a test, a running `tts`) never sees a half-written library.
+/// The copy keeps `from`'s modification time, so a build script that watches
+/// the files it placed (`rerun-if-changed`) sees its own copy as unchanged and
+/// another build's copy over it as a change.
 pub fn copy_as(from: &Path, to: &Path) -> Result<()> {
     let dir = to.parent().ok_or("no parent directory")?;
     fs::create_dir_all(dir).map_err(|e| e.to_string())?;
     let tmp = dir.join(format!(".{}.tmp", to.file_name().ok_or("no file name")?.to_string_lossy()));
     fs::copy(from, &tmp).map_err(|e| format!("copy {}: {e}", from.display()))?;
+    let modified = fs::metadata(from).and_then(|m| m.modified()).map_err(|e| format!("{}: {e}", from.display()))?;
+    fs::File::options().write(true).open(&tmp).and_then(|f| f.set_modified(modified)).map_err(|e| format!("{}: {e}", tmp.display()))?;
     fs::rename(&tmp, to).map_err(|e| e.to_string())
 }
 
@@ -425,7 +430,13 @@ pub fn build_backend_module(backend_dir: &str, targets: &[&str], extra_defines: 
     for module in &modules {
         let name = module.file_name().unwrap().to_string_lossy().to_string();
         let stamp = template.replace("@MODULE_FILE@", &name).replace("@MODULE_SHA256@", &file_sha256(module)?);
-        placed.push(copy_into(module, &artifacts)?);
+        let copy = copy_into(module, &artifacts)?;
+        // Builds with other options (`TTS_VULKAN_SHADERS=basic`, say) place
+        // their module at the same path; cargo keeps each build's script
+        // output apart and would otherwise not run this script again when
+        // switching back, leaving the other build's module beside this plugin.
+        cargo_directive(&format!("rerun-if-changed={}", copy.display()));
+        placed.push(copy);
         fs::write(artifacts.join(format!("{name}.stamp.json")), stamp).map_err(|e| e.to_string())?;
     }
     println!("cargo:rustc-env=TTS_MODULE_STAMP={template}");
