@@ -332,6 +332,14 @@ impl BufferType {
         unsafe { sys::ggml_backend_buft_get_alignment(self.as_ptr()) }
     }
 
+    /// The bytes one buffer of this type needs for every tensor of `ctx` that
+    /// has no memory yet, as [`Backend::alloc_ctx_tensors`] would place them
+    /// (alignment and the type's per-tensor padding included); nothing is
+    /// allocated.
+    pub fn size_for(&self, ctx: &Context) -> usize {
+        unsafe { sys::ggml_backend_alloc_ctx_tensors_from_buft_size(ctx.as_ptr(), self.as_ptr()) }
+    }
+
     /// A buffer of `size` bytes.
     pub fn alloc(&self, size: usize) -> Result<Buffer> {
         match NonNull::new(unsafe { sys::ggml_backend_buft_alloc_buffer(self.as_ptr(), size) }) {
@@ -385,10 +393,29 @@ unsafe impl Send for GraphAllocator {}
 
 impl GraphAllocator {
     pub fn new(backend: &Backend) -> Result<Self> {
-        match NonNull::new(unsafe { sys::ggml_gallocr_new(backend.buffer_type().as_ptr()) }) {
+        Self::for_type(backend.buffer_type())
+    }
+
+    /// An allocator placing intermediates in buffers of `buft`.
+    pub fn for_type(buft: BufferType) -> Result<Self> {
+        match NonNull::new(unsafe { sys::ggml_gallocr_new(buft.as_ptr()) }) {
             Some(ptr) => Ok(GraphAllocator { ptr }),
             None => err("ggml_gallocr_new failed"),
         }
+    }
+
+    /// The bytes [`alloc`](Self::alloc) would give `graph`'s intermediates
+    /// (ggml's measure-only reservation); nothing is allocated. Tensors that
+    /// already have memory (weights, caches) are not counted.
+    pub fn measure(&mut self, graph: &Graph<'_>) -> usize {
+        let mut size = 0usize;
+        unsafe { sys::ggml_gallocr_reserve_n_size(self.ptr.as_ptr(), graph.as_ptr(), std::ptr::null(), std::ptr::null(), &mut size) };
+        size
+    }
+
+    /// The size of the buffer the last allocation left in place.
+    pub fn buffer_size(&self) -> usize {
+        unsafe { sys::ggml_gallocr_get_buffer_size(self.ptr.as_ptr(), 0) }
     }
 
     /// Assigns memory to every tensor of `graph` that has none.

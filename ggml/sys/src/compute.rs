@@ -44,6 +44,42 @@ impl ComputeGraph {
     where
         F: for<'c> FnOnce(&'c Context) -> Result<GraphIo<'c>>,
     {
+        let (ctx, graph, inputs, outputs) = Self::assemble(max_nodes, build)?;
+        let built = unsafe { Graph::from_raw(graph) };
+        check_supported(backend, &built)?;
+        let mut alloc = GraphAllocator::new(backend)?;
+        alloc.alloc(&built)?;
+        Ok(ComputeGraph { staging: None, _alloc: alloc, graph, inputs, outputs, ctx })
+    }
+
+    /// The bytes of intermediates [`build`](Self::build) would allocate for the
+    /// same graph in buffers of `buft`, measured without allocating them or
+    /// running anything. Tensors the builder takes from elsewhere count only
+    /// if they have no memory yet.
+    pub fn measure<F>(buft: BufferType, max_nodes: usize, build: F) -> Result<usize>
+    where
+        F: for<'c> FnOnce(&'c Context) -> Result<GraphIo<'c>>,
+    {
+        let (_ctx, graph, _, _) = Self::assemble(max_nodes, build)?;
+        let built = unsafe { Graph::from_raw(graph) };
+        Ok(GraphAllocator::for_type(buft)?.measure(&built))
+    }
+
+    /// The bytes of the buffer holding this graph's intermediates.
+    pub fn buffer_size(&self) -> usize {
+        self._alloc.buffer_size()
+    }
+
+    /// Builds the graph of `build` in a fresh op context: the context, the
+    /// graph and the named inputs and outputs.
+    #[allow(clippy::type_complexity)]
+    fn assemble<F>(
+        max_nodes: usize,
+        build: F,
+    ) -> Result<(Context, NonNull<sys::ggml_cgraph>, Vec<(&'static str, NonNull<sys::ggml_tensor>)>, Vec<(&'static str, NonNull<sys::ggml_tensor>)>)>
+    where
+        F: for<'c> FnOnce(&'c Context) -> Result<GraphIo<'c>>,
+    {
         let ctx = Context::new_no_alloc(max_nodes * 2, max_nodes)?;
         let (graph, inputs, outputs) = {
             let io = build(&ctx)?;
@@ -66,11 +102,7 @@ impl ComputeGraph {
             let ptrs = |v: &[(&'static str, Tensor<'_>)]| v.iter().map(|(n, t)| (*n, NonNull::new(t.as_ptr()).unwrap())).collect::<Vec<_>>();
             (NonNull::new(graph.as_ptr()).unwrap(), ptrs(&io.inputs), ptrs(&io.outputs))
         };
-        let built = unsafe { Graph::from_raw(graph) };
-        check_supported(backend, &built)?;
-        let mut alloc = GraphAllocator::new(backend)?;
-        alloc.alloc(&built)?;
-        Ok(ComputeGraph { staging: None, _alloc: alloc, graph, inputs, outputs, ctx })
+        Ok((ctx, graph, inputs, outputs))
     }
 
     /// The built graph (its nodes, for checks and census).
