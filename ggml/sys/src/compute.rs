@@ -54,15 +54,36 @@ impl ComputeGraph {
 
     /// The bytes of intermediates [`build`](Self::build) would allocate for the
     /// same graph in buffers of `buft`, measured without allocating them or
-    /// running anything. Tensors the builder takes from elsewhere count only
-    /// if they have no memory yet.
+    /// running anything. Tensors the builder takes from other contexts
+    /// (weights, caches) are never counted, whether or not they have memory
+    /// yet, so a graph can be sized from a model file's metadata alone.
     pub fn measure<F>(buft: BufferType, max_nodes: usize, build: F) -> Result<usize>
     where
         F: for<'c> FnOnce(&'c Context) -> Result<GraphIo<'c>>,
     {
-        let (_ctx, graph, _, _) = Self::assemble(max_nodes, build)?;
+        let (ctx, graph, _, _) = Self::assemble(max_nodes, build)?;
         let built = unsafe { Graph::from_raw(graph) };
-        Ok(GraphAllocator::for_type(buft)?.measure(&built))
+        let own: std::collections::HashSet<*mut sys::ggml_tensor> = ctx.tensors().iter().map(|t| t.as_ptr()).collect();
+        // ggml's allocator places every source that has no memory. Sources from
+        // other contexts without memory get a placeholder address for the
+        // measurement, which reads addresses only to tell placed from unplaced
+        // tensors and never dereferences them; they are reset before returning.
+        let mut placeholders = Vec::new();
+        for i in 0..built.n_nodes() {
+            let node = built.node(i).expect("index below n_nodes").as_ptr();
+            for src in unsafe { (*node).src } {
+                let unplaced = !src.is_null() && unsafe { (*src).data.is_null() && (*src).view_src.is_null() };
+                if unplaced && !own.contains(&src) && !placeholders.contains(&src) {
+                    unsafe { (*src).data = NonNull::<u64>::dangling().as_ptr().cast() };
+                    placeholders.push(src);
+                }
+            }
+        }
+        let size = GraphAllocator::for_type(buft).map(|mut alloc| alloc.measure(&built));
+        for src in placeholders {
+            unsafe { (*src).data = std::ptr::null_mut() };
+        }
+        size
     }
 
     /// The bytes of the buffer holding this graph's intermediates.

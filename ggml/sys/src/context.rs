@@ -297,6 +297,12 @@ impl<'ctx> Tensor<'ctx> {
         encoded_size(self.ty(), n).map(|_| ())
     }
 
+    /// Whether the tensor has memory (an address of its own or through the
+    /// tensor it views).
+    pub fn has_memory(&self) -> bool {
+        !self.raw().data.is_null()
+    }
+
     pub(crate) fn check_buffer(&self) -> Result<()> {
         if self.raw().buffer.is_null() {
             return err(format!("tensor '{}' has no backend buffer", self.name()));
