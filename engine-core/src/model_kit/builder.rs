@@ -266,3 +266,22 @@ where
     }
     Ok(graph)
 }
+
+/// The bytes of intermediates [`compute_graph`] would allocate for the same
+/// stage graph in buffers of `buft`, measured without allocating or running
+/// it; the weights (loaded or [`Weights::for_measuring`]) are not counted.
+/// `device` is the device the graph would run on: the builder's choices
+/// between fused and composed ops depend on it, and so does the size.
+pub fn measure_graph<F>(
+    buft: ggml_sys::BufferType,
+    device: Option<Device>,
+    weights: &Weights,
+    policy: &OpPolicy,
+    max_nodes: usize,
+    build: F,
+) -> super::Result<usize>
+where
+    F: for<'c> FnOnce(Builder<'c, '_>) -> Result<GraphIo<'c>>,
+{
+    Ok(ComputeGraph::measure(buft, max_nodes, |ctx| build(Builder::new(ctx, weights, policy, device)))?)
+}

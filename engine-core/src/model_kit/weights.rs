@@ -83,19 +83,7 @@ impl Weights {
             table.check(&gguf)?;
         }
         let left_out = table.retain(&keep);
-        let target = match storage {
-            WeightStorage::AsStored => None,
-            WeightStorage::F16 => Some(ggml_sys::TYPE_F16),
-            WeightStorage::F32 => Some(ggml_sys::TYPE_F32),
-        };
-        if let Some(to) = target {
-            let float = [ggml_sys::TYPE_F32, ggml_sys::TYPE_F16];
-            for name in table.matrices() {
-                if gguf.ctx.get_tensor(name).is_some_and(|t| float.contains(&t.ty())) {
-                    gguf.store_as(name, to)?;
-                }
-            }
-        }
+        apply_storage(&mut gguf, &table, storage)?;
         // Every float weight is checked finite as it is read (docs/reliability.md,
         // "Model files"): a NaN weight must be an error, not silence.
         let path = gguf.file.path().display().to_string();
@@ -105,6 +93,32 @@ impl Weights {
             super::finite::check_weight(&path, name, ty, converted_from, bytes).map_err(|e| Error::Msg(e.to_string()))
         })?;
         Ok(Weights { _buffers: buffers, gguf, table, left_out, derived: Vec::new(), in_extra_buffers: in_extra })
+    }
+
+    /// The file's tensors typed as [`load`](Self::load) would store them, with
+    /// no memory and nothing read: for sizing a model before it is loaded
+    /// ([`size_on`](Self::size_on)) and measuring its graphs
+    /// ([`super::builder::measure_graph`]). Reading a value from one is an
+    /// error (the tensors have no buffer).
+    pub fn for_measuring(mut gguf: GgufTensors, mut table: TensorTable, storage: WeightStorage) -> super::Result<Self> {
+        if !table.is_checked() {
+            table.check(&gguf)?;
+        }
+        apply_storage(&mut gguf, &table, storage)?;
+        Ok(Weights { _buffers: Vec::new(), gguf, table, left_out: 0, derived: Vec::new(), in_extra_buffers: 0 })
+    }
+
+    /// The bytes [`load`](Self::load) allocates for these weights on
+    /// `backend` with the same `is_matmul_weight` (the matrices some devices
+    /// keep in buffers of their own), without allocating anything.
+    pub fn size_on(&self, backend: &Backend, is_matmul_weight: impl Fn(&str) -> bool) -> usize {
+        self.gguf.placement_bytes(backend, |name| self.table.contains(name), is_matmul_weight)
+    }
+
+    /// The bytes of the buffers the weights were loaded into (derived
+    /// tensors not included).
+    pub fn buffer_bytes(&self) -> usize {
+        self._buffers.iter().map(Buffer::size).sum()
     }
 
     /// Names of the file's tensors, as the table declares them.
@@ -182,4 +196,21 @@ impl Weights {
         }
         Ok(t.get_bytes()?.chunks_exact(4).map(|c| i32::from_ne_bytes([c[0], c[1], c[2], c[3]])).collect())
     }
+}
+
+/// Retypes the table's matrix-product weights as `storage` says (F32 ↔ F16;
+/// quantized ones stay as they are).
+fn apply_storage(gguf: &mut GgufTensors, table: &TensorTable, storage: WeightStorage) -> super::Result<()> {
+    let to = match storage {
+        WeightStorage::AsStored => return Ok(()),
+        WeightStorage::F16 => ggml_sys::TYPE_F16,
+        WeightStorage::F32 => ggml_sys::TYPE_F32,
+    };
+    let float = [ggml_sys::TYPE_F32, ggml_sys::TYPE_F16];
+    for name in table.matrices() {
+        if gguf.ctx.get_tensor(name).is_some_and(|t| float.contains(&t.ty())) {
+            gguf.store_as(name, to)?;
+        }
+    }
+    Ok(())
 }

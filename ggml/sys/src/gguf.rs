@@ -404,6 +404,46 @@ impl GgufTensors {
         matmul_weight: impl Fn(&str) -> bool,
         inspect: impl Fn(&str, crate::Type, &[u8]) -> Result<()> + Sync,
     ) -> Result<(Vec<crate::Buffer>, usize)> {
+        let (groups, in_extra) = self.placement(backend, &keep, matmul_weight);
+        let mut buffers = Vec::new();
+        for (buft, tensors) in groups {
+            let size = group_bytes(buft, &tensors);
+            let raw = unsafe { sys::ggml_backend_buft_alloc_buffer(buft, size) };
+            let Some(ptr) = std::ptr::NonNull::new(raw) else {
+                return err(format!("could not allocate {size} bytes of {}", unsafe { crate::cstr_to_string(sys::ggml_backend_buft_name(buft)) }));
+            };
+            unsafe { sys::ggml_backend_buffer_set_usage(raw, sys::GGML_BACKEND_BUFFER_USAGE_WEIGHTS) };
+            let buffer = crate::Buffer::from_raw(ptr);
+            let mut talloc = unsafe { sys::ggml_tallocr_new(raw) };
+            for t in &tensors {
+                if unsafe { sys::ggml_tallocr_alloc(&mut talloc, t.as_ptr()) } != sys::GGML_STATUS_SUCCESS {
+                    return err(format!("could not place tensor '{}'", t.name()));
+                }
+            }
+            buffers.push(buffer);
+        }
+        self.read_data(keep, inspect)?;
+        Ok((buffers, in_extra))
+    }
+
+    /// The bytes [`load_some_into_with_extra`](Self::load_some_into_with_extra)
+    /// would allocate on `backend` for the same tensors, placed the same way,
+    /// without allocating or reading anything.
+    pub fn placement_bytes(&self, backend: &crate::Backend, keep: impl Fn(&str) -> bool, matmul_weight: impl Fn(&str) -> bool) -> usize {
+        self.placement(backend, keep, matmul_weight).0.iter().map(|(buft, tensors)| group_bytes(*buft, tensors)).sum()
+    }
+
+    /// The tensors `keep` accepts, grouped by the buffer type they go to: a
+    /// matrix-product weight to the first of the device's extra buffer types
+    /// that takes it (CPU repacking, AMX), every other tensor to the
+    /// backend's own; and how many went to an extra type.
+    #[allow(clippy::type_complexity)]
+    fn placement(
+        &self,
+        backend: &crate::Backend,
+        keep: impl Fn(&str) -> bool,
+        matmul_weight: impl Fn(&str) -> bool,
+    ) -> (Vec<(sys::ggml_backend_buffer_type_t, Vec<crate::Tensor<'_>>)>, usize) {
         let device = backend.device();
         let extras = device.as_ref().map(|d| d.extra_buffer_types()).unwrap_or_default();
         let default = backend.buffer_type().as_ptr();
@@ -421,27 +461,7 @@ impl GgufTensors {
                 None => groups.push((buft, vec![t])),
             }
         }
-        let mut buffers = Vec::new();
-        for (buft, tensors) in groups {
-            let align = unsafe { sys::ggml_backend_buft_get_alignment(buft) };
-            let size: usize =
-                tensors.iter().map(|t| unsafe { sys::ggml_backend_buft_get_alloc_size(buft, t.as_ptr()) }.div_ceil(align) * align).sum::<usize>() + align;
-            let raw = unsafe { sys::ggml_backend_buft_alloc_buffer(buft, size) };
-            let Some(ptr) = std::ptr::NonNull::new(raw) else {
-                return err(format!("could not allocate {size} bytes of {}", unsafe { crate::cstr_to_string(sys::ggml_backend_buft_name(buft)) }));
-            };
-            unsafe { sys::ggml_backend_buffer_set_usage(raw, sys::GGML_BACKEND_BUFFER_USAGE_WEIGHTS) };
-            let buffer = crate::Buffer::from_raw(ptr);
-            let mut talloc = unsafe { sys::ggml_tallocr_new(raw) };
-            for t in &tensors {
-                if unsafe { sys::ggml_tallocr_alloc(&mut talloc, t.as_ptr()) } != sys::GGML_STATUS_SUCCESS {
-                    return err(format!("could not place tensor '{}'", t.name()));
-                }
-            }
-            buffers.push(buffer);
-        }
-        self.read_data(keep, inspect)?;
-        Ok((buffers, in_extra))
+        (groups, in_extra)
     }
 
     /// Stores tensor `name` as `to` instead of its file type, before the
@@ -845,4 +865,12 @@ impl Drop for GgufEditor {
     fn drop(&mut self) {
         unsafe { sys::gguf_free(self.source.as_ptr()) }
     }
+}
+
+/// One weight buffer's bytes for `tensors` of `buft`: each tensor's
+/// allocation rounded up to the alignment, plus one alignment of slack for
+/// the buffer's own base.
+fn group_bytes(buft: sys::ggml_backend_buffer_type_t, tensors: &[crate::Tensor<'_>]) -> usize {
+    let align = unsafe { sys::ggml_backend_buft_get_alignment(buft) };
+    tensors.iter().map(|t| unsafe { sys::ggml_backend_buft_get_alloc_size(buft, t.as_ptr()) }.div_ceil(align) * align).sum::<usize>() + align
 }

@@ -9,6 +9,7 @@
 pub mod convert;
 pub mod graph;
 pub mod hparams;
+pub mod memory;
 pub mod model;
 pub mod noise;
 pub mod tensors;

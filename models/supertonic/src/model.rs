@@ -146,12 +146,12 @@ pub fn check_file(gguf: &GgufTensors) -> Result<CheckedFile> {
 /// Weights only ever used as the first operand of a matrix product (the
 /// `linear` layers), which may live in the device's extra buffers; the rest
 /// (embeddings read by row, depthwise taps read as views, norms) stay in plain memory.
-fn is_matmul_weight(name: &str) -> bool {
+pub(crate) fn is_matmul_weight(name: &str) -> bool {
     name.ends_with(".weight") && ![".dw.", ".ln", ".bn.", "char_emb"].iter().any(|p| name.contains(p))
 }
 
 /// Upper bound on nodes in one stage graph.
-const MAX_NODES: usize = 16384;
+pub(crate) const MAX_NODES: usize = 16384;
 
 fn err<T>(msg: impl Into<String>) -> Result<T> {
     Err(Error::msg(msg))
@@ -197,6 +197,11 @@ impl Supertonic {
         out.extend(g.vector_estimator.graph().map(|x| ("vector_estimator", x)));
         out.extend(g.vocoder.graph().map(|x| ("vocoder", x)));
         out
+    }
+
+    /// The bytes of the buffers holding the weights.
+    pub fn weight_bytes(&self) -> usize {
+        self.weights.buffer_bytes()
     }
 
     pub fn voice_names(&self) -> Vec<String> {
