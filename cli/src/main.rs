@@ -55,6 +55,12 @@ struct Common {
     /// Model GGUF file (repeatable); overrides the profile's [model] files.
     #[arg(long = "model", global = true, value_name = "FILE")]
     models: Vec<PathBuf>,
+    /// The most device memory a model may plan to use ("6 GiB", "512MiB");
+    /// overrides the profile's [backend] memory_budget. A load whose plan
+    /// exceeds it (or the device's free memory) is refused; `tts fit` shows
+    /// the plan.
+    #[arg(long = "memory-budget", global = true, value_name = "SIZE")]
+    memory_budget: Option<String>,
 }
 
 #[derive(Args, Debug)]
@@ -135,6 +141,23 @@ enum Command {
     Devices {
         #[command(flatten)]
         common: Common,
+        /// Print JSON instead of a table.
+        #[arg(long)]
+        json: bool,
+    },
+    /// Whether the model fits the selected device: the memory its plugin
+    /// plans for (weights, caches, each stage graph at the longest input the
+    /// options allow) beside the device's free memory. Exit 1 when it does
+    /// not fit; every load makes the same check.
+    Fit {
+        #[command(flatten)]
+        common: Common,
+        #[command(flatten)]
+        flags: SynthesisFlags,
+        /// Override a [synthesis] option (repeatable); limits such as lengths
+        /// change the plan.
+        #[arg(long = "set", value_name = "KEY=VALUE", value_parser = parse_key_value)]
+        set: Vec<(String, String)>,
         /// Print JSON instead of a table.
         #[arg(long)]
         json: bool,
@@ -603,10 +626,35 @@ fn open_engine_with(common: &Common, profile: Option<&std::path::Path>, everythi
     if !common.models.is_empty() {
         profile.model_files = common.models.clone();
     }
+    if let Some(budget) = &common.memory_budget {
+        profile.memory_budget = Some(engine_core::profile::parse_size(budget).map_err(|e| format!("--memory-budget: {e}"))?);
+    }
     let exe = std::env::current_exe().ok();
     let dirs = engine::plugin_dirs(&profile, exe.as_deref(), &common.plugin_dirs, common.trust_profile_plugins).map_err(|e| e.to_string())?;
     let opened = if everything { Engine::open_all(profile, dirs) } else { Engine::open(profile, dirs) };
     opened.map_err(|e| e.to_string())
+}
+
+/// `tts fit --json`: the report's fields, sizes in bytes.
+fn fit_json(report: &engine::FitReport) -> serde_json::Value {
+    let plan = report.plan.as_ref().map(|p| {
+        serde_json::json!({
+            "sized_for": p.sized_for.as_str(),
+            "items": p.items.iter().map(|i| serde_json::json!({"what": i.what.as_str(), "bytes": i.bytes})).collect::<Vec<_>>(),
+            "total": p.total(),
+        })
+    });
+    serde_json::json!({
+        "family": report.family,
+        "backend": report.backend,
+        "device": report.device,
+        "free": report.free,
+        "total": report.total,
+        "memory_budget": report.configured_budget,
+        "budget": report.budget(),
+        "plan": plan,
+        "fits": report.fits(),
+    })
 }
 
 /// The profiles named on the command line, as inputs an output must not replace.
@@ -630,6 +678,18 @@ fn run(cli: Cli) -> Result<(), String> {
             let report = engine.devices_report();
             let text = if json { serde_json::to_string_pretty(&report).map_err(|e| e.to_string())? + "\n" } else { devices::render(&report) };
             write_stdout(&text)
+        }
+        Some(Command::Fit { common, flags, set, json }) => {
+            let set = flags.merged(&set)?;
+            let engine = open_engine(&common, false)?;
+            let report = engine.fit(&set).map_err(|e| e.to_string())?;
+            let text =
+                if json { serde_json::to_string_pretty(&fit_json(&report)).map_err(|e| e.to_string())? + "\n" } else { report.lines().join("\n") + "\n" };
+            write_stdout(&text)?;
+            match report.fits() {
+                Some(false) => Err(report.summary()),
+                _ => Ok(()),
+            }
         }
         Some(Command::Bench { common, text, reference, runs, warmup, stream, flags, set, json }) => {
             let set = flags.merged(&set)?;

@@ -23,7 +23,7 @@ use std::ffi::c_void;
 /// only plugins that have at least the host's fields): the loader then tries
 /// the interfaces of earlier minors, kept as they were ([`v5_4`] to
 /// [`v5_1`]), and adapts a plugin that matches one of them.
-pub const PLUGIN_ABI_VERSION: &str = "5.5.0";
+pub const PLUGIN_ABI_VERSION: &str = "5.6.0";
 
 /// The backend plugin interface has not changed since 5.1, so backend plugins
 /// of 5.1 load as they are.
@@ -35,6 +35,7 @@ pub mod v5_1;
 pub mod v5_2;
 pub mod v5_3;
 pub mod v5_4;
+pub mod v5_5;
 
 /// Identity of a plugin file.
 #[repr(C)]
@@ -336,6 +337,39 @@ pub struct ModelLoadRequest {
     pub policies: ResolvedPolicies,
 }
 
+/// What a memory plan is asked for (ABI 5.6): the files and policies a load
+/// would get, and the synthesis options whose limits size the graphs.
+#[repr(C)]
+#[derive(StableAbi, Debug, Clone)]
+pub struct MemoryPlanRequest {
+    pub load: ModelLoadRequest,
+    pub options: OptionList,
+}
+
+/// One item of a memory plan: weights, a cache, a stage graph's
+/// intermediates, staging.
+#[repr(C)]
+#[derive(StableAbi, Debug, Clone, PartialEq)]
+pub struct MemoryItem {
+    pub what: RString,
+    pub bytes: u64,
+}
+
+/// The device memory a model needs, by item, sized before it is loaded
+/// (ABI 5.6), and at which lengths (`sized_for`, one line for people).
+#[repr(C)]
+#[derive(StableAbi, Debug, Clone, Default, PartialEq)]
+pub struct MemoryPlan {
+    pub items: RVec<MemoryItem>,
+    pub sized_for: RString,
+}
+
+impl MemoryPlan {
+    pub fn total(&self) -> u64 {
+        self.items.iter().map(|i| i.bytes).sum()
+    }
+}
+
 #[repr(C)]
 #[derive(StableAbi, Debug, Clone)]
 pub struct LoadedModelInfo {
@@ -608,6 +642,12 @@ pub struct ModelPlugin {
     /// when `converter` is.
     #[sabi(missing_field(default))]
     pub convert: Option<extern "C" fn(&ConvertRequest) -> RResult<ConvertOutput, RString>>,
+    /// The device memory a load and a synthesis at the options' limits need,
+    /// sized from the files alone (ABI 5.6; `tts fit`, and the check before
+    /// every load). `None` where the family sizes nothing, and read as `None`
+    /// from a plugin built before.
+    #[sabi(missing_field(default))]
+    pub plan_memory: Option<extern "C" fn(&MemoryPlanRequest, &BackendHandle) -> RResult<MemoryPlan, RString>>,
 }
 
 impl RootModule for ModelPluginRef {

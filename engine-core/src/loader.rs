@@ -5,8 +5,8 @@
 //! source as the host. Plugins are never unloaded.
 
 use crate::abi::{
-    v5_1, v5_2, v5_3, v5_4, BackendHandle, BackendPluginRef, ConvertOutput, ConvertRequest, ConverterInfo, ModelBox, ModelFamilyInfo, ModelLoadRequest,
-    ModelPluginRef, OptionSpec, PluginInfo,
+    v5_1, v5_2, v5_3, v5_4, v5_5, BackendHandle, BackendPluginRef, ConvertOutput, ConvertRequest, ConverterInfo, MemoryPlan, MemoryPlanRequest, ModelBox,
+    ModelFamilyInfo, ModelLoadRequest, ModelPluginRef, OptionSpec, PluginInfo,
 };
 use abi_stable::library::{lib_header_from_path, LibraryError, RootModule};
 use abi_stable::std_types::{RResult, RString, RVec};
@@ -132,7 +132,7 @@ pub struct LoadedBackendPlugin {
 }
 
 /// A loaded model plugin: built against this ABI, or against an earlier
-/// minor version whose interface the host keeps (`abi::v5_4` to
+/// minor version whose interface the host keeps (`abi::v5_5` to
 /// `abi::v5_1`). The entry points the interfaces share are held as they are;
 /// `load` differs, only 5.3 and later may have `load_for_cloning`, and only
 /// 5.4 and later a converter.
@@ -144,8 +144,11 @@ pub struct LoadedModelPlugin {
     load: ModelLoader,
     load_for_cloning: Option<ModelLoader>,
     converter: Option<Converter>,
+    plan_memory: Option<PlanMemoryFn>,
     abi_version: &'static str,
 }
+
+type PlanMemoryFn = extern "C" fn(&MemoryPlanRequest, &BackendHandle) -> RResult<MemoryPlan, RString>;
 
 /// A family's converter (ABI 5.4): what it reads, and the conversion.
 #[derive(Clone, Copy)]
@@ -198,7 +201,21 @@ impl LoadedModelPlugin {
             load: ModelLoader::Current(m.load()),
             load_for_cloning: m.load_for_cloning().map(ModelLoader::Current),
             converter: Converter::both(m.converter(), m.convert()),
+            plan_memory: m.plan_memory(),
             abi_version: crate::abi::PLUGIN_ABI_VERSION,
+        }
+    }
+
+    fn v5_5(m: v5_5::ModelPluginRef) -> Self {
+        LoadedModelPlugin {
+            info: m.info(),
+            family: m.family(),
+            option_specs: m.option_specs(),
+            load: ModelLoader::Current(m.load()),
+            load_for_cloning: m.load_for_cloning().map(ModelLoader::Current),
+            converter: Converter::both(m.converter(), m.convert()),
+            plan_memory: None,
+            abi_version: v5_5::PLUGIN_ABI_VERSION,
         }
     }
 
@@ -210,6 +227,7 @@ impl LoadedModelPlugin {
             load: ModelLoader::V5_2(m.load()),
             load_for_cloning: m.load_for_cloning().map(ModelLoader::V5_2),
             converter: Converter::both(m.converter(), m.convert()),
+            plan_memory: None,
             abi_version: v5_4::PLUGIN_ABI_VERSION,
         }
     }
@@ -222,6 +240,7 @@ impl LoadedModelPlugin {
             load: ModelLoader::V5_2(m.load()),
             load_for_cloning: m.load_for_cloning().map(ModelLoader::V5_2),
             converter: None,
+            plan_memory: None,
             abi_version: v5_3::PLUGIN_ABI_VERSION,
         }
     }
@@ -234,6 +253,7 @@ impl LoadedModelPlugin {
             load: ModelLoader::V5_2(m.load()),
             load_for_cloning: None,
             converter: None,
+            plan_memory: None,
             abi_version: v5_2::PLUGIN_ABI_VERSION,
         }
     }
@@ -246,6 +266,7 @@ impl LoadedModelPlugin {
             load: ModelLoader::V5_1(m.load()),
             load_for_cloning: None,
             converter: None,
+            plan_memory: None,
             abi_version: v5_1::PLUGIN_ABI_VERSION,
         }
     }
@@ -295,6 +316,13 @@ impl LoadedModelPlugin {
         }
     }
 
+    /// The device memory a load of `request` and a synthesis at its options'
+    /// limits need (ABI 5.6); `None` where the family sizes nothing (or was
+    /// built before 5.6).
+    pub fn plan_memory(&self, request: &MemoryPlanRequest, handle: &BackendHandle) -> Option<RResult<MemoryPlan, RString>> {
+        self.plan_memory.map(|plan| plan(request, handle))
+    }
+
     /// The plugin ABI version the plugin was built against.
     pub fn abi_version(&self) -> &'static str {
         self.abi_version
@@ -311,14 +339,16 @@ pub fn load_backend(path: &Path) -> Result<(LoadedBackendPlugin, PluginInfo), Pl
 
 /// Loads a model plugin through the current interface or, when abi_stable
 /// refuses it for that one (an older minor version), through the interface of
-/// ABI 5.4, then 5.3, 5.2 and 5.1 (newest first: a 5.3 plugin would pass 5.2's
+/// ABI 5.5, then 5.4, 5.3, 5.2 and 5.1 (newest first: a 5.3 plugin would pass 5.2's
 /// check too, and lose what it has); the error reported is the current
 /// interface's.
 pub fn load_model(path: &Path) -> Result<(LoadedModelPlugin, PluginInfo), PluginError> {
     let module = match load_root::<ModelPluginRef>(path) {
         Ok(m) => LoadedModelPlugin::current(m),
         Err(current @ (PluginError::AbiVersion { .. } | PluginError::AbiLayout { .. })) => {
-            if let Ok(m) = load_root::<v5_4::ModelPluginRef>(path) {
+            if let Ok(m) = load_root::<v5_5::ModelPluginRef>(path) {
+                LoadedModelPlugin::v5_5(m)
+            } else if let Ok(m) = load_root::<v5_4::ModelPluginRef>(path) {
                 LoadedModelPlugin::v5_4(m)
             } else if let Ok(m) = load_root::<v5_3::ModelPluginRef>(path) {
                 LoadedModelPlugin::v5_3(m)

@@ -108,12 +108,43 @@ struct BackendSection {
     /// When false, only the first backend in `prefer` may be used.
     #[serde(default = "yes")]
     fallback: bool,
+    /// The most device memory a model may plan to use ("6 GiB", "512MiB"),
+    /// below the device's free memory; unset: the free memory.
+    #[serde(default)]
+    memory_budget: Option<Spanned<String>>,
 }
 
 impl Default for BackendSection {
     fn default() -> Self {
-        BackendSection { prefer: default_prefer(), device: None, fallback: true }
+        BackendSection { prefer: default_prefer(), device: None, fallback: true, memory_budget: None }
     }
+}
+
+/// Bytes of a size written as a number and a unit: `B`, binary `KiB`
+/// `MiB` `GiB` `TiB`, or decimal `kB` `MB` `GB` `TB`, with or without a
+/// space ("1.5 GiB", "512MiB", "4096 B").
+pub fn parse_size(text: &str) -> Result<u64, String> {
+    let t = text.trim();
+    let split = t.find(|c: char| !(c.is_ascii_digit() || c == '.')).unwrap_or(t.len());
+    let (number, unit) = (&t[..split], t[split..].trim());
+    let scale: f64 = match unit {
+        "B" => 1.0,
+        "KiB" => 1024.0,
+        "MiB" => 1024f64.powi(2),
+        "GiB" => 1024f64.powi(3),
+        "TiB" => 1024f64.powi(4),
+        "kB" => 1e3,
+        "MB" => 1e6,
+        "GB" => 1e9,
+        "TB" => 1e12,
+        _ => return Err(format!("{text:?} is not a size: give a number and a unit (B, KiB, MiB, GiB, TiB, kB, MB, GB, TB), e.g. \"6 GiB\"")),
+    };
+    let value: f64 = number.parse().map_err(|_| format!("{text:?} is not a size: {number:?} is not a number"))?;
+    let bytes = value * scale;
+    if !(1.0..=u64::MAX as f64).contains(&bytes) {
+        return Err(format!("{text:?} is not a size of at least one byte"));
+    }
+    Ok(bytes.round() as u64)
 }
 
 fn default_prefer() -> Vec<String> {
@@ -156,6 +187,8 @@ pub struct Profile {
     pub prefer: Vec<String>,
     pub device: DeviceChoice,
     pub fallback: bool,
+    /// `[backend] memory_budget`: the most device memory a load may plan for.
+    pub memory_budget: Option<u64>,
     backend_options: IndexMap<String, IndexMap<String, Spanned<toml::Value>>>,
     pub policies: PolicyConfig,
     pub deny: Vec<DenyRule>,
@@ -215,6 +248,10 @@ impl Profile {
                     ));
                 }
             },
+        };
+        let memory_budget = match &raw.backend.memory_budget {
+            None => None,
+            Some(b) => Some(parse_size(b.get_ref()).map_err(|e| at(b.span(), format!("key `memory_budget`: {e}")))?),
         };
         if raw.backend.prefer.is_empty() {
             return Err(ProfileError {
@@ -276,6 +313,7 @@ impl Profile {
             prefer: raw.backend.prefer.clone(),
             device,
             fallback: raw.backend.fallback,
+            memory_budget,
             backend_options: raw.backends,
             policies: raw.policies,
             deny,

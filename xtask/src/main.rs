@@ -357,15 +357,17 @@ fn kubernetes_validate() -> Result<(), String> {
 /// - 5.3, the root module before the converter (`abi::v5_3`), which
 ///   `cli/tests/convert.rs` loads;
 /// - 5.4, the model before `synthesize_with_progress` (`abi::v5_4`), which
-///   `cli/tests/streaming.rs` loads.
+///   `cli/tests/streaming.rs` loads;
+/// - 5.5, the root module before `plan_memory` (`abi::v5_5`), which
+///   `cli/tests/fit.rs` loads.
 ///
-/// All four build in the one `abi-compat` profile, whose dependencies they
+/// All five build in the one `abi-compat` profile, whose dependencies they
 /// share (only the plugin's own features differ), and each result is copied
 /// to `target/abi-5-N/`, where the tests look for it; they fail rather than
 /// skip when this ran.
 fn build_old_abi_fixtures() -> Result<(), String> {
     let target = root().join("target");
-    for abi in ["5-1", "5-2", "5-3", "5-4"] {
+    for abi in ["5-1", "5-2", "5-3", "5-4", "5-5"] {
         let mut c = cargo();
         c.args(["build", "-p", "tts-test-plugin-tone", "--features", &format!("abi-{abi}"), "--profile", "abi-compat"]);
         run(&mut c)?;

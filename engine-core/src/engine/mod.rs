@@ -2,8 +2,8 @@
 //! resolved policies, picks a device, and runs synthesis through a model plugin.
 
 use crate::abi::{
-    AudioSink, BackendHandle, BackendOpenRequest, BackendSessionBox, DeviceInfo, LoadedModelInfo, ModelBox, ModelLoadRequest, OptionList, OptionSpec,
-    ProbeResult, ProgressSink, StreamSummary, SynthesisOutput, SynthesisRequest, VoiceCloneOutput, VoiceCloneRequest,
+    AudioSink, BackendHandle, BackendOpenRequest, BackendSessionBox, DeviceInfo, LoadedModelInfo, MemoryPlanRequest, ModelBox, ModelLoadRequest, OptionList,
+    OptionSpec, ProbeResult, ProgressSink, StreamSummary, SynthesisOutput, SynthesisRequest, VoiceCloneOutput, VoiceCloneRequest,
 };
 use crate::loader::{self, PluginFile, PluginKind};
 use crate::policy::{self, DeviceRef, Resolution};
@@ -12,9 +12,11 @@ use abi_stable::std_types::RResult;
 use std::path::{Path, PathBuf};
 
 mod convert;
+mod fit;
 mod report;
 
 pub use convert::{convert_checkpoint, converters, ConvertReport, Converter};
+pub use fit::{bytes, FitReport};
 pub use report::{BackendReport, DeviceReport, DevicesReport, OptionGroup, OptionRow, OptionsReport, PluginReport, ProbeReport, Selection};
 
 /// The environment variable naming plugin directories (`:`-separated, as
@@ -381,7 +383,48 @@ impl Engine {
         self.open_session(overrides, true)
     }
 
+    /// The model's memory plan on the selected device beside the device's
+    /// free memory and the profile's budget (`tts fit`); `overrides` are the
+    /// `--set` options, whose limits size the plan.
+    pub fn fit(&self, overrides: &[(String, String)]) -> Result<FitReport, EngineError> {
+        let prepared = self.prepare(overrides)?;
+        Ok(prepared.fit)
+    }
+
     fn open_session(&self, overrides: &[(String, String)], for_cloning: bool) -> Result<ModelSession, EngineError> {
+        let Prepared { backend, device, resolution, model_plugin, specs, options, handle, request, fit } = self.prepare(overrides)?;
+        // Checked only for synthesis: cloning loads a fraction of the model.
+        if let Some(refusal) = fit.refusal().filter(|_| !for_cloning) {
+            return fail(refusal);
+        }
+        let cloning_only = for_cloning && model_plugin.has_cloning_load();
+        let loaded = match for_cloning {
+            true => model_plugin.load_for_cloning(&request, &handle),
+            false => model_plugin.load(&request, &handle),
+        };
+        let model = match loaded {
+            RResult::ROk(m) => m,
+            RResult::RErr(e) => return fail(e.to_string()),
+        };
+        let info = model.info();
+        let model_files = self.profile.model_files.clone();
+        Ok(ModelSession {
+            model,
+            _handle: handle,
+            options,
+            specs,
+            model_files,
+            backend: backend.name.clone(),
+            device: device.name.to_string(),
+            info,
+            resolution,
+            cloning_only,
+        })
+    }
+
+    /// Everything up to a load: the device, the model plugin, the validated
+    /// options, an initialised backend, the load request and the memory fit.
+    fn prepare(&self, overrides: &[(String, String)]) -> Result<Prepared<'_>, EngineError> {
         let (backend, device, resolution) = self.select()?;
         let Some(first) = self.profile.model_files.first() else {
             return fail(format!("{}: [model] files is empty; name the model GGUF file(s) there or pass --model FILE", self.profile.origin()));
@@ -407,30 +450,36 @@ impl Engine {
             files: self.profile.model_files.iter().map(|p| p.display().to_string().into()).collect(),
             policies: resolution.policies.clone(),
         };
-        let cloning_only = for_cloning && model_plugin.has_cloning_load();
-        let loaded = match for_cloning {
-            true => model_plugin.load_for_cloning(&request, &handle),
-            false => model_plugin.load(&request, &handle),
+        let plan = match model_plugin.plan_memory(&MemoryPlanRequest { load: request.clone(), options: options.clone() }, &handle) {
+            None => None,
+            Some(RResult::ROk(plan)) => Some(plan),
+            Some(RResult::RErr(e)) => return fail(format!("sizing the model's memory: {e}")),
         };
-        let model = match loaded {
-            RResult::ROk(m) => m,
-            RResult::RErr(e) => return fail(e.to_string()),
-        };
-        let info = model.info();
-        let model_files = self.profile.model_files.clone();
-        Ok(ModelSession {
-            model,
-            _handle: handle,
-            options,
-            specs,
-            model_files,
+        let (free, total) = handle.ggml_backend().device().map(|d| d.memory()).unwrap_or((0, 0));
+        let fit = FitReport {
+            family,
             backend: backend.name.clone(),
             device: device.name.to_string(),
-            info,
-            resolution,
-            cloning_only,
-        })
+            free: free as u64,
+            total: total as u64,
+            configured_budget: self.profile.memory_budget,
+            plan,
+        };
+        Ok(Prepared { backend, device, resolution, model_plugin, specs, options, handle, request, fit })
     }
+}
+
+/// What [`Engine::prepare`] readies for a load.
+struct Prepared<'e> {
+    backend: &'e OpenBackend,
+    device: &'e DeviceInfo,
+    resolution: Resolution,
+    model_plugin: loader::LoadedModelPlugin,
+    specs: Vec<OptionSpec>,
+    options: OptionList,
+    handle: BackendHandle,
+    request: ModelLoadRequest,
+    fit: FitReport,
 }
 
 /// A model loaded on a device with validated synthesis options.

@@ -354,8 +354,12 @@ impl<K, G> GraphSlot<K, G> {
 impl<K: PartialEq, G> GraphSlot<K, G> {
     /// The graph for `key`, built by `build` when the slot does not hold it
     /// (a full slot drops its least recently used graph first, so that graph's
-    /// buffers are freed before the new one allocates).
-    pub fn get_or_build<E>(&mut self, key: K, build: impl FnOnce() -> std::result::Result<G, E>) -> std::result::Result<&G, E> {
+    /// buffers are freed before the new one allocates). When building fails
+    /// while the slot holds other graphs (their buffers may be what the new
+    /// one lacks), they are all dropped and the graph is built once more: the
+    /// graphs kept for other shapes use memory only while it is spare, and a
+    /// model's memory plan counts one graph per stage.
+    pub fn get_or_build<E>(&mut self, key: K, mut build: impl FnMut() -> std::result::Result<G, E>) -> std::result::Result<&G, E> {
         match self.cached.iter().position(|(k, _)| *k == key) {
             Some(i) => {
                 let hit = self.cached.remove(i);
@@ -365,7 +369,14 @@ impl<K: PartialEq, G> GraphSlot<K, G> {
                 if self.cached.len() >= self.capacity {
                     self.cached.remove(0);
                 }
-                self.cached.push((key, build()?));
+                let graph = match build() {
+                    Err(_) if !self.cached.is_empty() => {
+                        self.cached.clear();
+                        build()?
+                    }
+                    built => built?,
+                };
+                self.cached.push((key, graph));
             }
         }
         Ok(&self.cached.last().expect("filled above").1)
@@ -435,5 +446,37 @@ mod tests {
         assert!(slot.is_empty(), "the full slot dropped its graph before the failed build");
         slot.clear();
         assert!(slot.graph().is_none());
+    }
+
+    #[test]
+    fn a_build_that_fails_beside_kept_graphs_is_retried_without_them() {
+        let mut slot: GraphSlot<u32, String> = GraphSlot::with_capacity(4);
+        let mut built = Vec::new();
+        get(&mut slot, 1, &mut built);
+        get(&mut slot, 2, &mut built);
+        // Fails while any other graph is kept (as when their buffers fill the device).
+        let mut attempts = 0;
+        let kept = slot.len();
+        let graph = slot.get_or_build(3, || {
+            attempts += 1;
+            if attempts == 1 && kept > 0 {
+                Err("out of memory")
+            } else {
+                Ok("graph 3".to_string())
+            }
+        });
+        assert_eq!(graph.unwrap(), "graph 3");
+        assert_eq!(attempts, 2);
+        assert_eq!(slot.len(), 1, "the kept graphs were dropped for the retry");
+        // A build that fails alone fails once, and is not retried.
+        let mut tries = 0;
+        let mut lone = GraphSlot::<u32, String>::with_capacity(4);
+        assert!(lone
+            .get_or_build(7, || {
+                tries += 1;
+                Err::<String, _>("out of memory")
+            })
+            .is_err());
+        assert_eq!(tries, 1);
     }
 }

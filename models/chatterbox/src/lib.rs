@@ -42,8 +42,18 @@ use t3::guided::GuidanceMode;
 
 #[export_root_module]
 pub fn get_library() -> ModelPluginRef {
-    ModelPlugin { info, family, option_specs, load, load_for_cloning: Some(load_for_cloning), converter: Some(converter), convert: Some(convert_checkpoint) }
-        .leak_into_prefix()
+    // No memory plan yet: `tts fit` says so, and loads are not checked.
+    ModelPlugin {
+        info,
+        family,
+        option_specs,
+        load,
+        load_for_cloning: Some(load_for_cloning),
+        converter: Some(converter),
+        convert: Some(convert_checkpoint),
+        plan_memory: None,
+    }
+    .leak_into_prefix()
 }
 
 /// The converter from the official checkpoint directory (ABI 5.4; `tts

@@ -23,9 +23,9 @@ use abi_stable::{
     std_types::{RResult, RString, RVec},
 };
 use engine_core::abi::{
-    AudioSink, BackendHandle, ConvertOutput, ConvertRequest, ConvertedFile, ConverterInfo, LoadedModelInfo, Model, ModelBox, ModelCatalog, ModelFamilyInfo,
-    ModelLoadRequest, ModelPlugin, ModelPluginRef, Model_TO, OptionKind, OptionList, OptionSpec, OptionValue, PluginInfo, StreamSummary, SynthesisOutput,
-    SynthesisRequest,
+    AudioSink, BackendHandle, ConvertOutput, ConvertRequest, ConvertedFile, ConverterInfo, LoadedModelInfo, MemoryItem, MemoryPlan, MemoryPlanRequest, Model,
+    ModelBox, ModelCatalog, ModelFamilyInfo, ModelLoadRequest, ModelPlugin, ModelPluginRef, Model_TO, OptionKind, OptionList, OptionSpec, OptionValue,
+    PluginInfo, StreamSummary, SynthesisOutput, SynthesisRequest,
 };
 use engine_core::backend_kit::spec;
 use engine_core::model_kit::Result;
@@ -35,7 +35,17 @@ use model::{NoiseSource, Supertonic, SynthesisParams, VoiceChoice};
 #[export_root_module]
 pub fn get_library() -> ModelPluginRef {
     // Supertonic does not clone voices.
-    ModelPlugin { info, family, option_specs, load, load_for_cloning: None, converter: Some(converter), convert: Some(convert_checkpoint) }.leak_into_prefix()
+    ModelPlugin {
+        info,
+        family,
+        option_specs,
+        load,
+        load_for_cloning: None,
+        converter: Some(converter),
+        convert: Some(convert_checkpoint),
+        plan_memory: Some(plan_memory),
+    }
+    .leak_into_prefix()
 }
 
 /// The converter from the official ONNX bundle (ABI 5.4; `tts convert`,
@@ -173,20 +183,48 @@ struct Plugin {
     model: Supertonic,
 }
 
-extern "C" fn load(request: &ModelLoadRequest, handle: &BackendHandle) -> RResult<ModelBox, RString> {
-    engine_core::logging::init_from_env();
-    guarded("supertonic", || {
-        let [path] = request.files.as_slice() else {
-            let names: Vec<&str> = request.files.iter().map(|f| f.as_str()).collect();
-            return Err(format!(
+/// The device memory a load and a synthesis need (ABI 5.6): the weights and
+/// one chunk's graphs at the longest chunk the pipeline makes
+/// ([`memory::plan`]); chunks run one after another.
+extern "C" fn plan_memory(request: &MemoryPlanRequest, handle: &BackendHandle) -> RResult<MemoryPlan, RString> {
+    guarded("supertonic memory plan", || {
+        let path = single_file(&request.load)?;
+        let policy = OpPolicy::from_resolved(&request.load.policies);
+        let (plan, lengths) = memory::plan(std::path::Path::new(path), &handle.ggml_backend(), &policy, None)?;
+        Ok(MemoryPlan {
+            items: plan.items.iter().map(|(what, bytes)| MemoryItem { what: (*what).into(), bytes: *bytes as u64 }).collect(),
+            sized_for: format!(
+                "the longest chunk the pipeline makes: {} text ids, {} latent frames ({} s)",
+                lengths.text_ids,
+                lengths.latent_frames,
+                model::MAX_CHUNK_SECONDS
+            )
+            .into(),
+        })
+    })
+}
+
+/// The one GGUF file a Supertonic model is.
+fn single_file(request: &ModelLoadRequest) -> Result<&str, String> {
+    match request.files.as_slice() {
+        [path] => Ok(path.as_str()),
+        files => {
+            let names: Vec<&str> = files.iter().map(|f| f.as_str()).collect();
+            Err(format!(
                 "supertonic takes one GGUF file; {} given{}",
                 names.len(),
                 if names.is_empty() { String::new() } else { format!(": {}", names.join(", ")) }
-            )
-            .into());
-        };
+            ))
+        }
+    }
+}
+
+extern "C" fn load(request: &ModelLoadRequest, handle: &BackendHandle) -> RResult<ModelBox, RString> {
+    engine_core::logging::init_from_env();
+    guarded("supertonic", || {
+        let path = single_file(request)?;
         let policy = OpPolicy::from_resolved(&request.policies);
-        let model = Supertonic::load(std::path::Path::new(path.as_str()), handle.ggml_backend(), &policy)?;
+        let model = Supertonic::load(std::path::Path::new(path), handle.ggml_backend(), &policy)?;
         tracing::info!(version = model.version().as_str(), voices = ?model.voice_names(), extra_buffer_weights = model.weights_in_extra_buffers(), "supertonic model loaded");
         Ok(Model_TO::from_value(Plugin { model }, TD_Opaque))
     })

@@ -7,7 +7,9 @@
 
 use crate::graph::vector_estimator::{self, StepShape};
 use crate::graph::{duration, text_encoder, vocoder, Builder};
-use crate::model::{check_file, is_matmul_weight, CheckedFile, MAX_NODES};
+use crate::hparams::Hparams;
+use crate::model::{check_file, is_matmul_weight, CheckedFile, MAX_CHUNK_SECONDS, MAX_NODES};
+use crate::text::MAX_SENTENCE_CHARS;
 use engine_core::model_kit::builder::measure_graph;
 use engine_core::model_kit::{OpPolicy, Result, Weights};
 use ggml_sys::gguf::GgufTensors;
@@ -39,12 +41,31 @@ impl MemoryPlan {
     }
 }
 
+/// How much longer normalisation may make a text: `@` becomes ` at `.
+const NORMALIZE_GROWTH: usize = 4;
+
+/// The longest chunk the pipeline makes of any text: a sentence of
+/// [`MAX_SENTENCE_CHARS`] (or a chunk limit, if longer) whose every character
+/// normalisation turns into [`NORMALIZE_GROWTH`], wrapped in the longest
+/// language tags; and [`MAX_CHUNK_SECONDS`] of audio, the most the pipeline
+/// accepts from the duration predictor (after the speed factor).
+pub fn longest_chunk(hp: &Hparams) -> Lengths {
+    let chars = MAX_SENTENCE_CHARS.max(hp.text.chunk_chars).max(hp.text.short_chunk_chars);
+    let tag = hp.text.languages.iter().map(|l| l.chars().count()).max().unwrap_or(0);
+    let wrap = if hp.text.wrap_open_close { 2 * tag + 5 } else { 0 };
+    let wav_len = (MAX_CHUNK_SECONDS * hp.sample_rate as f32) as usize;
+    Lengths { text_ids: chars * NORMALIZE_GROWTH + wrap, latent_frames: wav_len.div_ceil(hp.samples_per_frame()) }
+}
+
 /// Sizes the model at `path` on `backend`'s device under `policy` for one
-/// chunk of `lengths`: the weights, then the duration predictor, text
-/// encoder, vector estimator and vocoder graphs.
-pub fn plan(path: &Path, backend: &Backend, policy: &OpPolicy, lengths: Lengths) -> Result<MemoryPlan> {
+/// chunk of `lengths` (`None`: [`longest_chunk`]): the weights, then the
+/// duration predictor, text encoder, vector estimator and vocoder graphs.
+/// Chunks run one after another, so one chunk's graphs are what a synthesis
+/// of any length holds at once.
+pub fn plan(path: &Path, backend: &Backend, policy: &OpPolicy, lengths: Option<Lengths>) -> Result<(MemoryPlan, Lengths)> {
     let gguf = GgufTensors::open(path)?;
     let CheckedFile { hp, table, .. } = check_file(&gguf)?;
+    let lengths = lengths.unwrap_or_else(|| longest_chunk(&hp));
     let weights = Weights::for_measuring(gguf, table, policy.matmul_weights)?;
     let buft = backend.buffer_type();
     let measure = |f: &dyn for<'c> Fn(&Builder<'c, '_>) -> GgmlResult<GraphIo<'c>>| {
@@ -56,7 +77,7 @@ pub fn plan(path: &Path, backend: &Backend, policy: &OpPolicy, lengths: Lengths)
     let dims =
         vector_estimator::Dims { latent_channels: hp.latent_channels(), text_dim: hp.te.char_dim, style_dim: hp.style_dim, style_tokens: hp.style_tokens };
     let step = StepShape { latent_len: latent_frames, text_len: text_ids, total_steps: hp.default_steps as usize };
-    Ok(MemoryPlan {
+    let plan = MemoryPlan {
         items: vec![
             ("weights", weights.size_on(backend, is_matmul_weight)),
             ("duration", measure(&|b| duration::build(b, &hp.dp, 0.0, text_ids))?),
@@ -64,5 +85,6 @@ pub fn plan(path: &Path, backend: &Backend, policy: &OpPolicy, lengths: Lengths)
             ("vector_estimator", measure(&|b| vector_estimator::build(b, &hp.ve, &dims, step))?),
             ("vocoder", measure(&|b| vocoder::build(b, &hp, 0.0, latent_frames))?),
         ],
-    })
+    };
+    Ok((plan, lengths))
 }

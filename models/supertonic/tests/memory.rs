@@ -30,7 +30,7 @@ fn check(backend: &str) {
         let latent = model.denoise(&noise, &text_emb, &voice, 2, |_, _, _| {}).unwrap();
         model.vocoder(&latent).unwrap();
 
-        let plan = memory::plan(&path, &handle.ggml_backend(), &policy, Lengths { text_ids: ids.len(), latent_frames }).unwrap();
+        let (plan, _) = memory::plan(&path, &handle.ggml_backend(), &policy, Some(Lengths { text_ids: ids.len(), latent_frames })).unwrap();
         let what = format!("{backend}, fused attention {}", policy.fused_attention);
         for (stage, graph) in model.graphs() {
             assert_eq!(plan.get(stage), Some(graph.buffer_size()), "{what}: {stage} graph ({} text ids, {latent_frames} frames)", ids.len());
@@ -38,7 +38,8 @@ fn check(backend: &str) {
         assert_eq!(plan.get("weights"), Some(model.weight_bytes()), "{what}: weights");
         assert_eq!(plan.total(), plan.items.iter().map(|(_, b)| b).sum::<usize>());
         // Longer input needs more: the plan follows the lengths.
-        let longer = memory::plan(&path, &handle.ggml_backend(), &policy, Lengths { text_ids: 4 * ids.len(), latent_frames: 4 * latent_frames }).unwrap();
+        let (longer, _) =
+            memory::plan(&path, &handle.ggml_backend(), &policy, Some(Lengths { text_ids: 4 * ids.len(), latent_frames: 4 * latent_frames })).unwrap();
         for stage in ["duration", "text_encoder", "vector_estimator", "vocoder"] {
             assert!(longer.get(stage) > plan.get(stage), "{what}: {stage} does not grow with its input");
         }

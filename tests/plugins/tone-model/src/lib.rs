@@ -26,6 +26,9 @@ use engine_core::abi::v5_2::{ModelPlugin, ModelPluginRef};
 // With `abi-5-3`: the root module of 5.3, before the converter.
 #[cfg(feature = "abi-5-3")]
 use engine_core::abi::v5_3::{ModelPlugin, ModelPluginRef};
+// With `abi-5-5`: the root module of 5.5, before `plan_memory`.
+#[cfg(feature = "abi-5-5")]
+use engine_core::abi::v5_5::{ModelPlugin, ModelPluginRef};
 // With `abi-5-4`: the root module of 5.4, before the model's
 // `synthesize_with_progress`.
 #[cfg(any(feature = "abi-5-2", feature = "abi-5-3", feature = "abi-5-4"))]
@@ -35,7 +38,9 @@ use engine_core::abi::v5_4::{ModelPlugin, ModelPluginRef};
 #[cfg(not(feature = "abi-5-1"))]
 use engine_core::abi::{AudioSink, StreamSummary};
 #[cfg(not(any(feature = "abi-5-1", feature = "abi-5-2", feature = "abi-5-3", feature = "abi-5-4")))]
-use engine_core::abi::{Model, ModelBox, ModelPlugin, ModelPluginRef, Model_TO};
+use engine_core::abi::{Model, ModelBox, Model_TO};
+#[cfg(not(any(feature = "abi-5-1", feature = "abi-5-2", feature = "abi-5-3", feature = "abi-5-4", feature = "abi-5-5")))]
+use engine_core::abi::{ModelPlugin, ModelPluginRef};
 use engine_core::backend_kit::spec;
 use ggml_sys::gguf::GgufFile;
 use ggml_sys::{Backend, Context, TYPE_F32};
@@ -52,8 +57,20 @@ pub fn get_library() -> ModelPluginRef {
     // No cloning-only load: the host clones with the full model.
     #[cfg(feature = "abi-5-3")]
     let plugin = ModelPlugin { info, family, option_specs, load, load_for_cloning: None };
-    #[cfg(not(any(feature = "abi-5-1", feature = "abi-5-2", feature = "abi-5-3")))]
+    #[cfg(any(feature = "abi-5-4", feature = "abi-5-5"))]
     let plugin = ModelPlugin { info, family, option_specs, load, load_for_cloning: None, converter: Some(converter::info), convert: Some(converter::convert) };
+    // No memory plan: `tts fit` reports that the family sizes nothing.
+    #[cfg(not(any(feature = "abi-5-1", feature = "abi-5-2", feature = "abi-5-3", feature = "abi-5-4", feature = "abi-5-5")))]
+    let plugin = ModelPlugin {
+        info,
+        family,
+        option_specs,
+        load,
+        load_for_cloning: None,
+        converter: Some(converter::info),
+        convert: Some(converter::convert),
+        plan_memory: None,
+    };
     plugin.leak_into_prefix()
 }
 

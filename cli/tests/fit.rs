@@ -1,0 +1,140 @@
+//! `tts fit` and the memory check before every load: a model's memory plan
+//! (ABI 5.6) beside the device's free memory and `memory_budget`. Supertonic
+//! plans its memory; on the CPU and on lavapipe the tiny model fits the free
+//! memory and is refused, with one line and no output, under a budget below
+//! its plan. A family without a plan (the tone fixture, a plugin built
+//! before 5.6) is reported as such and never refused.
+
+mod common;
+
+use common::*;
+
+fn fit_json(args: &[&str]) -> (serde_json::Value, std::process::Output) {
+    let out = run(args);
+    let json = serde_json::from_slice(&out.stdout).unwrap_or_else(|e| panic!("{e}: {}", String::from_utf8_lossy(&out.stdout)));
+    (json, out)
+}
+
+fn check_backend(backend: &str) {
+    let dir = tempfile::tempdir().unwrap();
+    let plugins = plugins_with(&[backend], &["supertonic"]);
+    let profile = profile_on(dir.path(), backend, &[supertonic_fixture()]);
+    let (p, pd) = (profile.to_str().unwrap(), plugins.path().to_str().unwrap());
+
+    let (report, out) = fit_json(&["fit", "--profile", p, "--plugin-dir", pd, "--json"]);
+    assert_eq!(out.status.code(), Some(0), "{}", stderr(&out));
+    assert_eq!(report["family"], "supertonic");
+    assert_eq!(report["backend"], backend);
+    assert_eq!(report["fits"], true);
+    let items: Vec<&str> = report["plan"]["items"].as_array().unwrap().iter().map(|i| i["what"].as_str().unwrap()).collect();
+    assert_eq!(items, ["weights", "duration", "text_encoder", "vector_estimator", "vocoder"]);
+    let need = report["plan"]["total"].as_u64().unwrap();
+    let sum: u64 = report["plan"]["items"].as_array().unwrap().iter().map(|i| i["bytes"].as_u64().unwrap()).sum();
+    assert_eq!(need, sum);
+    assert!(need > 1 << 20, "{need} bytes for the weights and four graphs at the longest chunk");
+    assert!(report["plan"]["sized_for"].as_str().unwrap().contains("120 s"), "{report}");
+
+    // A budget one byte short of the plan refuses it; exactly the plan fits.
+    let short = format!("{} B", need - 1);
+    let (report, out) = fit_json(&["fit", "--profile", p, "--plugin-dir", pd, "--json", "--memory-budget", &short]);
+    assert_eq!(report["fits"], false);
+    assert_one_line_error(&out, "does not fit");
+    let exact = format!("{need} B");
+    let (report, out) = fit_json(&["fit", "--profile", p, "--plugin-dir", pd, "--json", "--memory-budget", &exact]);
+    assert_eq!((report["fits"].clone(), out.status.code()), (serde_json::Value::Bool(true), Some(0)));
+
+    // Synthesis under the short budget: refused before loading, nothing written.
+    let wav = dir.path().join("out.wav");
+    let out = run(&["--profile", p, "--plugin-dir", pd, "--memory-budget", &short, "--text", "Hello.", "--out", wav.to_str().unwrap()]);
+    assert_one_line_error(&out, &format!("the supertonic model needs {} on", engine_core::engine::bytes(need)));
+    assert_one_line_error(&out, "memory_budget");
+    assert!(!wav.exists());
+    // Under the exact budget it synthesizes.
+    let out = run(&["--profile", p, "--plugin-dir", pd, "--memory-budget", &exact, "--text", "Hello.", "--out", wav.to_str().unwrap()]);
+    assert_eq!(out.status.code(), Some(0), "{}", stderr(&out));
+    assert!(read_wav(&wav).1.len() > 1000);
+}
+
+#[test]
+fn supertonic_fits_the_cpu_and_a_budget_below_its_plan_refuses_it() {
+    check_backend("cpu");
+}
+
+#[test]
+fn supertonic_fits_lavapipe_and_a_budget_below_its_plan_refuses_it() {
+    check_backend("vulkan");
+}
+
+#[test]
+fn the_profile_budget_is_read_and_a_bad_one_is_refused_at_its_line() {
+    let dir = tempfile::tempdir().unwrap();
+    let plugins = plugins_with(&["cpu"], &["supertonic"]);
+    let pd = plugins.path().to_str().unwrap();
+    let model = supertonic_fixture().display().to_string();
+    let profile = write_profile(dir.path(), &format!("[backend]\nprefer = [\"cpu\"]\nmemory_budget = \"64 KiB\"\n[model]\nfiles = [\"{model}\"]\n"));
+    let (report, out) = fit_json(&["fit", "--profile", profile.to_str().unwrap(), "--plugin-dir", pd, "--json"]);
+    assert_eq!((report["memory_budget"].as_u64(), report["fits"].as_bool()), (Some(65536), Some(false)));
+    assert_one_line_error(&out, "budget is 64.0 KiB");
+    // --memory-budget overrides the profile's.
+    let (report, _) = fit_json(&["fit", "--profile", profile.to_str().unwrap(), "--plugin-dir", pd, "--json", "--memory-budget", "1 TiB"]);
+    assert_eq!(report["memory_budget"].as_u64(), Some(1 << 40));
+
+    for (value, want) in [("\"lots\"", "\"lots\" is not a size"), ("\"0 B\"", "at least one byte"), ("\"12 parsecs\"", "is not a size"), ("12", "invalid type")]
+    {
+        let profile = write_profile(dir.path(), &format!("[backend]\nprefer = [\"cpu\"]\nmemory_budget = {value}\n[model]\nfiles = [\"{model}\"]\n"));
+        let out = run(&["fit", "--profile", profile.to_str().unwrap(), "--plugin-dir", pd]);
+        assert_one_line_error(&out, want);
+        assert_one_line_error(&out, "memory_budget");
+        assert_one_line_error(&out, ":3:");
+    }
+    let out = run(&["fit", "--model", &model, "--plugin-dir", pd, "--memory-budget=-5 GiB"]);
+    assert_one_line_error(&out, "--memory-budget");
+}
+
+#[test]
+fn a_family_without_a_plan_is_reported_and_never_refused() {
+    let (plugins, gguf) = tone_setup(&["cpu"]);
+    let pd = plugins.path().to_str().unwrap();
+    let (report, out) = fit_json(&["fit", "--model", gguf.to_str().unwrap(), "--plugin-dir", pd, "--json", "--memory-budget", "1 B"]);
+    assert_eq!(out.status.code(), Some(0), "{}", stderr(&out));
+    assert_eq!((report["plan"].is_null(), report["fits"].is_null()), (true, true));
+    let out = run(&["fit", "--model", gguf.to_str().unwrap(), "--plugin-dir", pd, "--memory-budget", "1 B"]);
+    assert!(String::from_utf8_lossy(&out.stdout).contains("the tone plugin does not size its memory (no plan); loads are not checked"));
+    let dir = tempfile::tempdir().unwrap();
+    let wav = dir.path().join("tone.wav");
+    let out = run(&["--model", gguf.to_str().unwrap(), "--plugin-dir", pd, "--memory-budget", "1 B", "--text", "hi", "--out", wav.to_str().unwrap()]);
+    assert_eq!(out.status.code(), Some(0), "{}", stderr(&out));
+}
+
+/// `cargo xtask test` builds the tone plugin against ABI 5.5 (its root module
+/// of then, without `plan_memory`) into `target/abi-5-5/`: the loader takes it
+/// through 5.5's interface, and it has no plan.
+#[test]
+fn a_plugin_built_against_abi_5_5_loads_without_a_plan() {
+    let old_plugin = artifacts().parent().unwrap().join("abi-5-5/libtts_test_tone.so");
+    if !old_plugin.is_file() {
+        assert!(std::env::var_os("TTS_REQUIRE_ABI_5_5_FIXTURE").is_none(), "{} is missing (cargo xtask test builds it)", old_plugin.display());
+        eprintln!("skipped: no ABI 5.5 build of the tone plugin at {} (`cargo xtask test` builds it)", old_plugin.display());
+        return;
+    }
+    let (loaded, _) = engine_core::loader::load_model(&old_plugin).unwrap();
+    assert_eq!(loaded.abi_version(), "5.5.0");
+    assert!(loaded.converter().is_some(), "5.5 had converters");
+    let (plugins, gguf) = tone_setup(&["cpu"]);
+    std::fs::copy(&old_plugin, plugins.path().join("libtts_model_tone.so")).unwrap();
+    let pd = plugins.path().to_str().unwrap();
+    let (report, out) = fit_json(&["fit", "--model", gguf.to_str().unwrap(), "--plugin-dir", pd, "--json"]);
+    assert_eq!(out.status.code(), Some(0), "{}", stderr(&out));
+    assert!(report["plan"].is_null());
+}
+
+#[test]
+fn tts_serve_refuses_a_model_that_does_not_fit() {
+    let plugins = plugins_with(&["cpu"], &["supertonic"]);
+    let model = supertonic_fixture().display().to_string();
+    let out = run(&["serve", "--model", &model, "--plugin-dir", plugins.path().to_str().unwrap(), "--port", "0", "--memory-budget", "1 MiB"]);
+    assert_eq!(out.status.code(), Some(1), "{}", stderr(&out));
+    let err = stderr(&out);
+    let last = err.lines().last().unwrap_or_default();
+    assert!(last.starts_with("error: model default: the supertonic model needs") && last.contains("does not fit"), "{err}");
+}
