@@ -99,12 +99,9 @@ fn convert_refuses_what_it_cannot_convert_in_one_line() {
 /// nothing.
 #[test]
 fn a_plugin_built_against_abi_5_3_loads_without_a_converter() {
-    let old_plugin = artifacts().parent().unwrap().join("abi-5-3/libtts_test_tone.so");
-    if !old_plugin.is_file() {
-        assert!(std::env::var_os("TTS_REQUIRE_ABI_5_3_FIXTURE").is_none(), "{} is missing (cargo xtask test builds it)", old_plugin.display());
-        eprintln!("skipped: no ABI 5.3 build of the tone plugin at {} (`cargo xtask test` builds it)", old_plugin.display());
+    let Some(old_plugin) = old_abi_tone_plugin("5.3") else {
         return;
-    }
+    };
     let (loaded, _) = engine_core::loader::load_model(&old_plugin).unwrap();
     assert_eq!(loaded.abi_version(), "5.3.0");
     assert!(loaded.converter().is_none());

@@ -111,12 +111,9 @@ fn a_family_without_a_plan_is_reported_and_never_refused() {
 /// through 5.5's interface, and it has no plan.
 #[test]
 fn a_plugin_built_against_abi_5_5_loads_without_a_plan() {
-    let old_plugin = artifacts().parent().unwrap().join("abi-5-5/libtts_test_tone.so");
-    if !old_plugin.is_file() {
-        assert!(std::env::var_os("TTS_REQUIRE_ABI_5_5_FIXTURE").is_none(), "{} is missing (cargo xtask test builds it)", old_plugin.display());
-        eprintln!("skipped: no ABI 5.5 build of the tone plugin at {} (`cargo xtask test` builds it)", old_plugin.display());
+    let Some(old_plugin) = old_abi_tone_plugin("5.5") else {
         return;
-    }
+    };
     let (loaded, _) = engine_core::loader::load_model(&old_plugin).unwrap();
     assert_eq!(loaded.abi_version(), "5.5.0");
     assert!(loaded.converter().is_some(), "5.5 had converters");

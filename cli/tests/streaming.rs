@@ -4,7 +4,7 @@
 
 mod common;
 
-use common::{artifacts, tone_setup, write_profile};
+use common::{artifacts, old_abi_tone_plugin, tone_setup, write_profile};
 use engine_core::engine::{Engine, EngineError, ModelSession};
 use engine_core::profile::Profile;
 use std::path::Path;
@@ -67,12 +67,9 @@ fn the_receiver_can_stop_a_synthesis() {
 /// plain `cargo test` without it says so and skips.
 #[test]
 fn a_plugin_built_against_abi_5_1_loads_and_streams_one_piece() {
-    let old_plugin = artifacts().parent().unwrap().join("abi-5-1/libtts_test_tone.so");
-    if !old_plugin.is_file() {
-        assert!(std::env::var_os("TTS_REQUIRE_ABI_5_1_FIXTURE").is_none(), "{} is missing (cargo xtask test builds it)", old_plugin.display());
-        eprintln!("skipped: no ABI 5.1 build of the tone plugin at {} (`cargo xtask test` builds it)", old_plugin.display());
+    let Some(old_plugin) = old_abi_tone_plugin("5.1") else {
         return;
-    }
+    };
     // abi_stable refuses it through the current interface; the loader takes it through 5.1's.
     let (loaded, _) = engine_core::loader::load_model(&old_plugin).unwrap();
     assert_eq!(loaded.abi_version(), "5.1.0");
@@ -375,12 +372,9 @@ fn chatterbox_reports_each_speech_token_and_a_report_can_stop_it() {
 /// streams as before and reports no progress.
 #[test]
 fn a_plugin_built_against_abi_5_4_streams_without_progress() {
-    let old_plugin = artifacts().parent().unwrap().join("abi-5-4/libtts_test_tone.so");
-    if !old_plugin.is_file() {
-        assert!(std::env::var_os("TTS_REQUIRE_ABI_5_4_FIXTURE").is_none(), "{} is missing (cargo xtask test builds it)", old_plugin.display());
-        eprintln!("skipped: no ABI 5.4 build of the tone plugin at {} (`cargo xtask test` builds it)", old_plugin.display());
+    let Some(old_plugin) = old_abi_tone_plugin("5.4") else {
         return;
-    }
+    };
     let (loaded, _) = engine_core::loader::load_model(&old_plugin).unwrap();
     assert_eq!(loaded.abi_version(), "5.4.0");
     assert!(loaded.converter().is_some(), "5.4 had converters");

@@ -97,14 +97,8 @@ fn tone_for_cloning(tone_plugin: &Path, dir: &Path) -> ModelSession {
 #[test]
 fn a_plugin_without_a_cloning_load_is_loaded_in_full() {
     let current = artifacts().join("libtts_test_tone.so");
-    let old = artifacts().parent().unwrap().join("abi-5-1/libtts_test_tone.so");
     let mut plugins = vec![current];
-    if old.is_file() {
-        plugins.push(old);
-    } else {
-        assert!(std::env::var_os("TTS_REQUIRE_ABI_5_1_FIXTURE").is_none(), "{} is missing (cargo xtask test builds it)", old.display());
-        eprintln!("skipped the ABI 5.1 case: no ABI 5.1 build of the tone plugin at {} (`cargo xtask test` builds it)", old.display());
-    }
+    plugins.extend(old_abi_tone_plugin("5.1"));
     for plugin in plugins {
         let dir = tempfile::tempdir().unwrap();
         let mut session = tone_for_cloning(&plugin, dir.path());
@@ -121,12 +115,9 @@ fn a_plugin_without_a_cloning_load_is_loaded_in_full() {
 /// keeps what 5.2 had (streaming in pieces), and loads it in full to clone.
 #[test]
 fn a_plugin_built_against_abi_5_2_keeps_streaming_and_clones_through_the_full_load() {
-    let old_plugin = artifacts().parent().unwrap().join("abi-5-2/libtts_test_tone.so");
-    if !old_plugin.is_file() {
-        assert!(std::env::var_os("TTS_REQUIRE_ABI_5_2_FIXTURE").is_none(), "{} is missing (cargo xtask test builds it)", old_plugin.display());
-        eprintln!("skipped: no ABI 5.2 build of the tone plugin at {} (`cargo xtask test` builds it)", old_plugin.display());
+    let Some(old_plugin) = old_abi_tone_plugin("5.2") else {
         return;
-    }
+    };
     let (loaded, _) = engine_core::loader::load_model(&old_plugin).unwrap();
     assert_eq!((loaded.abi_version(), loaded.has_cloning_load()), ("5.2.0", false));
     let (current, _) = engine_core::loader::load_model(&artifacts().join("libtts_test_tone.so")).unwrap();

@@ -156,6 +156,22 @@ pub fn tone_setup(backends: &[&str]) -> (tempfile::TempDir, PathBuf) {
     (plugins, gguf)
 }
 
+/// The tone plugin as `cargo xtask test` builds it against an older plugin
+/// ABI (`abi` like "5.4", `--features abi-5-4`, into `target/abi-5-4/`).
+/// `None` (the caller skips, saying so) where it was not built; where xtask
+/// built it (`TTS_REQUIRE_ABI_5_4_FIXTURE`) a missing file fails instead.
+pub fn old_abi_tone_plugin(abi: &str) -> Option<PathBuf> {
+    let dashed = abi.replace('.', "-");
+    let path = artifacts().parent().unwrap().join(format!("abi-{dashed}/libtts_test_tone.so"));
+    if path.is_file() {
+        return Some(path);
+    }
+    let required = format!("TTS_REQUIRE_ABI_{}_FIXTURE", abi.replace('.', "_"));
+    assert!(std::env::var_os(&required).is_none(), "{} is missing (cargo xtask test builds it)", path.display());
+    eprintln!("skipped: no ABI {abi} build of the tone plugin at {} (`cargo xtask test` builds it)", path.display());
+    None
+}
+
 /// A plugin directory with the named backend plugins and model-family plugins.
 pub fn plugins_with(backends: &[&str], families: &[&str]) -> tempfile::TempDir {
     let plugins = plugin_dir(backends);
