@@ -135,3 +135,20 @@ fn tts_serve_refuses_a_model_that_does_not_fit() {
     let last = err.lines().last().unwrap_or_default();
     assert!(last.starts_with("error: model default: the supertonic model needs") && last.contains("does not fit"), "{err}");
 }
+
+#[test]
+fn a_file_the_plan_cannot_read_is_refused_by_fit_and_by_the_load_with_its_own_message() {
+    let dir = tempfile::tempdir().unwrap();
+    let plugins = plugins_with(&["cpu"], &["supertonic"]);
+    let pd = plugins.path().to_str().unwrap();
+    let bad = crafted(dir.path(), "bad.gguf", &supertonic_fixture(), |e| {
+        e.set_u32("supertonic.sample_rate", 7);
+    });
+    let out = run(&["fit", "--model", bad.to_str().unwrap(), "--plugin-dir", pd]);
+    assert_one_line_error(&out, "sizing the model's memory: ");
+    let wav = dir.path().join("x.wav");
+    let load = run(&["--model", bad.to_str().unwrap(), "--plugin-dir", pd, "--text", "Hi.", "--out", wav.to_str().unwrap()]);
+    assert_one_line_error(&load, "bad.gguf");
+    assert!(!stderr(&load).contains("sizing the model's memory"), "{}", stderr(&load));
+    assert!(!wav.exists());
+}

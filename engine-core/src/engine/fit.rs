@@ -16,8 +16,11 @@ pub struct FitReport {
     pub total: u64,
     /// `[backend] memory_budget` (or `--memory-budget`), where set.
     pub configured_budget: Option<u64>,
-    /// `None` where the family sizes nothing (or its plugin predates ABI 5.6).
+    /// `None` where the family sizes nothing (or its plugin predates ABI 5.6),
+    /// or where sizing failed.
     pub plan: Option<MemoryPlan>,
+    /// Why sizing failed (a file the load refuses too).
+    pub plan_error: Option<String>,
 }
 
 impl FitReport {
@@ -106,6 +109,7 @@ mod tests {
             total: 16 << 30,
             configured_budget: budget,
             plan: Some(MemoryPlan { items: items.iter().map(|(w, b)| MemoryItem { what: (*w).into(), bytes: *b }).collect(), sized_for: "test".into() }),
+            plan_error: None,
         }
     }
 

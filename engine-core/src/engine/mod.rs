@@ -387,8 +387,11 @@ impl Engine {
     /// free memory and the profile's budget (`tts fit`); `overrides` are the
     /// `--set` options, whose limits size the plan.
     pub fn fit(&self, overrides: &[(String, String)]) -> Result<FitReport, EngineError> {
-        let prepared = self.prepare(overrides)?;
-        Ok(prepared.fit)
+        let fit = self.prepare(overrides)?.fit;
+        match &fit.plan_error {
+            Some(e) => fail(format!("sizing the model's memory: {e}")),
+            None => Ok(fit),
+        }
     }
 
     fn open_session(&self, overrides: &[(String, String)], for_cloning: bool) -> Result<ModelSession, EngineError> {
@@ -396,6 +399,9 @@ impl Engine {
         // Checked only for synthesis: cloning loads a fraction of the model.
         if let Some(refusal) = fit.refusal().filter(|_| !for_cloning) {
             return fail(refusal);
+        }
+        if let Some(e) = &fit.plan_error {
+            tracing::debug!("the model's memory was not sized, so the load is not checked: {e}");
         }
         let cloning_only = for_cloning && model_plugin.has_cloning_load();
         let loaded = match for_cloning {
@@ -450,10 +456,12 @@ impl Engine {
             files: self.profile.model_files.iter().map(|p| p.display().to_string().into()).collect(),
             policies: resolution.policies.clone(),
         };
-        let plan = match model_plugin.plan_memory(&MemoryPlanRequest { load: request.clone(), options: options.clone() }, &handle) {
-            None => None,
-            Some(RResult::ROk(plan)) => Some(plan),
-            Some(RResult::RErr(e)) => return fail(format!("sizing the model's memory: {e}")),
+        // A plan that fails (a file the load will refuse with its own
+        // message) leaves the load unchecked; `tts fit` reports the error.
+        let (plan, plan_error) = match model_plugin.plan_memory(&MemoryPlanRequest { load: request.clone(), options: options.clone() }, &handle) {
+            None => (None, None),
+            Some(RResult::ROk(plan)) => (Some(plan), None),
+            Some(RResult::RErr(e)) => (None, Some(e.to_string())),
         };
         let (free, total) = handle.ggml_backend().device().map(|d| d.memory()).unwrap_or((0, 0));
         let fit = FitReport {
@@ -464,6 +472,7 @@ impl Engine {
             total: total as u64,
             configured_budget: self.profile.memory_budget,
             plan,
+            plan_error,
         };
         Ok(Prepared { backend, device, resolution, model_plugin, specs, options, handle, request, fit })
     }
