@@ -9,7 +9,7 @@ use crate::graph::vector_estimator::{self, StepShape};
 use crate::graph::{duration, text_encoder, vocoder, Builder};
 use crate::hparams::Hparams;
 use crate::model::{check_file, is_matmul_weight, CheckedFile, MAX_CHUNK_SECONDS, MAX_NODES};
-use crate::text::MAX_SENTENCE_CHARS;
+use crate::text::MAX_NORMALIZED_CHARS;
 use engine_core::model_kit::builder::measure_graph;
 use engine_core::model_kit::{OpPolicy, Result, Weights};
 use ggml_sys::gguf::GgufTensors;
@@ -41,20 +41,16 @@ impl MemoryPlan {
     }
 }
 
-/// How much longer normalisation may make a text: `@` becomes ` at `.
-const NORMALIZE_GROWTH: usize = 4;
-
-/// The longest chunk the pipeline makes of any text: a sentence of
-/// [`MAX_SENTENCE_CHARS`] (or a chunk limit, if longer) whose every character
-/// normalisation turns into [`NORMALIZE_GROWTH`], wrapped in the longest
-/// language tags; and [`MAX_CHUNK_SECONDS`] of audio, the most the pipeline
-/// accepts from the duration predictor (after the speed factor).
+/// The longest chunk the pipeline makes of any text: normalised text of
+/// [`MAX_NORMALIZED_CHARS`] characters (the chunker cuts any chunk that
+/// normalisation would lengthen beyond it) in the longest language tags; and
+/// [`MAX_CHUNK_SECONDS`] of audio, the most the pipeline accepts from the
+/// duration predictor (after the speed factor).
 pub fn longest_chunk(hp: &Hparams) -> Lengths {
-    let chars = MAX_SENTENCE_CHARS.max(hp.text.chunk_chars).max(hp.text.short_chunk_chars);
     let tag = hp.text.languages.iter().map(|l| l.chars().count()).max().unwrap_or(0);
     let wrap = if hp.text.wrap_open_close { 2 * tag + 5 } else { 0 };
     let wav_len = (MAX_CHUNK_SECONDS * hp.sample_rate as f32) as usize;
-    Lengths { text_ids: chars * NORMALIZE_GROWTH + wrap, latent_frames: wav_len.div_ceil(hp.samples_per_frame()) }
+    Lengths { text_ids: MAX_NORMALIZED_CHARS + wrap, latent_frames: wav_len.div_ceil(hp.samples_per_frame()) }
 }
 
 /// Sizes the model at `path` on `backend`'s device under `policy` for one
