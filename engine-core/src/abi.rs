@@ -368,6 +368,11 @@ impl MemoryPlan {
     pub fn total(&self) -> u64 {
         self.items.iter().map(|i| i.bytes).sum()
     }
+
+    /// The bytes of item `what`.
+    pub fn get(&self, what: &str) -> Option<u64> {
+        self.items.iter().find(|i| i.what.as_str() == what).map(|i| i.bytes)
+    }
 }
 
 #[repr(C)]

@@ -387,7 +387,7 @@ impl Engine {
     /// free memory and the profile's budget (`tts fit`); `overrides` are the
     /// `--set` options, whose limits size the plan.
     pub fn fit(&self, overrides: &[(String, String)]) -> Result<FitReport, EngineError> {
-        let fit = self.prepare(overrides)?.fit;
+        let fit = self.prepare(overrides, true)?.fit;
         match &fit.plan_error {
             Some(e) => fail(format!("sizing the model's memory: {e}")),
             None => Ok(fit),
@@ -395,9 +395,9 @@ impl Engine {
     }
 
     fn open_session(&self, overrides: &[(String, String)], for_cloning: bool) -> Result<ModelSession, EngineError> {
-        let Prepared { backend, device, resolution, model_plugin, specs, options, handle, request, fit } = self.prepare(overrides)?;
-        // Checked only for synthesis: cloning loads a fraction of the model.
-        if let Some(refusal) = fit.refusal().filter(|_| !for_cloning) {
+        // Sized and checked only for synthesis: cloning loads a fraction of the model.
+        let Prepared { backend, device, resolution, model_plugin, specs, options, handle, request, fit } = self.prepare(overrides, !for_cloning)?;
+        if let Some(refusal) = fit.refusal() {
             return fail(refusal);
         }
         if let Some(e) = &fit.plan_error {
@@ -429,8 +429,9 @@ impl Engine {
     }
 
     /// Everything up to a load: the device, the model plugin, the validated
-    /// options, an initialised backend, the load request and the memory fit.
-    fn prepare(&self, overrides: &[(String, String)]) -> Result<Prepared<'_>, EngineError> {
+    /// options, an initialised backend, the load request and the memory fit
+    /// (the plan asked of the plugin only with `size_memory`).
+    fn prepare(&self, overrides: &[(String, String)], size_memory: bool) -> Result<Prepared<'_>, EngineError> {
         let (backend, device, resolution) = self.select()?;
         let Some(first) = self.profile.model_files.first() else {
             return fail(format!("{}: [model] files is empty; name the model GGUF file(s) there or pass --model FILE", self.profile.origin()));
@@ -458,7 +459,8 @@ impl Engine {
         };
         // A plan that fails (a file the load will refuse with its own
         // message) leaves the load unchecked; `tts fit` reports the error.
-        let (plan, plan_error) = match model_plugin.plan_memory(&MemoryPlanRequest { load: request.clone(), options: options.clone() }, &handle) {
+        let planned = size_memory.then(|| model_plugin.plan_memory(&MemoryPlanRequest { load: request.clone(), options: options.clone() }, &handle)).flatten();
+        let (plan, plan_error) = match planned {
             None => (None, None),
             Some(RResult::ROk(plan)) => (Some(plan), None),
             Some(RResult::RErr(e)) => (None, Some(e.to_string())),

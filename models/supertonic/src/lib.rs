@@ -23,9 +23,9 @@ use abi_stable::{
     std_types::{RResult, RString, RVec},
 };
 use engine_core::abi::{
-    AudioSink, BackendHandle, ConvertOutput, ConvertRequest, ConvertedFile, ConverterInfo, LoadedModelInfo, MemoryItem, MemoryPlan, MemoryPlanRequest, Model,
-    ModelBox, ModelCatalog, ModelFamilyInfo, ModelLoadRequest, ModelPlugin, ModelPluginRef, Model_TO, OptionKind, OptionList, OptionSpec, OptionValue,
-    PluginInfo, StreamSummary, SynthesisOutput, SynthesisRequest,
+    AudioSink, BackendHandle, ConvertOutput, ConvertRequest, ConvertedFile, ConverterInfo, LoadedModelInfo, MemoryPlan, MemoryPlanRequest, Model, ModelBox,
+    ModelCatalog, ModelFamilyInfo, ModelLoadRequest, ModelPlugin, ModelPluginRef, Model_TO, OptionKind, OptionList, OptionSpec, OptionValue, PluginInfo,
+    StreamSummary, SynthesisOutput, SynthesisRequest,
 };
 use engine_core::backend_kit::spec;
 use engine_core::model_kit::Result;
@@ -190,17 +190,7 @@ extern "C" fn plan_memory(request: &MemoryPlanRequest, handle: &BackendHandle) -
     guarded("supertonic memory plan", || {
         let path = single_file(&request.load)?;
         let policy = OpPolicy::from_resolved(&request.load.policies);
-        let (plan, lengths) = memory::plan(std::path::Path::new(path), &handle.ggml_backend(), &policy, None)?;
-        Ok(MemoryPlan {
-            items: plan.items.iter().map(|(what, bytes)| MemoryItem { what: (*what).into(), bytes: *bytes as u64 }).collect(),
-            sized_for: format!(
-                "the longest chunk the pipeline makes: {} text ids, {} latent frames ({} s)",
-                lengths.text_ids,
-                lengths.latent_frames,
-                model::MAX_CHUNK_SECONDS
-            )
-            .into(),
-        })
+        Ok(memory::plan(std::path::Path::new(path), &handle.ggml_backend(), &policy, None)?.0)
     })
 }
 

@@ -10,6 +10,7 @@ use crate::graph::{duration, text_encoder, vocoder, Builder};
 use crate::hparams::Hparams;
 use crate::model::{check_file, is_matmul_weight, CheckedFile, MAX_CHUNK_SECONDS, MAX_NODES};
 use crate::text::MAX_NORMALIZED_CHARS;
+use engine_core::abi::{MemoryItem, MemoryPlan};
 use engine_core::model_kit::builder::measure_graph;
 use engine_core::model_kit::{OpPolicy, Result, Weights};
 use ggml_sys::gguf::GgufTensors;
@@ -23,22 +24,6 @@ pub struct Lengths {
     pub text_ids: usize,
     /// Latent frames of the chunk's audio (vector estimator, vocoder).
     pub latent_frames: usize,
-}
-
-/// Bytes by item, in pipeline order.
-#[derive(Clone, Debug, PartialEq, Eq)]
-pub struct MemoryPlan {
-    pub items: Vec<(&'static str, usize)>,
-}
-
-impl MemoryPlan {
-    pub fn total(&self) -> usize {
-        self.items.iter().map(|(_, b)| b).sum()
-    }
-
-    pub fn get(&self, what: &str) -> Option<usize> {
-        self.items.iter().find(|(w, _)| *w == what).map(|(_, b)| *b)
-    }
 }
 
 /// The longest chunk the pipeline makes of any text: normalised text of
@@ -55,7 +40,8 @@ pub fn longest_chunk(hp: &Hparams) -> Lengths {
 
 /// Sizes the model at `path` on `backend`'s device under `policy` for one
 /// chunk of `lengths` (`None`: [`longest_chunk`]): the weights, then the
-/// duration predictor, text encoder, vector estimator and vocoder graphs.
+/// duration predictor, text encoder, vector estimator and vocoder graphs, in
+/// bytes by item in pipeline order.
 /// Chunks run one after another, so one chunk's graphs are what a synthesis
 /// of any length holds at once.
 pub fn plan(path: &Path, backend: &Backend, policy: &OpPolicy, lengths: Option<Lengths>) -> Result<(MemoryPlan, Lengths)> {
@@ -73,14 +59,15 @@ pub fn plan(path: &Path, backend: &Backend, policy: &OpPolicy, lengths: Option<L
     let dims =
         vector_estimator::Dims { latent_channels: hp.latent_channels(), text_dim: hp.te.char_dim, style_dim: hp.style_dim, style_tokens: hp.style_tokens };
     let step = StepShape { latent_len: latent_frames, text_len: text_ids, total_steps: hp.default_steps as usize };
-    let plan = MemoryPlan {
-        items: vec![
-            ("weights", weights.size_on(backend, is_matmul_weight)),
-            ("duration", measure(&|b| duration::build(b, &hp.dp, 0.0, text_ids))?),
-            ("text_encoder", measure(&|b| text_encoder::build(b, &hp.te, hp.style_dim, hp.style_tokens, text_ids))?),
-            ("vector_estimator", measure(&|b| vector_estimator::build(b, &hp.ve, &dims, step))?),
-            ("vocoder", measure(&|b| vocoder::build(b, &hp, 0.0, latent_frames))?),
-        ],
-    };
-    Ok((plan, lengths))
+    let items = [
+        ("weights", weights.size_on(backend, is_matmul_weight)),
+        ("duration", measure(&|b| duration::build(b, &hp.dp, 0.0, text_ids))?),
+        ("text_encoder", measure(&|b| text_encoder::build(b, &hp.te, hp.style_dim, hp.style_tokens, text_ids))?),
+        ("vector_estimator", measure(&|b| vector_estimator::build(b, &hp.ve, &dims, step))?),
+        ("vocoder", measure(&|b| vocoder::build(b, &hp, 0.0, latent_frames))?),
+    ];
+    let sized_for =
+        format!("the longest chunk the pipeline makes: {} text ids, {} latent frames ({MAX_CHUNK_SECONDS} s)", lengths.text_ids, lengths.latent_frames);
+    let items = items.into_iter().map(|(what, bytes)| MemoryItem { what: what.into(), bytes: bytes as u64 }).collect();
+    Ok((MemoryPlan { items, sized_for: sized_for.into() }, lengths))
 }

@@ -33,10 +33,10 @@ fn check(backend: &str) {
         let (plan, _) = memory::plan(&path, &handle.ggml_backend(), &policy, Some(Lengths { text_ids: ids.len(), latent_frames })).unwrap();
         let what = format!("{backend}, fused attention {}", policy.fused_attention);
         for (stage, graph) in model.graphs() {
-            assert_eq!(plan.get(stage), Some(graph.buffer_size()), "{what}: {stage} graph ({} text ids, {latent_frames} frames)", ids.len());
+            assert_eq!(plan.get(stage), Some(graph.buffer_size() as u64), "{what}: {stage} graph ({} text ids, {latent_frames} frames)", ids.len());
         }
-        assert_eq!(plan.get("weights"), Some(model.weight_bytes()), "{what}: weights");
-        assert_eq!(plan.total(), plan.items.iter().map(|(_, b)| b).sum::<usize>());
+        assert_eq!(plan.get("weights"), Some(model.weight_bytes() as u64), "{what}: weights");
+        assert_eq!(plan.total(), plan.items.iter().map(|i| i.bytes).sum::<u64>());
         // Longer input needs more: the plan follows the lengths.
         let (longer, _) =
             memory::plan(&path, &handle.ggml_backend(), &policy, Some(Lengths { text_ids: 4 * ids.len(), latent_frames: 4 * latent_frames })).unwrap();
