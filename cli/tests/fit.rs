@@ -1,8 +1,8 @@
 //! `tts fit` and the memory check before every load: a model's memory plan
 //! (ABI 5.6) beside the device's free memory and `memory_budget`. Supertonic
-//! plans its memory; on the CPU and on lavapipe the tiny model fits the free
-//! memory and is refused, with one line and no output, under a budget below
-//! its plan. A family without a plan (the tone fixture, a plugin built
+//! and Chatterbox plan their memory; on the CPU and on lavapipe the tiny
+//! models fit the free memory and are refused, with one line and no output,
+//! under a budget below their plan; options that set lengths change it. A family without a plan (the tone fixture, a plugin built
 //! before 5.6) is reported as such and never refused.
 
 mod common;
@@ -63,6 +63,62 @@ fn supertonic_fits_the_cpu_and_a_budget_below_its_plan_refuses_it() {
 #[test]
 fn supertonic_fits_lavapipe_and_a_budget_below_its_plan_refuses_it() {
     check_backend("vulkan");
+}
+
+fn check_chatterbox(backend: &str) {
+    let dir = tempfile::tempdir().unwrap();
+    let plugins = plugins_with(&[backend], &["chatterbox"]);
+    let profile = profile_on(dir.path(), backend, &chatterbox_fixture());
+    let (p, pd) = (profile.to_str().unwrap(), plugins.path().to_str().unwrap());
+    let fit = |extra: &[&str]| {
+        let mut args = vec!["fit", "--profile", p, "--plugin-dir", pd, "--json"];
+        args.extend_from_slice(extra);
+        fit_json(&args)
+    };
+
+    let (report, out) = fit(&[]);
+    assert_eq!(out.status.code(), Some(0), "{}", stderr(&out));
+    assert_eq!((report["family"].as_str(), report["fits"].as_bool()), (Some("chatterbox"), Some(true)));
+    let items: Vec<&str> = report["plan"]["items"].as_array().unwrap().iter().map(|i| i["what"].as_str().unwrap()).collect();
+    let want = [
+        "t3.weights", "s3gen.weights", "t3.kv_cache", "t3.prefix", "t3.suffix", "t3.step", "s3gen.encoder", "s3gen.cfm", "hift.f0", "hift", "voice_encoder",
+        "campplus", "s3tokenizer",
+    ];
+    assert_eq!(items, want);
+    let need = report["plan"]["total"].as_u64().unwrap();
+    assert!(report["plan"]["sized_for"].as_str().unwrap().contains("speech tokens"), "{report}");
+
+    // Lengths set on the command line change the plan: shorter chunks and
+    // fewer speech tokens need less.
+    let (small, out) = fit(&["--set", "max_chars=10", "--set", "max_new_tokens=8"]);
+    assert_eq!(out.status.code(), Some(0), "{}", stderr(&out));
+    let small_need = small["plan"]["total"].as_u64().unwrap();
+    assert!(small_need < need, "{small_need} < {need}");
+    let (more, _) = fit(&["--set", "max_chars=10", "--set", "max_new_tokens=60"]);
+    assert!(more["plan"]["total"].as_u64().unwrap() > small_need, "{more}");
+    let out = run(&["fit", "--profile", p, "--plugin-dir", pd, "--set", "max_new_tokens=0"]);
+    assert_one_line_error(&out, "max_new_tokens");
+
+    // A budget below the plan refuses the synthesis before loading.
+    let short = format!("{} B", need - 1);
+    let wav = dir.path().join("out.wav");
+    let out = run(&["--profile", p, "--plugin-dir", pd, "--memory-budget", &short, "--text", "Hello.", "--out", wav.to_str().unwrap()]);
+    assert_one_line_error(&out, &format!("the chatterbox model needs {} on", engine_core::engine::bytes(need)));
+    assert!(!wav.exists());
+    let exact = format!("{need} B");
+    let out = run(&["--profile", p, "--plugin-dir", pd, "--memory-budget", &exact, "--text", "Hello.", "--set", "max_new_tokens=8", "--out", wav.to_str().unwrap()]);
+    assert_eq!(out.status.code(), Some(0), "{}", stderr(&out));
+    assert!(read_wav(&wav).1.len() > 1000);
+}
+
+#[test]
+fn chatterbox_fits_the_cpu_and_its_lengths_change_the_plan() {
+    check_chatterbox("cpu");
+}
+
+#[test]
+fn chatterbox_fits_lavapipe_and_a_budget_below_its_plan_refuses_it() {
+    check_chatterbox("vulkan");
 }
 
 #[test]

@@ -431,7 +431,13 @@ fn first_line(s: &str) -> String {
 /// printed and `None` returned so the test can say it is skipped, unless
 /// `TTS_REQUIRE_BACKEND` names `backend` (runs on a GPU host), which panics.
 pub fn open_device_or_skip(path: &Path, backend: &str) -> Option<crate::abi::BackendHandle> {
-    match open_backend_device(path, Vec::new(), 0) {
+    open_device_with_or_skip(path, backend, Vec::new())
+}
+
+/// [`open_device_or_skip`] with the plugin options `options` (a software
+/// Vulkan device, say, which a plain open refuses).
+pub fn open_device_with_or_skip(path: &Path, backend: &str, options: Vec<(&str, crate::abi::OptionValue)>) -> Option<crate::abi::BackendHandle> {
+    match open_backend_device(path, options, 0) {
         Ok(handle) => Some(handle),
         Err(e) if std::env::var("TTS_REQUIRE_BACKEND").is_ok_and(|b| b == backend) => panic!("{e}"),
         Err(e) => {

@@ -18,8 +18,12 @@ pub struct Weights {
     /// Table entries left unloaded by [`load_part`](Self::load_part).
     left_out: usize,
     /// Tensors computed at load from checked weights, each batch in its own
-    /// buffer (dropped before its context).
-    derived: Vec<(Buffer, Context)>,
+    /// buffer (dropped before its context; none when measuring), with the
+    /// bytes it takes.
+    derived: Vec<(Option<Buffer>, Context, usize)>,
+    /// Made by [`for_measuring`](Self::for_measuring): nothing has memory,
+    /// and host reads come from the file.
+    measuring: bool,
     /// Matrices placed in a device-specific layout (CPU: repacked / AMX).
     pub in_extra_buffers: usize,
 }
@@ -88,24 +92,28 @@ impl Weights {
         // "Model files"): a NaN weight must be an error, not silence.
         let path = gguf.file.path().display().to_string();
         let file_types: std::collections::HashMap<String, ggml_sys::Type> = gguf.file.tensors().into_iter().map(|t| (t.name, t.ty)).collect();
-        let (buffers, in_extra) = gguf.load_some_into_with_extra(backend, &keep, is_matmul_weight, |name, ty, bytes| {
+        // Only the table's tensors: those a file carries unused get no memory.
+        let keep = |name: &str| table.contains(name);
+        let (buffers, in_extra) = gguf.load_some_into_with_extra(backend, keep, is_matmul_weight, |name, ty, bytes| {
             let converted_from = file_types.get(name).copied().filter(|&from| from != ty);
             super::finite::check_weight(&path, name, ty, converted_from, bytes).map_err(|e| Error::Msg(e.to_string()))
         })?;
-        Ok(Weights { _buffers: buffers, gguf, table, left_out, derived: Vec::new(), in_extra_buffers: in_extra })
+        Ok(Weights { _buffers: buffers, gguf, table, left_out, derived: Vec::new(), measuring: false, in_extra_buffers: in_extra })
     }
 
     /// The file's tensors typed as [`load`](Self::load) would store them, with
     /// no memory and nothing read: for sizing a model before it is loaded
     /// ([`size_on`](Self::size_on)) and measuring its graphs
-    /// ([`super::builder::measure_graph`]). Reading a value from one is an
-    /// error (the tensors have no buffer).
+    /// ([`super::builder::measure_graph`]). Host reads
+    /// ([`host_f32`](Self::host_f32)) come from the file, so a family derives
+    /// its tensors as at load ([`add_derived`](Self::add_derived) then only
+    /// sizes them, [`derived_bytes`](Self::derived_bytes)).
     pub fn for_measuring(mut gguf: GgufTensors, mut table: TensorTable, storage: WeightStorage) -> super::Result<Self> {
         if !table.is_checked() {
             table.check(&gguf)?;
         }
         apply_storage(&mut gguf, &table, storage)?;
-        Ok(Weights { _buffers: Vec::new(), gguf, table, left_out: 0, derived: Vec::new(), in_extra_buffers: 0 })
+        Ok(Weights { _buffers: Vec::new(), gguf, table, left_out: 0, derived: Vec::new(), measuring: true, in_extra_buffers: 0 })
     }
 
     /// The bytes [`load`](Self::load) allocates for these weights on
@@ -121,13 +129,20 @@ impl Weights {
         self._buffers.iter().map(Buffer::size).sum()
     }
 
+    /// The bytes the derived tensors take on the device: their buffers, or
+    /// when measuring, what those buffers would be.
+    pub fn derived_bytes(&self) -> usize {
+        self.derived.iter().map(|(_, _, bytes)| bytes).sum()
+    }
+
     /// Names of the file's tensors, as the table declares them.
     pub fn names(&self) -> impl Iterator<Item = &str> {
         self.table.names()
     }
 
     /// Places `tensors` on `backend` beside the weights; [`tensor`](Self::tensor)
-    /// serves them by name from then on. A name the file or an earlier
+    /// serves them by name from then on (when measuring, only their shapes
+    /// and the bytes they would take). A name the file or an earlier
     /// derivation already uses is a plugin bug, reported as an error.
     pub fn add_derived(&mut self, backend: &Backend, tensors: Vec<DerivedTensor>) -> Result<()> {
         if tensors.is_empty() {
@@ -147,16 +162,22 @@ impl Weights {
                 return Err(Error::Msg(format!("derived tensor name '{}' is longer than ggml keeps (a bug in the plugin)", t.name)));
             }
         }
+        if self.measuring {
+            let bytes = backend.buffer_type().size_for(&ctx);
+            self.derived.push((None, ctx, bytes));
+            return Ok(());
+        }
         let buffer = backend.alloc_ctx_tensors(&ctx)?;
         for t in &tensors {
             ctx.get_tensor(&t.name).expect("created above").set_f32(&t.values)?;
         }
-        self.derived.push((buffer, ctx));
+        let bytes = buffer.size();
+        self.derived.push((Some(buffer), ctx, bytes));
         Ok(())
     }
 
     fn derived_tensor(&self, name: &str) -> Option<Tensor<'_>> {
-        self.derived.iter().find_map(|(_, ctx)| ctx.get_tensor(name))
+        self.derived.iter().find_map(|(_, ctx, _)| ctx.get_tensor(name))
     }
 
     fn checked(&self, name: &str) -> Result<Tensor<'_>> {
@@ -183,9 +204,13 @@ impl Weights {
         Ok(self.checked(name)?.ne())
     }
 
-    /// An F32 weight's values, read on the host.
+    /// An F32 weight's values, read on the host (when measuring, from the file).
     pub fn host_f32(&self, name: &str) -> Result<Vec<f32>> {
-        self.checked(name)?.get_f32()
+        let t = self.checked(name)?;
+        match self.measuring && self.derived_tensor(name).is_none() {
+            true => self.gguf.read_f32(name),
+            false => t.get_f32(),
+        }
     }
 
     /// An I32 tensor's values, read on the host (token lists).
@@ -194,7 +219,8 @@ impl Weights {
         if t.ty() != ggml_sys::TYPE_I32 {
             return Err(Error::Msg(format!("{}: tensor '{name}' is not I32", self.gguf.file.path().display())));
         }
-        Ok(t.get_bytes()?.chunks_exact(4).map(|c| i32::from_ne_bytes([c[0], c[1], c[2], c[3]])).collect())
+        let bytes = if self.measuring { self.gguf.read_bytes(name)? } else { t.get_bytes()? };
+        Ok(bytes.chunks_exact(4).map(|c| i32::from_ne_bytes([c[0], c[1], c[2], c[3]])).collect())
     }
 }
 

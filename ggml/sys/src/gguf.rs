@@ -553,6 +553,23 @@ impl GgufTensors {
         }
     }
 
+    /// Reads one F32, F16 or BF16 tensor from the file as f32 values, in the
+    /// type the file stores it (a retyping by [`store_as`](Self::store_as)
+    /// does not apply): the values of a tensor that was never loaded.
+    pub fn read_f32(&self, name: &str) -> Result<Vec<f32>> {
+        let ty = self.file.tensors().into_iter().find(|t| t.name == name).map(|t| t.ty);
+        let bytes = self.read_bytes(name)?;
+        let width = match ty {
+            Some(sys::GGML_TYPE_F32) => 4,
+            Some(sys::GGML_TYPE_F16 | sys::GGML_TYPE_BF16) => 2,
+            _ => return Err(crate::Error::Msg(format!("{}: tensor '{name}' is not F32, F16 or BF16", self.file.path.display()))),
+        };
+        let mut words = vec![0u32; bytes.len().div_ceil(4)];
+        copy_into_words(&bytes, &mut words);
+        // `words` is 4-byte aligned and holds `bytes.len() / width` values of `ty`.
+        unsafe { crate::context::decode_f32(words.as_ptr().cast(), ty.expect("matched above"), bytes.len() / width) }
+    }
+
     /// Reads one tensor's raw bytes from the file (for host-side data).
     pub fn read_bytes(&self, name: &str) -> Result<Vec<u8>> {
         use std::io::{Read, Seek, SeekFrom};
@@ -573,6 +590,12 @@ impl GgufTensors {
             .map_err(|e| crate::Error::Msg(format!("{}: reading tensor '{name}': {e}", self.file.path.display())))?;
         Ok(bytes)
     }
+}
+
+/// `bytes` copied into the start of `words`.
+fn copy_into_words(bytes: &[u8], words: &mut [u32]) {
+    // `words` holds at least `bytes.len()` bytes.
+    unsafe { std::ptr::copy_nonoverlapping(bytes.as_ptr(), words.as_mut_ptr().cast::<u8>(), bytes.len()) }
 }
 
 /// The memory of tensor `t`, allocated in a host buffer, as `size` bytes it

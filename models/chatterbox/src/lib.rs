@@ -15,6 +15,7 @@ pub mod cloning;
 pub mod convert;
 pub mod dsp;
 pub mod hparams;
+pub mod memory;
 pub mod model;
 pub mod s3gen;
 pub mod sampler;
@@ -31,7 +32,7 @@ use abi_stable::{
 };
 use engine_core::abi::{
     AudioSink, BackendHandle, ConvertOutput, ConvertRequest, ConvertedFile, ConverterInfo, LoadedModelInfo, Model, ModelBox, ModelCatalog, ModelFamilyInfo,
-    ModelLoadRequest, ModelPlugin, ModelPluginRef, Model_TO, OptionKind, OptionList, OptionSpec, OptionValue, PluginInfo, ProgressSink, StreamSummary,
+    MemoryPlan, MemoryPlanRequest, ModelLoadRequest, ModelPlugin, ModelPluginRef, Model_TO, OptionKind, OptionList, OptionSpec, OptionValue, PluginInfo, ProgressSink, StreamSummary,
     SynthesisOutput, SynthesisRequest, TokenTrace, VoiceCloneOutput, VoiceCloneRequest,
 };
 use engine_core::backend_kit::spec;
@@ -42,7 +43,6 @@ use t3::guided::GuidanceMode;
 
 #[export_root_module]
 pub fn get_library() -> ModelPluginRef {
-    // No memory plan yet: `tts fit` says so, and loads are not checked.
     ModelPlugin {
         info,
         family,
@@ -51,7 +51,7 @@ pub fn get_library() -> ModelPluginRef {
         load_for_cloning: Some(load_for_cloning),
         converter: Some(converter),
         convert: Some(convert_checkpoint),
-        plan_memory: None,
+        plan_memory: Some(plan_memory),
     }
     .leak_into_prefix()
 }
@@ -337,6 +337,18 @@ extern "C" fn load(request: &ModelLoadRequest, handle: &BackendHandle) -> RResul
         let model = Chatterbox::load(&files, &handle.ggml_backend(), &policy)?;
         tracing::info!(variant = model.variant(), attention = ?model.t3.attention(), "chatterbox model loaded");
         Ok(Model_TO::from_value(Plugin { model }, TD_Opaque))
+    })
+}
+
+/// The memory a load and a synthesis with the request's options need
+/// (ABI 5.6; `tts fit`, the check before each load): [`memory::plan`] at the
+/// longest chunk those options allow.
+extern "C" fn plan_memory(request: &MemoryPlanRequest, handle: &BackendHandle) -> RResult<MemoryPlan, RString> {
+    guarded("chatterbox memory plan", || {
+        let files: Vec<std::path::PathBuf> = request.load.files.iter().map(|f| f.as_str().into()).collect();
+        let policy = OpPolicy::from_resolved(&request.load.policies);
+        let params = params_from_options(&request.options)?;
+        Ok(memory::plan(&files, &handle.ggml_backend(), &policy, &params, None)?.0)
     })
 }
 

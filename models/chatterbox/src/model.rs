@@ -356,6 +356,11 @@ impl Chatterbox {
         Ok(Chatterbox { t3, s3gen, builtin })
     }
 
+    /// The voice the files carry (`voice.builtin.*`).
+    pub fn builtin_voice(&self) -> &Voice {
+        &self.builtin
+    }
+
     /// What this variant's `prepare_conditionals` does to a reference clip.
     pub fn reference_rules(&self) -> ReferenceRules {
         crate::cloner::reference_rules(self.is_multilingual())
@@ -488,6 +493,18 @@ impl Chatterbox {
         let voice = self.voice(&params.voice, &mut timings)?;
         // Tokenize every chunk first, so a text problem fails before any compute.
         let encoded: Vec<Vec<i32>> = chunks.iter().map(|c| self.t3.encode(c, params, &voice.t3)).collect::<Result<_>>()?;
+        // The memory plan sizes T3's prompt for chunks of at most this many tokens.
+        if let Some(limit) = crate::memory::max_chunk_tokens(params.max_chars) {
+            if let Some((i, ids)) = encoded.iter().enumerate().find(|(_, ids)| ids.len() > limit) {
+                return Err(format!(
+                    "text chunk {} makes {} tokens, more than the {limit} a chunk of max_chars={} may (4 per character)",
+                    i + 1,
+                    ids.len(),
+                    params.max_chars
+                )
+                .into());
+            }
+        }
         let mut speech_tokens = Vec::new();
         let mut join = CrossfadeJoin::new((params.crossfade_ms.max(0.0) * self.sample_rate() as f32 / 1000.0) as usize);
         for (i, ids) in encoded.iter().enumerate() {

@@ -48,6 +48,14 @@ impl SpeechGenerator {
     }
 
     /// The graphs built so far, by stage (census tests).
+    /// T3's weight and K/V cache bytes on the device.
+    pub fn resident_bytes(&self) -> (usize, usize) {
+        match self {
+            SpeechGenerator::Gpt2 { t3, .. } => t3.resident_bytes(),
+            SpeechGenerator::Llama { t3, .. } => t3.resident_bytes(),
+        }
+    }
+
     pub fn graphs(&self) -> Vec<(&'static str, &ggml_sys::ComputeGraph)> {
         match self {
             SpeechGenerator::Gpt2 { t3, .. } => t3.graphs(),
@@ -114,7 +122,7 @@ impl SpeechGenerator {
     /// start token and before a stop token), then codes outside S3Gen's
     /// vocabulary dropped, which the reference omits and which its flow
     /// embedding cannot take.
-    pub(crate) fn speech_codes(&self, tokens: &[u32], vocab: u32) -> Vec<i32> {
+    pub fn speech_codes(&self, tokens: &[u32], vocab: u32) -> Vec<i32> {
         self.code_reader(vocab).read(tokens, true)
     }
 
@@ -130,10 +138,13 @@ impl SpeechGenerator {
     }
 }
 
+/// Turbo's and Nano's silence codes after the generated ones (the reference's `S3GEN_SIL` × 3).
+pub const SILENCE_CODES: usize = 3;
+
 /// What S3Gen reads of T3's tokens (see [`SpeechGenerator::speech_codes`]).
 #[derive(Debug, Clone, Copy)]
 pub(crate) struct CodeReader {
-    /// Turbo/Nano: the silence token appended three times at the end.
+    /// Turbo/Nano: the silence token appended [`SILENCE_CODES`] times at the end.
     silence: Option<i32>,
     start: u32,
     stop: u32,
@@ -147,7 +158,7 @@ impl CodeReader {
             Some(silence) => {
                 let mut speech = codes_below(tokens, self.vocab);
                 if complete {
-                    speech.extend([silence; 3]);
+                    speech.extend([silence; SILENCE_CODES]);
                 }
                 speech
             }

@@ -151,13 +151,23 @@ pub fn voice_encoder_mel(wav16k: &[f32], n_mels: usize) -> Result<Features> {
     Ok(apply_filters(&spectra, &slaney_mel_filters(16000.0, 400, n_mels, 0.0, 8000.0), |m| m))
 }
 
+/// The frames [`s3tokenizer_log_mel`] makes of `samples` samples.
+pub fn s3tokenizer_mel_frames(samples: usize) -> usize {
+    samples / 160
+}
+
+/// The frames [`campplus_fbank`] makes of `samples` samples (at least 400).
+pub fn campplus_fbank_frames(samples: usize) -> usize {
+    1 + samples.saturating_sub(400) / 160
+}
+
 /// S3Tokenizer input: `torch.stft(n_fft 400, hop 160, hann, center)`, the
 /// last frame dropped, |X|², 128 Slaney mel bins 0–8 kHz, `log10(max(m,
 /// 1e-10))` floored at the clip's maximum − 8, then `(x + 4) / 4`. `len / 160`
 /// frames.
 pub fn s3tokenizer_log_mel(wav16k: &[f32]) -> Result<Features> {
     need(wav16k, 201, "the S3Tokenizer mel")?;
-    let spectra = power_spectra(wav16k, 400, 160, 200, wav16k.len() / 160, &hann_periodic(400));
+    let spectra = power_spectra(wav16k, 400, 160, 200, s3tokenizer_mel_frames(wav16k.len()), &hann_periodic(400));
     let mut f = apply_filters(&spectra, &slaney_mel_filters(16000.0, 400, 128, 0.0, 8000.0), |m| m.max(1e-10).log10());
     let floor = f.data.iter().copied().fold(f32::NEG_INFINITY, f32::max) - 8.0;
     for v in &mut f.data {
@@ -175,7 +185,7 @@ pub fn campplus_fbank(wav16k: &[f32]) -> Result<Features> {
     const HOP: usize = 160;
     const PADDED: usize = 512;
     need(wav16k, WIN, "the CAMPPlus fbank")?;
-    let frames = 1 + (wav16k.len() - WIN) / HOP;
+    let frames = campplus_fbank_frames(wav16k.len());
     let povey: Vec<f64> = (0..WIN).map(|i| (0.5 - 0.5 * (std::f64::consts::TAU * i as f64 / (WIN - 1) as f64).cos()).powf(0.85)).collect();
     let spectra = power_spectra_of(PADDED, frames, |f, buf| {
         let frame = &wav16k[f * HOP..f * HOP + WIN];

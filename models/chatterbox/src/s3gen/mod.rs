@@ -17,7 +17,7 @@ use ggml_sys::{Backend, GraphSlot};
 use std::path::Path;
 
 /// Upper bound on nodes of one S3Gen graph.
-const MAX_NODES: usize = 16384;
+pub(crate) const MAX_NODES: usize = 16384;
 
 /// A voice's S3Gen conditioning (the reference's `ref_dict`).
 #[derive(Debug, Clone, PartialEq)]
@@ -49,7 +49,7 @@ pub struct EncoderOutput {
     pub frames: usize,
 }
 
-fn is_matmul_weight(name: &str) -> bool {
+pub(crate) fn is_matmul_weight(name: &str) -> bool {
     (name.starts_with("enc.") || name.starts_with("flow."))
         && name.ends_with(".weight")
         && !name.contains("norm")
@@ -67,6 +67,15 @@ pub fn check_file(gguf: &GgufTensors) -> Result<(S3GenHparams, engine_core::mode
     table.check(gguf)?;
     crate::t3::check_tokens(gguf, crate::tensors::S3_PROMPT_TOKEN, hp.speech_vocab)?;
     Ok((hp, table))
+}
+
+/// Every tensor a full load derives from the weights: HiFT's snake
+/// reciprocals and STFT bases, then CAMPPlus's and the S3Tokenizer's.
+pub(crate) fn derived_tensors(weights: &Weights, hp: &S3GenHparams) -> Result<Vec<engine_core::model_kit::DerivedTensor>> {
+    let mut derived = hift::snake_reciprocals(weights)?;
+    derived.extend(hift::stft_bases(&hp.hift));
+    derived.extend(cloning_derived(weights, hp)?);
+    Ok(derived)
 }
 
 /// The tensors CAMPPlus and the S3Tokenizer derive at load from their weights.
@@ -112,9 +121,7 @@ impl S3Gen {
         let gguf = GgufTensors::open(path)?;
         let (hp, table) = check_file(&gguf)?;
         let mut weights = Weights::load(gguf, &backend, table, policy.matmul_weights, is_matmul_weight)?;
-        let mut derived = hift::snake_reciprocals(&weights)?;
-        derived.extend(hift::stft_bases(&hp.hift));
-        derived.extend(cloning_derived(&weights, &hp)?);
+        let derived = derived_tensors(&weights, &hp)?;
         weights.add_derived(&backend, derived)?;
         let source_merge = (weights.host_f32("hift.m_source.l_linear.weight")?, weights.host_f32("hift.m_source.l_linear.bias")?[0]);
         let speaker_affine = (weights.host_f32("flow.spk_embed_affine_layer.weight")?, weights.host_f32("flow.spk_embed_affine_layer.bias")?);
@@ -167,6 +174,11 @@ impl S3Gen {
     /// work done beside them would compete with them for those cores.
     pub fn runs_on_host(&self) -> bool {
         self.backend.device().is_none_or(|d| d.kind() == ggml_sys::DeviceKind::Cpu)
+    }
+
+    /// Device bytes of the weights, derived tensors included.
+    pub fn weight_bytes(&self) -> usize {
+        self.weights.buffer_bytes() + self.weights.derived_bytes()
     }
 
     /// The graphs built so far, by stage (census tests).

@@ -24,7 +24,7 @@ use std::collections::HashMap;
 use std::path::Path;
 
 /// Upper bound on nodes of one graph (30 Llama layers need about 1100).
-const MAX_NODES: usize = 16384;
+pub(crate) const MAX_NODES: usize = 16384;
 
 /// How the two guidance rows are computed.
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Default)]
@@ -88,7 +88,7 @@ pub struct GuidedT3 {
 }
 
 /// Weights in matrix products only (may live in repacked extra buffers).
-fn is_matmul_weight(name: &str) -> bool {
+pub(crate) fn is_matmul_weight(name: &str) -> bool {
     name.starts_with("t3.") && name.ends_with(".weight") && !name.contains("norm") && !name.contains("emotion")
 }
 
@@ -102,10 +102,7 @@ impl GuidedT3 {
             return Err(format!("{}: T3 '{}' has a GPT-2 backbone; guided generation needs the Llama one", path.display(), hp.variant).into());
         };
         let mut weights = Weights::load(gguf, &backend, table, policy.matmul_weights, is_matmul_weight)?;
-        if l.rope_scaling.is_some() {
-            let values = l.rope_freq_factors();
-            weights.add_derived(&backend, vec![DerivedTensor { name: T3_ROPE_FREQ_FACTORS.into(), ne: vec![values.len() as i64], values }])?;
-        }
+        weights.add_derived(&backend, derived_tensors(&l))?;
         let attention = AttentionConfig::resolve(&backend, policy, l.head_dim)?;
         Ok(GuidedT3 {
             cond_graph: GraphSlot::default(),
@@ -138,6 +135,12 @@ impl GuidedT3 {
     /// The built-in voice's conditioning (`voice.builtin.*`, from `conds.pt`).
     pub fn builtin_voice(&self) -> Result<T3Conditioning> {
         super::builtin_voice(&self.weights)
+    }
+
+    /// Device bytes of the weights (derived tensors included) and of the K/V
+    /// cache (0 before the first prompt): what the memory plan sizes.
+    pub fn resident_bytes(&self) -> (usize, usize) {
+        (self.weights.buffer_bytes() + self.weights.derived_bytes(), self.kv.as_ref().map_or(0, KvCache::bytes))
     }
 
     /// The graphs built so far, by stage (census tests).
@@ -345,6 +348,18 @@ impl GuidedT3 {
             forward.aligned = aligned.chunks_exact(shape.kv_len).map(|row| row[self.text.clone()].to_vec()).collect();
         }
         Ok(())
+    }
+}
+
+/// The tensors a Llama T3 derives at load: the rotary frequency divisors of
+/// a scaled rope.
+pub(crate) fn derived_tensors(l: &LlamaHparams) -> Vec<DerivedTensor> {
+    match l.rope_scaling {
+        Some(_) => {
+            let values = l.rope_freq_factors();
+            vec![DerivedTensor { name: T3_ROPE_FREQ_FACTORS.into(), ne: vec![values.len() as i64], values }]
+        }
+        None => Vec::new(),
     }
 }
 

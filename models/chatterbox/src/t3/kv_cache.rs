@@ -39,9 +39,11 @@ pub struct KvDims {
 }
 
 pub struct KvCache {
-    // Dropped first: the buffer holds the data of `ctx`'s tensors.
-    buffer: Buffer,
+    // Dropped first: the buffer holds the data of `ctx`'s tensors (none in
+    // a cache made for measuring).
+    buffer: Option<Buffer>,
     ctx: Context,
+    bytes: usize,
     pub n_layer: usize,
     /// Width of one position's K (and of its V): K/V heads × head width.
     pub width: usize,
@@ -55,6 +57,27 @@ pub struct KvCache {
 
 impl KvCache {
     pub fn new(backend: &Backend, dims: KvDims, ty: Type, path: AttentionPath, layout: KvLayout) -> Result<Self> {
+        let mut kv = Self::describe(dims, ty, path, layout)?;
+        let buffer = backend.alloc_ctx_tensors(&kv.ctx)?;
+        // Positions past the written ones are masked, but a masked NaN still
+        // poisons a fused kernel's sums: start from zeros.
+        buffer.clear(0);
+        kv.bytes = buffer.size();
+        kv.buffer = Some(buffer);
+        Ok(kv)
+    }
+
+    /// The cache [`new`](Self::new) makes on `backend`, without memory: for
+    /// measuring the graphs over it; [`bytes`](Self::bytes) is what `new`
+    /// allocates.
+    pub fn for_measuring(backend: &Backend, dims: KvDims, ty: Type, path: AttentionPath, layout: KvLayout) -> Result<Self> {
+        let mut kv = Self::describe(dims, ty, path, layout)?;
+        kv.bytes = backend.buffer_type().size_for(&kv.ctx);
+        Ok(kv)
+    }
+
+    /// The cache's tensors, in a context of their own.
+    fn describe(dims: KvDims, ty: Type, path: AttentionPath, layout: KvLayout) -> Result<Self> {
         let KvDims { n_layer, width, n_ctx, rows } = dims;
         let layout = if path == AttentionPath::Explicit { KvLayout::Split } else { layout };
         let ctx = Context::new_no_alloc(2 * n_layer, 0)?;
@@ -74,15 +97,11 @@ impl KvCache {
                 }
             }
         }
-        let buffer = backend.alloc_ctx_tensors(&ctx)?;
-        // Positions past the written ones are masked, but a masked NaN still
-        // poisons a fused kernel's sums: start from zeros.
-        buffer.clear(0);
-        Ok(KvCache { buffer, ctx, n_layer, width, n_ctx, rows, ty, path, layout })
+        Ok(KvCache { buffer: None, ctx, bytes: 0, n_layer, width, n_ctx, rows, ty, path, layout })
     }
 
     pub fn bytes(&self) -> usize {
-        self.buffer.size()
+        self.bytes
     }
 
     /// Layer `l`'s cache tensor named `part` (`kv` for the fused layout, `k`

@@ -26,7 +26,7 @@ use std::path::Path;
 /// serves a whole block of positions (its mask hides the unwritten ones).
 pub const KV_BLOCK: usize = 256;
 /// Upper bound on nodes of one T3 graph (GPT-2 medium needs about 1000).
-const MAX_NODES: usize = 8192;
+pub(crate) const MAX_NODES: usize = 8192;
 
 /// How attention and its cache run.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
@@ -104,7 +104,7 @@ pub struct T3Conditioning {
 }
 
 /// `n` rounded up to whole [`KV_BLOCK`]s.
-fn whole_blocks(n: usize) -> usize {
+pub(crate) fn whole_blocks(n: usize) -> usize {
     n.div_ceil(KV_BLOCK) * KV_BLOCK
 }
 
@@ -117,7 +117,7 @@ fn attention_span(kv: Option<&KvCache>, used: usize) -> usize {
 
 /// Positions for a cache that must hold `positions`: whole blocks, at most
 /// the model's `n_ctx`, never fewer than asked.
-fn cache_positions(positions: usize, n_ctx: usize) -> usize {
+pub(crate) fn cache_positions(positions: usize, n_ctx: usize) -> usize {
     whole_blocks(positions).min(n_ctx).max(positions)
 }
 
@@ -156,7 +156,7 @@ pub fn check_file(gguf: &GgufTensors) -> Result<(T3Hparams, engine_core::model_k
 }
 
 /// Weights in matrix products only (may live in repacked extra buffers).
-fn is_matmul_weight(name: &str) -> bool {
+pub(crate) fn is_matmul_weight(name: &str) -> bool {
     name.starts_with("t3.") && name.ends_with(".weight") && !name.contains(".ln")
 }
 
@@ -204,6 +204,12 @@ impl T3 {
     /// The built-in voice's conditioning (`voice.builtin.*`, from `conds.pt`).
     pub fn builtin_voice(&self) -> Result<T3Conditioning> {
         builtin_voice(&self.weights)
+    }
+
+    /// Device bytes of the weights (derived tensors included) and of the K/V
+    /// cache (0 before the first prompt): what the memory plan sizes.
+    pub fn resident_bytes(&self) -> (usize, usize) {
+        (self.weights.buffer_bytes() + self.weights.derived_bytes(), self.kv.as_ref().map_or(0, KvCache::bytes))
     }
 
     /// The graphs built so far, by stage (census tests).

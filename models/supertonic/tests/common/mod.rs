@@ -43,18 +43,24 @@ fn artifact_dir() -> PathBuf {
     std::env::current_exe().unwrap().parent().unwrap().parent().unwrap().to_path_buf()
 }
 
+/// The plugin options the tests open `backend` with: a software Vulkan
+/// device (lavapipe on CI) is allowed, the CPU takes two threads.
+fn options(backend: &str) -> Vec<(&'static str, OptionValue)> {
+    match backend {
+        "vulkan" => vec![("allow_software", OptionValue::Bool(true))],
+        _ => vec![("threads", OptionValue::Int(2))],
+    }
+}
+
 /// Whether `backend` opens device 0 here; where not, the test says it is
-/// skipped (see `loader::open_device_or_skip`).
+/// skipped (see `loader::open_device_with_or_skip`).
 pub fn available(backend: &str) -> bool {
-    loader::open_device_or_skip(&artifact_dir().join(loader::backend_file_name(backend)), backend).is_some()
+    loader::open_device_with_or_skip(&artifact_dir().join(loader::backend_file_name(backend)), backend, options(backend)).is_some()
 }
 
 pub fn open(backend: &str) -> BackendHandle {
     let path = artifact_dir().join(loader::backend_file_name(backend));
-    let options = match backend {
-        "vulkan" => vec![("allow_software", OptionValue::Bool(true))],
-        _ => vec![("threads", OptionValue::Int(2))],
-    };
+    let options = options(backend);
     loader::open_backend_device(&path, options, 0).unwrap_or_else(|e| panic!("{e} (build the workspace first)"))
 }
 
