@@ -20,6 +20,8 @@
 #   stream      time to first audio, streaming on Vulkan (and CUDA if its module was brought or
 #               built first): full-size Turbo against PyTorch one-shot on the GPU, Supertonic v2
 #               against ORT (needs no CUDA module)
+#   t3          T3's decode step on CUDA (full-size Turbo F16): graph identities (TTS_GRAPH_UID) and
+#               PDL launches (GGML_CUDA_PDL) on and off, with the kernel tests and the CUDA parity suite
 #   module      only the CUDA module (every other stage but stream builds it first too)
 # Work that takes long (the module, checkpoints) stays in /tmp/tts-gpu while
 # the machine does. Results go to $OUT (or /tmp/tts-gpu/out).
@@ -233,6 +235,32 @@ stage_soak() {
 }
 
 stage_module() { :; }
+
+stage_t3() { # T3's decode step on CUDA: graph identities and PDL launches on and off, kernel and parity checks
+  echo "== kernel tests and parity on CUDA"
+  for t in "$rel"/deps/cuda_kernels-* "$rel"/deps/parity_cuda-*; do
+    [ -x "$t" ] && LD_LIBRARY_PATH=$rel TTS_REQUIRE_BACKEND=cuda "$t" --nocapture --test-threads 1 2>&1 | tee -a "$out/t3-checks.log" | grep -E "test result|panicked|FAILED|skipped"
+  done
+  chatterbox_ckpt "$root/target/chatterbox-full" turbo || return 1
+  local g=$root/target/chatterbox-full/gguf-f16
+  [ -f "$g/t3-turbo.gguf" ] || python3 tools/chatterbox/convert.py "$root/target/chatterbox-full" "$g" --weights f16 > /dev/null || return 1
+  profile cuda cuda
+  for round in 1 2; do
+    for v in "uid=1 pdl=1" "uid=0 pdl=1" "uid=1 pdl=0" "uid=0 pdl=0"; do
+      set -- $v
+      echo "== round $round: graph $1, $2"
+      ( export TTS_GRAPH_UID=${1#uid=} GGML_CUDA_PDL=${2#pdl=}
+        "$rel/tts" bench --profile "$work/cuda.toml" --plugin-dir "$rel" --model "$g/t3-turbo.gguf" --model "$g/s3gen-meanflow.gguf" \
+          --text "The quick brown fox jumps over the lazy dog near the quiet river bank." --runs 5 --warmup 1 \
+          --set max_new_tokens=99 --set min_new_tokens=100 --set seed=0 | grep -E "ms_per_token|t3\.|s3gen|hift|total" )
+    done
+  done
+  echo "== launches per op (graphs off while logging)"
+  GGML_CUDA_PERF_LOGGER=1 "$rel/tts" bench --profile "$work/cuda.toml" --plugin-dir "$rel" --model "$g/t3-turbo.gguf" --model "$g/s3gen-meanflow.gguf" \
+    --text "The quick brown fox jumps over the lazy dog near the quiet river bank." --runs 1 --warmup 0 \
+    --set max_new_tokens=99 --set min_new_tokens=100 --set seed=0 > "$out/perf-t3.txt" 2> "$out/perf-t3.log"
+  python3 bench/perf_summary.py "$out/perf-t3.log" --top 12
+}
 
 stage_stream() {
   chatterbox_ckpt "$root/target/chatterbox-full" turbo || return 1

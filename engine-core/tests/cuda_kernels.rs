@@ -202,6 +202,18 @@ fn matvec(handle: &BackendHandle, ty: Type, weights: &[f32], cols: usize, rows: 
     })
 }
 
+/// The product of `weights` with `columns` activation columns, without a
+/// bias (the guided decoder's two rows are two columns; ggml fuses no bias
+/// into a product of more than one).
+fn matmul_columns(handle: &BackendHandle, ty: Type, weights: &[f32], cols: usize, rows: usize, columns: usize) -> Vec<f32> {
+    run_graph(handle, |ctx| {
+        let w = ctx.new_tensor(ty, &[cols as i64, rows as i64]).unwrap();
+        let x = ctx.new_tensor(TYPE_F32, &[cols as i64, columns as i64]).unwrap();
+        let out = ctx.mul_mat(w, x).unwrap();
+        (vec![(w, weights.to_vec()), (x, values(cols * columns, 43))], out)
+    })
+}
+
 /// Values as F16 holds them (so an F32 copy of the weights is the same matrix).
 fn through_f16(v: &[f32]) -> Vec<f32> {
     let mut half = vec![0u16; v.len()];
@@ -231,5 +243,24 @@ fn wide_f16_matvec_matches_the_f32_kernel() {
         let e = engine_core::compare::max_rel_err(&got, &want).unwrap();
         println!("matvec F16 [{cols} -> {rows}] vs F32 weights: rel err {e:.3e} (tolerance {tolerance:.0e})");
         assert!(e <= tolerance, "[{cols} -> {rows}]: relative error {e:.3e}");
+    }
+}
+
+/// Patch 0009: the same kernel on two columns at once (Multilingual's guided
+/// decode step: the conditional and unconditional rows), on its products'
+/// shapes (QKV, gate/up, down, out), against the F32 kernel; and a product
+/// of three columns, which stays with the generic kernel.
+#[test]
+fn wide_f16_matvec_on_two_columns_matches_the_f32_kernel() {
+    let _serial = one_at_a_time();
+    let Some(gpu) = cuda() else { return };
+    let shapes = [(1024, 3072, 2, 1e-5), (1024, 8192, 2, 1e-5), (4096, 1024, 2, 1e-5), (1024, 1024, 2, 1e-5), (1024, 1024, 3, 1e-2)];
+    for (cols, rows, columns, tolerance) in shapes {
+        let weights = through_f16(&values(cols * rows, (cols * 5 + rows) as u64));
+        let want = matmul_columns(&gpu, TYPE_F32, &weights, cols, rows, columns);
+        let got = matmul_columns(&gpu, TYPE_F16, &weights, cols, rows, columns);
+        let e = engine_core::compare::max_rel_err(&got, &want).unwrap();
+        println!("matmul F16 [{cols} -> {rows}] x {columns} columns vs F32 weights: rel err {e:.3e} (tolerance {tolerance:.0e})");
+        assert!(e <= tolerance, "[{cols} -> {rows}] x {columns}: relative error {e:.3e}");
     }
 }

@@ -40,7 +40,27 @@ fn build() -> Result<(), String> {
     println!("cargo:rustc-env=GGML_SYS_VERSION={version}");
     println!("cargo:rustc-env=GGML_SYS_SOURCE_FINGERPRINT={fingerprint}");
     println!("cargo:rustc-env=GGML_SYS_SOURCE_PACKAGE={}-{}", gb::PINNED_CRATE, gb::PINNED_VERSION);
-    generate_bindings(&src.join("include"), &out.join("bindings.rs"))
+    generate_bindings(&src.join("include"), &out.join("bindings.rs"))?;
+    generate_graph_internals(&src, &out.join("graph_internals.rs"))
+}
+
+/// The layout of `struct ggml_cgraph` (private to ggml: `src/ggml-impl.h`)
+/// and `ggml_graph_next_uid`, which libggml-base exports: a graph built once
+/// and computed many times is given an identity, so a backend that caches
+/// per graph (CUDA's graph replay) knows it unchanged without comparing it
+/// node by node on every run.
+fn generate_graph_internals(src: &Path, out: &Path) -> Result<(), String> {
+    bindgen::Builder::default()
+        .clang_arg(format!("-I{}", src.join("include").display()))
+        .header(src.join("src/ggml-impl.h").to_string_lossy())
+        .allowlist_type("ggml_cgraph")
+        .allowlist_function("ggml_graph_next_uid")
+        .prepend_enum_name(false)
+        .layout_tests(false)
+        .generate()
+        .map_err(|e| format!("bindgen (ggml-impl.h): {e}"))?
+        .write_to_file(out)
+        .map_err(|e| e.to_string())
 }
 
 fn generate_bindings(include: &Path, out: &Path) -> Result<(), String> {

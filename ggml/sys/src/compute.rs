@@ -24,6 +24,27 @@ impl<'c> GraphIo<'c> {
     }
 }
 
+/// Gives `graph` an identity of its own (ggml's graph uid, as its scheduler
+/// gives each split): a ComputeGraph's nodes, shapes and addresses never
+/// change after it is built (its inputs' values do), so a backend that keeps
+/// state per graph may take an equal uid for an unchanged graph. CUDA then
+/// replays its captured graph without comparing every node's properties on
+/// every run, host time the device otherwise waits for each decode step.
+/// `TTS_GRAPH_UID=0` leaves graphs without one (ggml's default), for
+/// measuring what it saves.
+fn set_identity(graph: NonNull<sys::ggml_cgraph>) {
+    static ENABLED: std::sync::OnceLock<bool> = std::sync::OnceLock::new();
+    if !*ENABLED.get_or_init(|| std::env::var("TTS_GRAPH_UID").map_or(true, |v| v != "0")) {
+        return;
+    }
+    // `ggml_cgraph` is the struct `graph_internals` was generated from;
+    // nothing else holds the graph while it is built.
+    unsafe {
+        let internal = graph.as_ptr().cast::<crate::graph_internals::ggml_cgraph>();
+        (*internal).uid = crate::graph_internals::ggml_graph_next_uid();
+    }
+}
+
 pub struct ComputeGraph {
     // Field order matters: the staging buffer, allocator and pointers die before the context.
     staging: Option<HostStaging>,
@@ -49,6 +70,7 @@ impl ComputeGraph {
         check_supported(backend, &built)?;
         let mut alloc = GraphAllocator::new(backend)?;
         alloc.alloc(&built)?;
+        set_identity(graph);
         Ok(ComputeGraph { staging: None, _alloc: alloc, graph, inputs, outputs, ctx })
     }
 
@@ -406,6 +428,32 @@ impl<K: PartialEq, G> GraphSlot<K, G> {
 #[cfg(test)]
 mod tests {
     use super::GraphSlot;
+
+    /// The private graph struct `set_identity` writes is laid out as the
+    /// library's: its counts read through it agree with ggml's accessors,
+    /// and each graph built gets a uid of its own.
+    #[test]
+    fn graph_identities_are_written_into_the_library_layout() {
+        fn build(ctx: &crate::Context) -> crate::Result<super::GraphIo<'_>> {
+            let mut io = super::GraphIo { inputs: Vec::new(), outputs: Vec::new() };
+            let a = io.input(ctx, "a", crate::TYPE_F32, &[4])?;
+            let sum = ctx.add(a, a)?;
+            io.outputs.push(("sum", ctx.mul(sum, a)?));
+            Ok(io)
+        }
+        let uid = |graph: std::ptr::NonNull<crate::sys::ggml_cgraph>| {
+            let internal = unsafe { &*graph.as_ptr().cast::<crate::graph_internals::ggml_cgraph>() };
+            let (size, nodes) = unsafe { (crate::sys::ggml_graph_size(graph.as_ptr()), crate::sys::ggml_graph_n_nodes(graph.as_ptr())) };
+            assert_eq!((internal.size, internal.n_nodes), (size, nodes));
+            assert_eq!(nodes, 2);
+            super::set_identity(graph);
+            internal.uid
+        };
+        let (_ctx1, first, _, _) = super::ComputeGraph::assemble(16, build).unwrap();
+        let (_ctx2, second, _, _) = super::ComputeGraph::assemble(16, build).unwrap();
+        let (a, b) = (uid(first), uid(second));
+        assert!(a != 0 && b != 0 && a != b, "{a} {b}");
+    }
 
     /// Builds through `slot` and records which keys were built.
     fn get(slot: &mut GraphSlot<u32, String>, key: u32, built: &mut Vec<u32>) -> String {

@@ -23,6 +23,12 @@ pub mod sys {
     include!(concat!(env!("OUT_DIR"), "/bindings.rs"));
 }
 
+/// ggml's private graph struct, for [`compute::ComputeGraph`]'s identity.
+#[allow(non_upper_case_globals, non_camel_case_types, non_snake_case, dead_code, clippy::all)]
+mod graph_internals {
+    include!(concat!(env!("OUT_DIR"), "/graph_internals.rs"));
+}
+
 /// ggml version of the pinned source this crate was built from.
 pub const GGML_VERSION: &str = env!("GGML_SYS_VERSION");
 /// Registry package (name-version) the ggml source came from.

@@ -107,8 +107,10 @@ pub fn build<'c>(b: &Builder<'c, '_>, hp: &T3Hparams, kv: &KvCache, shape: Shape
         let ff = b.linear(b.gelu_tanh(b.linear(m, &format!("{p}.ffn.up"))?)?, &format!("{p}.ffn.down"))?;
         h = ctx.add(h, ff)?;
     }
-    // Only the last position's logits are used: norm and project one column.
-    let last = ctx.view(h, &[hp.n_embd as i64, 1], &[h.nb()[1]], (n as usize - 1) * h.nb()[1])?;
+    // Only the last position's logits are used: norm and project one column
+    // (a step has only that one; no view keeps the last residual add and the
+    // norm adjacent, so a device may fuse them).
+    let last = if n == 1 { h } else { ctx.view(h, &[hp.n_embd as i64, 1], &[h.nb()[1]], (n as usize - 1) * h.nb()[1])? };
     let last = b.layer_norm(last, "t3.ln_f", hp.layer_norm_eps)?;
     let logits = b.linear(last, "t3.speech_head")?;
     io.outputs.push((LOGITS, logits));
