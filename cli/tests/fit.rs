@@ -81,8 +81,19 @@ fn check_chatterbox(backend: &str) {
     assert_eq!((report["family"].as_str(), report["fits"].as_bool()), (Some("chatterbox"), Some(true)));
     let items: Vec<&str> = report["plan"]["items"].as_array().unwrap().iter().map(|i| i["what"].as_str().unwrap()).collect();
     let want = [
-        "t3.weights", "s3gen.weights", "t3.kv_cache", "t3.prefix", "t3.suffix", "t3.step", "s3gen.encoder", "s3gen.cfm", "hift.f0", "hift", "voice_encoder",
-        "campplus", "s3tokenizer",
+        "t3.weights",
+        "s3gen.weights",
+        "t3.kv_cache",
+        "t3.prefix",
+        "t3.suffix",
+        "t3.step",
+        "s3gen.encoder",
+        "s3gen.cfm",
+        "hift.f0",
+        "hift",
+        "voice_encoder",
+        "campplus",
+        "s3tokenizer",
     ];
     assert_eq!(items, want);
     let need = report["plan"]["total"].as_u64().unwrap();
@@ -106,7 +117,8 @@ fn check_chatterbox(backend: &str) {
     assert_one_line_error(&out, &format!("the chatterbox model needs {} on", engine_core::engine::bytes(need)));
     assert!(!wav.exists());
     let exact = format!("{need} B");
-    let out = run(&["--profile", p, "--plugin-dir", pd, "--memory-budget", &exact, "--text", "Hello.", "--set", "max_new_tokens=8", "--out", wav.to_str().unwrap()]);
+    let out =
+        run(&["--profile", p, "--plugin-dir", pd, "--memory-budget", &exact, "--text", "Hello.", "--set", "max_new_tokens=8", "--out", wav.to_str().unwrap()]);
     assert_eq!(out.status.code(), Some(0), "{}", stderr(&out));
     assert!(read_wav(&wav).1.len() > 1000);
 }

@@ -31,9 +31,9 @@ use abi_stable::{
     std_types::{RResult, RString, RVec},
 };
 use engine_core::abi::{
-    AudioSink, BackendHandle, ConvertOutput, ConvertRequest, ConvertedFile, ConverterInfo, LoadedModelInfo, Model, ModelBox, ModelCatalog, ModelFamilyInfo,
-    MemoryPlan, MemoryPlanRequest, ModelLoadRequest, ModelPlugin, ModelPluginRef, Model_TO, OptionKind, OptionList, OptionSpec, OptionValue, PluginInfo, ProgressSink, StreamSummary,
-    SynthesisOutput, SynthesisRequest, TokenTrace, VoiceCloneOutput, VoiceCloneRequest,
+    AudioSink, BackendHandle, ConvertOutput, ConvertRequest, ConvertedFile, ConverterInfo, LoadedModelInfo, MemoryPlan, MemoryPlanRequest, Model, ModelBox,
+    ModelCatalog, ModelFamilyInfo, ModelLoadRequest, ModelPlugin, ModelPluginRef, Model_TO, OptionKind, OptionList, OptionSpec, OptionValue, PluginInfo,
+    ProgressSink, StreamSummary, SynthesisOutput, SynthesisRequest, TokenTrace, VoiceCloneOutput, VoiceCloneRequest,
 };
 use engine_core::backend_kit::spec;
 use engine_core::model_kit::Result;

@@ -267,7 +267,8 @@ fn llama_items(
     let span = |used: usize| whole_blocks(used).min(cache);
     let graph = |shape: llama::Shape| measure(t3::guided::MAX_NODES, &|b| llama::build(b, hp, l, &kv, shape));
     let one_row = llama::Rows { first: 0, count: 1 };
-    let conditioning = graph(llama::Shape { feed: llama::Feed::Conditioning { prompt_tokens: lengths.voice_prompt_tokens }, kv_len: span(cond_len), rows: one_row })?;
+    let conditioning =
+        graph(llama::Shape { feed: llama::Feed::Conditioning { prompt_tokens: lengths.voice_prompt_tokens }, kv_len: span(cond_len), rows: one_row })?;
     let text_feed = llama::Feed::Text { text_tokens: lengths.text_tokens };
     let text = rows.iter().map(|&r| graph(llama::Shape { feed: text_feed, kv_len: span(n), rows: r })).sum::<Result<usize>>()?;
     // The loop steps after every token but the last.
@@ -289,8 +290,8 @@ fn llama_items(
 fn cloning_items(t3: &T3Hparams, s3: &S3GenHparams, t3_measure: &Measure<'_>, s3_measure: &Measure<'_>) -> Result<Vec<(String, usize)>> {
     let ve = &t3.voice_encoder;
     let batch = voice_encoder::MAX_BATCH;
-    let voice_encoder =
-        t3_measure(voice_encoder::max_nodes(ve), &|b| voice_encoder::build(b, ve, batch))? + t3_measure(voice_encoder::max_nodes(ve), &|b| voice_encoder::build(b, ve, batch - 1))?;
+    let voice_encoder = t3_measure(voice_encoder::max_nodes(ve), &|b| voice_encoder::build(b, ve, batch))?
+        + t3_measure(voice_encoder::max_nodes(ve), &|b| voice_encoder::build(b, ve, batch - 1))?;
     let prompt_samples = S3GEN_PROMPT_SECONDS * ENCODER_RATE as usize;
     let fbank_frames = cloning::features::campplus_fbank_frames(prompt_samples);
     let campplus = s3_measure(campplus::max_nodes(&s3.campplus), &|b| campplus::build(b, &s3.campplus, fbank_frames))?;

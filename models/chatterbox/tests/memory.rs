@@ -152,4 +152,3 @@ fn a_chunk_that_tokenizes_beyond_the_planned_bound_is_refused() {
         Ok(s) => assert!(s.text_ids.iter().all(|ids| ids.len() <= limit), "{:?}", s.text_ids),
     }
 }
-
