@@ -16,9 +16,8 @@
 use crate::cloning::{self, campplus, s3tokenizer, voice_encoder, ENCODER_RATE, S3GEN_PROMPT_SECONDS};
 use crate::hparams::{LlamaHparams, S3GenHparams, T3Hparams};
 use crate::model::{ModelFiles, SynthesisParams};
-use crate::t3::guided::GuidanceMode;
 use crate::t3::kv_cache::{KvCache, KvDims, KvLayout};
-use crate::t3::{cache_positions, gpt2, llama, whole_blocks, AttentionConfig, KV_BLOCK};
+use crate::t3::{attention_span, cache_positions, gpt2, llama, AttentionConfig, KV_BLOCK};
 use crate::{s3gen, t3};
 use engine_core::abi::{MemoryItem, MemoryPlan};
 use engine_core::model_kit::builder::{measure_graph, Builder};
@@ -143,7 +142,7 @@ pub fn plan(files: &[PathBuf], backend: &Backend, policy: &OpPolicy, params: &Sy
     let t3_items = match t3_hp.llama() {
         None => gpt2_items(backend, policy, t3_hp, &lengths, &|max_nodes, f| measure(&t3_weights, max_nodes, f))?,
         Some(l) => {
-            let rows = guidance_rows(params);
+            let rows = t3::guided::row_sets(if params.cfg_weight != 0.0 { 2 } else { 1 }, params.guidance);
             llama_items(backend, policy, t3_hp, l, &lengths, &rows, &|max_nodes, f| measure(&t3_weights, max_nodes, f))?
         }
     };
@@ -198,8 +197,8 @@ fn t3_weights(gguf: GgufTensors, backend: &Backend, hp: &T3Hparams, policy: &OpP
 
 /// Attention spans of step graphs: a step at position `p` attends over
 /// `span(p + 1)` positions; `every_span` adds those below the first step's.
-fn step_spans(first_position: usize, steps: usize, cache: usize, every_span: bool) -> Vec<usize> {
-    let span = |used: usize| whole_blocks(used).min(cache);
+fn step_spans(first_position: usize, steps: usize, kv: &KvCache, every_span: bool) -> Vec<usize> {
+    let (span, cache) = (|used: usize| attention_span(Some(kv), used), kv.n_ctx);
     let first = if every_span { KV_BLOCK.min(cache) } else { span(first_position + 1) };
     let last = span(first_position + steps.max(1));
     let mut spans: Vec<usize> = (first..=last).step_by(KV_BLOCK).collect();
@@ -223,9 +222,9 @@ fn gpt2_items(backend: &Backend, policy: &OpPolicy, hp: &T3Hparams, lengths: &Le
     let cache = cache_positions((n + lengths.new_tokens + 1).min(hp.n_ctx), hp.n_ctx);
     let dims = KvDims { n_layer: hp.n_layer, width: hp.n_embd, n_ctx: cache, rows: 1 };
     let kv = KvCache::for_measuring(backend, dims, attention.kv_type, attention.path, KvLayout::Fused)?;
-    let span = |used: usize| whole_blocks(used).min(cache);
+    let span = |used: usize| attention_span(Some(&kv), used);
     let graph = |shape: gpt2::Shape| measure(t3::MAX_NODES, &|b| gpt2::build(b, hp, &kv, shape));
-    let steps: usize = step_spans(n, lengths.new_tokens, cache, lengths.every_span)
+    let steps: usize = step_spans(n, lengths.new_tokens, &kv, lengths.every_span)
         .into_iter()
         .map(|kv_len| graph(gpt2::Shape { feed: gpt2::Feed::Step, kv_len }))
         .sum::<Result<usize>>()?;
@@ -235,15 +234,6 @@ fn gpt2_items(backend: &Backend, policy: &OpPolicy, hp: &T3Hparams, lengths: &Le
         ("t3.suffix".into(), graph(gpt2::Shape { feed: suffix, kv_len: span(n) })?),
         ("t3.step".into(), steps),
     ])
-}
-
-/// The row sets of one guided forward (`GuidedT3::row_sets`).
-fn guidance_rows(params: &SynthesisParams) -> Vec<llama::Rows> {
-    match (params.cfg_weight != 0.0, params.guidance) {
-        (true, GuidanceMode::Batched) => vec![llama::Rows { first: 0, count: 2 }],
-        (true, GuidanceMode::TwoPass) => (0..2).map(|first| llama::Rows { first, count: 1 }).collect(),
-        (false, _) => vec![llama::Rows { first: 0, count: 1 }],
-    }
 }
 
 /// Multilingual's T3 (`t3::guided::GuidedT3`): the two-row cache, the
@@ -264,7 +254,7 @@ fn llama_items(
     let cache = cache_positions((n + lengths.new_tokens).min(hp.n_ctx), hp.n_ctx);
     let dims = KvDims { n_layer: hp.n_layer, width: l.kv_width(), n_ctx: cache, rows: 2 };
     let kv = KvCache::for_measuring(backend, dims, attention.kv_type, attention.path, KvLayout::Split)?;
-    let span = |used: usize| whole_blocks(used).min(cache);
+    let span = |used: usize| attention_span(Some(&kv), used);
     let graph = |shape: llama::Shape| measure(t3::guided::MAX_NODES, &|b| llama::build(b, hp, l, &kv, shape));
     let one_row = llama::Rows { first: 0, count: 1 };
     let conditioning =
@@ -273,7 +263,7 @@ fn llama_items(
     let text = rows.iter().map(|&r| graph(llama::Shape { feed: text_feed, kv_len: span(n), rows: r })).sum::<Result<usize>>()?;
     // The loop steps after every token but the last.
     let mut steps = 0;
-    for kv_len in step_spans(n, lengths.new_tokens.saturating_sub(1), cache, lengths.every_span) {
+    for kv_len in step_spans(n, lengths.new_tokens.saturating_sub(1), &kv, lengths.every_span) {
         for &r in rows {
             steps += graph(llama::Shape { feed: llama::Feed::Step, kv_len, rows: r })?;
         }

@@ -220,10 +220,7 @@ impl GuidedT3 {
 
     /// The graph shapes of one forward: the batch, or one per row.
     fn row_sets(&self) -> Vec<Rows> {
-        match (self.rows, self.mode) {
-            (2, GuidanceMode::Batched) => vec![Rows { first: 0, count: 2 }],
-            (rows, _) => (0..rows).map(|first| Rows { first, count: 1 }).collect(),
-        }
+        row_sets(self.rows, self.mode)
     }
 
     /// Writes the conditioning `[speaker | perceiver | emotion]` at positions
@@ -348,6 +345,15 @@ impl GuidedT3 {
             forward.aligned = aligned.chunks_exact(shape.kv_len).map(|row| row[self.text.clone()].to_vec()).collect();
         }
         Ok(())
+    }
+}
+
+/// The graph shapes of one forward over `rows` cache rows (1 unguided, 2
+/// guided) in `mode`: the batch, or one per row.
+pub(crate) fn row_sets(rows: usize, mode: GuidanceMode) -> Vec<Rows> {
+    match (rows, mode) {
+        (2, GuidanceMode::Batched) => vec![Rows { first: 0, count: 2 }],
+        (rows, _) => (0..rows).map(|first| Rows { first, count: 1 }).collect(),
     }
 }
 

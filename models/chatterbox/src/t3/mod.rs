@@ -110,7 +110,7 @@ pub(crate) fn whole_blocks(n: usize) -> usize {
 
 /// Cache positions a graph attends over when `used` are written: whole
 /// blocks, so one graph serves a block of positions, within the cache.
-fn attention_span(kv: Option<&KvCache>, used: usize) -> usize {
+pub(crate) fn attention_span(kv: Option<&KvCache>, used: usize) -> usize {
     let n_ctx = kv.map_or(used, |kv| kv.n_ctx);
     whole_blocks(used).min(n_ctx)
 }
