@@ -87,8 +87,12 @@ pub fn image(args: &[String]) -> Result<(String, u64), String> {
     };
     let context = build_context(&archive)?;
     let archive_name = archive.file_name().and_then(|n| n.to_str()).ok_or_else(|| format!("{}: not a file name", archive.display()))?;
+    // `--layers=false` commits each stage once instead of once per
+    // instruction: under the vfs driver every commit is a full copy of the
+    // file system, so per-instruction layers took 5.6 GB of disk at their
+    // peak for a 355 MB image, and this takes 1.1 GB (and half the time).
     let built = run(podman(store)
-        .args(["build", "--format", "docker", "--isolation", "chroot", "--pull=missing", "-f"])
+        .args(["build", "--format", "docker", "--isolation", "chroot", "--pull=missing", "--layers=false", "-f"])
         .arg(root().join("deploy/container/Containerfile"))
         .args(["--build-arg", &format!("BASE={base}"), "--build-arg", &format!("ARCHIVE={archive_name}"), "-t", &o.tag])
         .arg(&context));
