@@ -56,4 +56,8 @@ cp -r "$ckpt/pipeline" "$out/reference/"
 "$PY" tools/chatterbox/cloning_parity_case.py tests/fixtures/chatterbox/cloning/recording44k \
     --turbo target/chatterbox-fixtures/turbo-tiny --mtl target/chatterbox-fixtures/mtl-tiny
 
+# Block-causal streaming of S3Gen's flow over the reference tokens (reference/stream/), both variants.
+"$PY" tools/chatterbox/stream_reference.py --fixture tests/fixtures/chatterbox/turbo-tiny --variant turbo --first 3 --hop 3
+"$PY" tools/chatterbox/stream_reference.py --fixture tests/fixtures/chatterbox/mtl-tiny --variant mtl
+
 "$PY" tools/chatterbox/bad_inputs.py tests/fixtures/chatterbox/turbo-tiny tests/fixtures/chatterbox/mtl-tiny

@@ -2,6 +2,7 @@
 //! HiFT vocoder. This module owns the runtime: weights, the built-in voice,
 //! cached graphs per shape.
 
+pub mod blocks;
 pub mod cfm;
 pub mod encoder;
 pub mod hift;
