@@ -20,6 +20,8 @@
 #   stream      time to first audio, streaming on Vulkan (and CUDA if its module was brought or
 #               built first): full-size Turbo against PyTorch one-shot on the GPU, Supertonic v2
 #               against ORT (needs no CUDA module)
+#   stream_cost streamed against one-shot synthesis of the same 150 tokens (full-size Turbo F16) on
+#               CUDA and Vulkan: first audio, totals and their ratio, likeness (bench/stream_vs_oneshot.py)
 #   t3          T3's decode step on CUDA (full-size Turbo F16): graph identities (TTS_GRAPH_UID) and
 #               PDL launches (GGML_CUDA_PDL) on and off, with the kernel tests and the CUDA parity suite
 #   module      only the CUDA module (every other stage but stream builds it first too)
@@ -275,6 +277,20 @@ stage_stream() {
   python3 bench/supertonic_stream.py --backends $backends --threads 16 --runs 5 --rounds 3 \
     --markdown "$out/stream-supertonic.md" 2> "$out/stream-supertonic.log"
   cat "$out/stream-supertonic.md" || tail -20 "$out/stream-supertonic.log"
+}
+
+stage_stream_cost() {
+  local dir=$root/target/chatterbox-full
+  chatterbox_ckpt "$dir" turbo || return 1
+  [ -f "$dir/gguf-f16/t3-turbo.gguf" ] || python3 tools/chatterbox/convert.py "$dir" "$dir/gguf-f16" --weights f16 > /dev/null || return 1
+  for b in cuda vulkan; do
+    echo "== $b"
+    python3 bench/stream_vs_oneshot.py --model "$dir/gguf-f16/t3-turbo.gguf" --model "$dir/gguf-f16/s3gen-meanflow.gguf" --backend $b --threads 16 \
+      --set min_new_tokens=150 --set max_new_tokens=149 --set seed=0 --runs 3 \
+      --config "" --config "stream_cfm_steps=2" --config "stream_prompt_tokens=0 stream_cfm_steps=2" --config "stream_context_tokens=0 stream_prompt_tokens=0 stream_cfm_steps=2" \
+      --markdown "$out/stream-cost-$b.md" 2> "$out/stream-cost-$b.log"
+    cat "$out/stream-cost-$b.md" || tail -20 "$out/stream-cost-$b.log"
+  done
 }
 
 for s in "$@"; do

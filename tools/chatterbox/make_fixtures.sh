@@ -59,5 +59,9 @@ cp -r "$ckpt/pipeline" "$out/reference/"
 # Block-causal streaming of S3Gen's flow over the reference tokens (reference/stream/), both variants.
 "$PY" tools/chatterbox/stream_reference.py --fixture tests/fixtures/chatterbox/turbo-tiny --variant turbo --first 3 --hop 3
 "$PY" tools/chatterbox/stream_reference.py --fixture tests/fixtures/chatterbox/mtl-tiny --variant mtl
+# The same with the CFM decoder's attention cut to the prompt's frames plus 6 frames before each block
+# (reference/stream-window/).
+"$PY" tools/chatterbox/stream_reference.py --fixture tests/fixtures/chatterbox/turbo-tiny --variant turbo --first 3 --hop 3 --window 6
+"$PY" tools/chatterbox/stream_reference.py --fixture tests/fixtures/chatterbox/mtl-tiny --variant mtl --first 3 --hop 3 --window 6
 
 "$PY" tools/chatterbox/bad_inputs.py tests/fixtures/chatterbox/turbo-tiny tests/fixtures/chatterbox/mtl-tiny

@@ -12,18 +12,31 @@ the encoder's pre-lookahead still reads `pre_lookahead_len` following tokens. Th
 computation a streaming engine reproduces by running the blocks one after another with each
 attention layer's keys and values carried over.
 
+With `--window W` the CFM decoder's mask (and only that one: the encoder keeps the plain block
+mask) is narrowed further to a sink plus a window. With S = token_mel_ratio * P the prompt's
+frames, a frame of the block covering frames [a_k, b_k) attends to frame j iff j < b_k and
+(j < S or j >= max(S, a_k - W)): the prompt's frames always, the W frames before the block's
+start, and the block itself. The window hangs off the block's start, not the query frame, so all
+frames of a block see the same keys; that is what a streaming decoder keeping a bounded cache of
+W frames (after the prompt's) computes. The files then go to reference/stream-window/ instead.
+
 Writes DIR/reference/stream/*.npy and stream_stages.json, after self-checks: unpatched, the
 fixture's own s3gen_* dumps come back (within 1e-4: they may come from another CPU); the patched
 mask equals one spelled out position by position; one block covering everything gives the
 unpatched result bit for bit; changing the speech tokens from e_k + pre_lookahead_len on leaves
 every output frame before token_mel_ratio * e_k bit-identical and changes a later one (at these
 blocks' boundaries and at every boundary of one block per speech token); more than one block
-changes the result.
+changes the result. With a window, also: the decoder's mask equals a sink-plus-window mask
+spelled out position by position; a window wider than the sequence gives the block run without a
+window bit for bit; the chosen window leaves encoder_out, mu and every frame before the first
+block that loses keys bit-identical to that run and changes a later frame of each decoder output.
 
     target/chatterbox-venv/bin/python tools/chatterbox/stream_reference.py \
         --fixture tests/fixtures/chatterbox/turbo-tiny --variant turbo --first 3 --hop 3
     target/chatterbox-venv/bin/python tools/chatterbox/stream_reference.py \
         --fixture tests/fixtures/chatterbox/mtl-tiny --variant mtl
+    target/chatterbox-venv/bin/python tools/chatterbox/stream_reference.py \
+        --fixture tests/fixtures/chatterbox/turbo-tiny --variant turbo --first 3 --hop 3 --window 6
 """
 import argparse
 import copy
@@ -67,10 +80,12 @@ def block_ends(prompt_len, n_speech, first, hop):
     return ends
 
 
-def block_causal(original, token_ends, ratio, seen):
+def block_causal(original, token_ends, ratio, seen, window=None):
     """`add_optional_chunk_mask` that returns the official mask AND'ed with the block mask.
     The attention length tells which rate the caller works at: N (the encoder's first stack) or
-    ratio * N (the encoder's up stack and every CFM transformer block)."""
+    ratio * N (the encoder's up stack and every CFM transformer block).
+    `window` = (S, W) narrows it further (frame rate only, for the decoder): a frame of the block
+    [a, b) keeps only the keys j < S (the prompt's frames) and max(S, a - W) <= j < b."""
     ends = torch.tensor(token_ends, dtype=torch.int64)
     n = int(ends[-1])
 
@@ -85,8 +100,16 @@ def block_causal(original, token_ends, ratio, seen):
             raise RuntimeError("attention over %d positions: neither N=%d tokens nor %d frames"
                                % (length, n, ratio * n))
         pos = torch.arange(length)
-        end_of = frame_ends[torch.searchsorted(frame_ends, pos, right=True)]  # end of i's block
+        block = torch.searchsorted(frame_ends, pos, right=True)  # i's block
+        end_of = frame_ends[block]  # end of i's block
         allowed = pos[None, :] < end_of[:, None]  # [i, j]: j before the end of i's block
+        if window is not None:
+            if rate != "frame":
+                raise RuntimeError("a decoder window at the token rate (%d positions)" % length)
+            sink, frames = window
+            start_of = torch.cat([torch.zeros(1, dtype=torch.int64), frame_ends])[block]  # a of i's block
+            low = torch.clamp(start_of - frames, min=sink)  # first non-sink key i still sees
+            allowed &= (pos[None, :] < sink) | (pos[None, :] >= low[:, None])
         seen.append((rate, tuple(base.shape), base.dtype))
         return base & allowed[None]
 
@@ -94,15 +117,17 @@ def block_causal(original, token_ends, ratio, seen):
 
 
 @contextmanager
-def mask_patch(token_ends, ratio, seen):
-    """Swaps add_optional_chunk_mask where the encoder and the decoder look it up."""
+def mask_patch(token_ends, ratio, seen, window=None):
+    """Swaps add_optional_chunk_mask where the encoder and the decoder look it up; `window`
+    (S, W), if any, narrows the decoder's only."""
     if token_ends is None:
+        assert window is None, "a decoder window without blocks"
         yield
         return
     with mf.patched(upenc_mod, "add_optional_chunk_mask",
                     block_causal(upenc_mod.add_optional_chunk_mask, token_ends, ratio, seen)), \
          mf.patched(decoder_mod, "add_optional_chunk_mask",
-                    block_causal(decoder_mod.add_optional_chunk_mask, token_ends, ratio, seen)):
+                    block_causal(decoder_mod.add_optional_chunk_mask, token_ends, ratio, seen, window)):
         yield
 
 
@@ -126,9 +151,10 @@ def inject_z(z):
     assert calls, "the CFM drew no noise"
 
 
-def run_flow(s3gen, gen, speech, z, n_timesteps, token_ends=None):
+def run_flow(s3gen, gen, speech, z, n_timesteps, token_ends=None, window=None):
     """S3Token2Mel.forward (finalize=True, noised_mels=None: the CFM's noise is exactly `z`),
-    with the block mask when `token_ends` is given. Returns the encoder output, mu, the
+    with the block mask when `token_ends` is given (and the decoder's narrowed to `window`
+    (S, W) when that is given). Returns the encoder output, mu, the
     estimator calls, the returned mel and what the patched mask function saw."""
     flow = s3gen.flow
     rec, seen, calls = {}, [], []
@@ -144,7 +170,7 @@ def run_flow(s3gen, gen, speech, z, n_timesteps, token_ends=None):
         return v
     est.forward = est_wrap
     try:
-        with mask_patch(token_ends, flow.token_mel_ratio, seen), inject_z(z):
+        with mask_patch(token_ends, flow.token_mel_ratio, seen, window), inject_z(z):
             mel = S3Token2Mel.forward(s3gen, speech[None], ref_wav=None, ref_sr=None,
                                       ref_dict=copy.deepcopy(gen), n_cfm_timesteps=n_timesteps,
                                       finalize=True, noised_mels=None)
@@ -191,6 +217,68 @@ def equal_all(a, b):
     return [name for (name, x, _), (_, y, _) in zip(a, b) if not torch.equal(x, y)]
 
 
+def window_blocks(token_ends, ratio, sink, frames):
+    """Per block: its frames [a, b), the keys its frames see and those the window takes away."""
+    rows, a = [], 0
+    for e in token_ends:
+        b = ratio * e
+        low = max(sink, a - frames)
+        rows.append(dict(frames=[a, b], keys_seen=[[0, sink], [low, b]] if low > sink else [[0, b]],
+                         keys_excluded=[sink, low] if low > sink else None))
+        a = b
+    return rows
+
+
+def check_window(s3gen, gen, speech, z, n_steps, ends, ratio, N, window, stream, meanflow, cfm):
+    """The window's self-checks (see the module doc); returns what stream_stages.json records."""
+    sink, frames = window
+    # The decoder's mask against one spelled out position by position, at the frame rate.
+    probe = block_causal(lambda xs, masks, *a, **k: masks, ends, ratio, [], window)
+    L = ratio * N
+    frame_ends = [ratio * e for e in ends]
+    want = torch.zeros(L, L, dtype=torch.bool)
+    for i in range(L):
+        k = next(k for k, b in enumerate(frame_ends) if i < b)
+        a, b = (frame_ends[k - 1] if k else 0), frame_ends[k]
+        for j in range(L):
+            want[i, j] = j < b and (j < sink or j >= max(sink, a - frames))
+    assert torch.equal(probe(torch.zeros(1, L, 1), torch.ones(1, 1, L, dtype=torch.bool)), want[None])
+    try:
+        probe(torch.zeros(1, N, 1), torch.ones(1, 1, N, dtype=torch.bool))
+        raise AssertionError("a windowed mask at the token rate was accepted")
+    except RuntimeError:
+        pass
+
+    # The block run without a window, and with one wider than the sequence: bit for bit the same.
+    blocked = outputs(run_flow(s3gen, gen, speech, z, n_steps, token_ends=ends), meanflow, cfm, n_steps)
+    wide = outputs(run_flow(s3gen, gen, speech, z, n_steps, token_ends=ends, window=(sink, L)),
+                   meanflow, cfm, n_steps)
+    diff = equal_all(blocked, wide)
+    assert not diff, "a window of %d frames changes %s" % (L, diff)
+
+    # The chosen window acts, in the decoder only, from the first block that loses keys on (the
+    # decoder's convolutions are causal, so earlier frames never see the difference).
+    cut = next(a for a in [0] + frame_ends[:-1] if a - frames > sink)
+    changed = []
+    for (name, x, ax), (_, y, _) in zip(stream, blocked):
+        if name in ("encoder_out", "mu"):
+            assert torch.equal(x, y), "the decoder window changes %s" % name
+            continue
+        assert torch.equal(x.narrow(ax, 0, cut), y.narrow(ax, 0, cut)), \
+            "%s: the window changes frames before %d" % (name, cut)
+        if name != "cfm_step0_x":  # z itself
+            assert not torch.equal(x.narrow(ax, cut, x.shape[ax] - cut), y.narrow(ax, cut, y.shape[ax] - cut)), \
+                "%s: the window of %d frames changes nothing" % (name, frames)
+            changed.append(name)
+    print("window S=%d W=%d: mask as spelled out; W=%d == no window (bit-identical); W=%d changes a frame >= %d "
+          "of %d outputs, encoder_out, mu and frames < %d bit-identical"
+          % (sink, frames, L, frames, cut, len(changed), cut), file=sys.stderr)
+    return dict(mask_spelled_out=True, wider_than_sequence=dict(frames=L, equals_block_run=True),
+                first_windowed_frame=cut, unchanged=["encoder_out", "mu", "every output's frames < %d" % cut],
+                changed_at_or_after_first_windowed_frame=changed,
+                note="compared with the same blocks without a window: bit for bit except where noted")
+
+
 def main():
     ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     ap.add_argument("--fixture", type=Path, required=True, help="e.g. tests/fixtures/chatterbox/turbo-tiny")
@@ -198,6 +286,10 @@ def main():
     ap.add_argument("--first", type=int, default=5, help="speech tokens in the first block (after the prompt)")
     ap.add_argument("--hop", type=int, default=7, help="speech tokens per later block")
     ap.add_argument("--seed", type=int, default=97531, help="torch seed of the CFM noise z")
+    ap.add_argument("--window", type=int, metavar="FRAMES",
+                    help="decoder attention window: a block's frames see the prompt's frames, the FRAMES "
+                         "frames before the block and the block (default: no window); writes "
+                         "reference/stream-window/")
     args = ap.parse_args()
     var = VARIANTS[args.variant]
 
@@ -230,6 +322,18 @@ def main():
     assert ends[-1] == N
     n_steps = var["n_timesteps"]
     D = flow.encoder.output_size()
+
+    # The decoder's window: S = the prompt's frames (always visible), W frames before each block.
+    S = ratio * P
+    window = None
+    if args.window is not None:
+        if args.window < 0:
+            raise ValueError("--window must be at least 0")
+        window = (S, args.window)
+        if all(a - args.window <= S for a in [0] + [ratio * e for e in ends[:-1]]):
+            raise ValueError("--window %d excludes nothing: no block starts more than %d frames after the "
+                             "prompt's %d frames" % (args.window, args.window, S))
+    win_blocks = window_blocks(ends, ratio, S, args.window) if window else None
 
     g = torch.Generator().manual_seed(args.seed)
     z = torch.randn(1, flow.output_size, ratio * N, generator=g)
@@ -268,7 +372,7 @@ def main():
 
     # Check 1: a single block covering all N tokens changes nothing.
     full = outputs(run_flow(s3gen, gen, speech, z, n_steps), var["meanflow"], cfm, n_steps)
-    one = run_flow(s3gen, gen, speech, z, n_steps, token_ends=[N])
+    one = run_flow(s3gen, gen, speech, z, n_steps, token_ends=[N], window=window)
     diff = equal_all(full, outputs(one, var["meanflow"], cfm, n_steps))
     assert not diff, "one block differs from the unpatched run: %s" % diff
     rates = sorted({r for r, _, _ in one["seen"]})
@@ -276,10 +380,13 @@ def main():
     print("one block == unpatched: bit-identical (%d masks patched)" % len(one["seen"]), file=sys.stderr)
 
     # The streaming run.
-    res = run_flow(s3gen, gen, speech, z, n_steps, token_ends=ends)
+    res = run_flow(s3gen, gen, speech, z, n_steps, token_ends=ends, window=window)
     stream = outputs(res, var["meanflow"], cfm, n_steps)
     n_token_masks = sum(r == "token" for r, _, _ in res["seen"])
     n_frame_masks = sum(r == "frame" for r, _, _ in res["seen"])
+    if window:
+        window_checks = check_window(s3gen, gen, speech, z, n_steps, ends, ratio, N, window, stream,
+                                     var["meanflow"], cfm)
 
     # Check 3: more than one block changes the result (the mask acts).
     if len(ends) > 1:
@@ -302,7 +409,8 @@ def main():
             if start >= speech.numel():
                 skipped.append(e)
                 continue
-            alt = outputs(run_flow(s3gen, gen, perturbed(start), z, n_steps, token_ends=block_ends_),
+            alt = outputs(run_flow(s3gen, gen, perturbed(start), z, n_steps, token_ends=block_ends_,
+                                   window=window),
                           var["meanflow"], cfm, n_steps)
             cut = ratio * e
             for (name, x, ax), (_, y, _) in zip(reference, alt):
@@ -313,7 +421,8 @@ def main():
                                            y.narrow(ax, cut, y.shape[ax] - cut)), "%s: no frame >= %d changes" % (name, cut)
             # the lookahead is real: one token earlier already reaches the frames before the boundary
             if start >= 1:
-                near = run_flow(s3gen, gen, perturbed(start - 1), z, n_steps, token_ends=block_ends_)
+                near = run_flow(s3gen, gen, perturbed(start - 1), z, n_steps, token_ends=block_ends_,
+                                window=window)
                 assert not torch.equal(near["enc"][:, :cut], reference[0][1][:, :cut]), \
                     "token %d does not reach the frames before %d" % (e + lookahead - 1, cut)
             checked.append(e)
@@ -321,14 +430,15 @@ def main():
 
     checked, skipped = causality(ends, stream)
     per_token = block_ends(P, int(speech.numel()), 1, 1)
-    fine = outputs(run_flow(s3gen, gen, speech, z, n_steps, token_ends=per_token), var["meanflow"], cfm, n_steps)
+    fine = outputs(run_flow(s3gen, gen, speech, z, n_steps, token_ends=per_token, window=window),
+                   var["meanflow"], cfm, n_steps)
     fine_checked, fine_skipped = causality(per_token, fine)
     print("block ends %s (N=%d, P=%d); causality checked at %s, skipped %s (no speech token at e+%d); "
           "one block per speech token: checked at %s"
           % (ends, N, P, checked, skipped, lookahead, fine_checked), file=sys.stderr)
 
     # Dumps.
-    out = ref_dir / "stream"
+    out = ref_dir / ("stream-window" if window else "stream")
     out.mkdir(parents=True, exist_ok=True)
     for f in out.glob("stream_*"):
         f.unlink()
@@ -339,6 +449,13 @@ def main():
          "exclusive block ends in tokens over prompt_token ++ s3gen_tokens (N=%d, prompt P=%d): first block = "
          "prompt + %d speech tokens, then %d per block, the last takes the rest; frame-rate attention uses "
          "ends * %d" % (N, P, args.first, args.hop, ratio))
+    if window:
+        dump("stream_window", torch.tensor(window, dtype=torch.int64), "input", ["conds.pt:gen.prompt_token"],
+             "[S, W] of the CFM decoder's attention: a frame of the block covering frames [a, b) sees the frames "
+             "j < S (the prompt's %d*P=%d: the sink) and max(S, a - W) <= j < b; the encoder is not windowed"
+             % (ratio, S))
+    masked = "windowed block mask" if window else "block mask"
+    window_input = ["stream_window"] if window else []
     named = {n: x for n, x, _ in stream}
     dump("stream_encoder_out", named["encoder_out"], M + ".flow.encoder (UpsampleConformerEncoder), block mask",
          ["conds.pt:gen.prompt_token", "../s3gen_tokens", "stream_block_ends"],
@@ -369,22 +486,24 @@ def main():
                  "layout of s3gen_cfm_step%d_x: (1, 80, 2N), estimator input at step %d (t=%g, r=%g)"
                  % (i, i, float(ts[i]), float(ts[i + 1])))
             dump(f"stream_cfm_step{i}_v", named[f"cfm_step{i}_v"],
-                 M + ".flow.decoder.estimator (ConditionalDecoder, meanflow), block mask",
-                 [f"stream_cfm_step{i}_x", "stream_mu", "stream_spks", "stream_cond", "stream_block_ends"],
+                 M + ".flow.decoder.estimator (ConditionalDecoder, meanflow), " + masked,
+                 [f"stream_cfm_step{i}_x", "stream_mu", "stream_spks", "stream_cond", "stream_block_ends"]
+                 + window_input,
                  "layout of s3gen_cfm_step%d_v: (1, 80, 2N); next x = x + (r - t) * v" % i)
         else:
             dump(f"stream_cfm_step{i}_x", named[f"cfm_step{i}_x"], "CausalConditionalCFM.solve_euler", prev,
                  "layout of s3gen_cfm_step%d_x: (1, 80, 2N), Euler state before step %d (t=%r; both guidance "
                  "rows take it)" % (i, i, float(ts[i])))
             dump(f"stream_cfm_step{i}_v", named[f"cfm_step{i}_v"],
-                 M + ".flow.decoder.estimator (ConditionalDecoder), block mask on both rows",
+                 M + ".flow.decoder.estimator (ConditionalDecoder), %s on both rows" % masked,
                  [f"stream_cfm_step{i}_x", "stream_mu", "stream_spks", "stream_cond", "stream_cfm_t",
-                  "stream_block_ends"],
+                  "stream_block_ends"] + window_input,
                  "layout of s3gen_cfm_step%d_v: (2, 80, 2N), raw estimator output: row 0 conditional, row 1 with "
                  "mu, spks and cond zeroed; next x = x + (t[i+1] - t[i]) * (%g v0 - %g v1)"
                  % (i, 1 + cfm.inference_cfg_rate, cfm.inference_cfg_rate))
     last = n_steps - 1
-    dump("stream_mel", named["mel"], "CausalMaskedDiffWithXvec.inference, block mask",
+    dump("stream_mel", named["mel"], "CausalMaskedDiffWithXvec.inference, block mask"
+         + (" (decoder windowed)" if window else ""),
          [f"stream_cfm_step{last}_x", f"stream_cfm_step{last}_v"],
          "(1, 80, 2N): the final Euler state over ALL frames, the prompt's first 2P=%d included (s3gen_mel "
          "drops them); [..., 2P:] is what the official inference returns" % (ratio * P))
@@ -418,6 +537,15 @@ def main():
             multi_block_differs=len(ends) > 1,
         ),
     )
+    if window:
+        meta["window"] = dict(
+            frames=args.window, sink_frames=S, file="stream_window.npy",
+            rule="CFM decoder only: query i in the block covering frames [a_k, b_k) sees key j iff j < b_k and "
+                 "(j < S or j >= max(S, a_k - W)), S = %d*P; the same keys for every query of a block; the "
+                 "encoder keeps the plain block mask" % ratio,
+            blocks=win_blocks)
+        meta["mask_patch"] += "; the decoder's result is further AND'ed with the window (frame rate only)"
+        meta["checks"]["window"] = window_checks
     doc = dict(meta=meta, stages=dump.stages)
     (out / "stream_stages.json").write_text(json.dumps(doc, indent=1, sort_keys=True) + "\n")
     total = sum(p.stat().st_size for p in out.iterdir() if p.is_file())

@@ -146,7 +146,7 @@ extern "C" fn option_specs() -> RVec<OptionSpec> {
             "stream_context_tokens",
             OptionKind::Int,
             OptionValue::Int(50),
-            "streaming only: speech tokens already played that each hop's mel decoder still sees (bounds a hop's cost), 0 = all of them; 0..=8000",
+            "streaming only: speech tokens before each hop whose mel frames the mel decoder still attends to, besides the voice prompt's (bounds its cache), 0 = all of them; 0..=8000",
         ),
         spec(
             "stream_prompt_tokens",

@@ -161,6 +161,9 @@ pub fn plan(files: &[PathBuf], backend: &Backend, policy: &OpPolicy, params: &Sy
     items.push(("hift.f0".into(), s3(s3gen::MAX_NODES, &|b| s3gen::hift::build_f0(b, &s3_hp.hift, mel, vocoded))?));
     items.push(("hift".into(), s3(s3gen::MAX_NODES, &|b| s3gen::hift::build_decoder(b, &s3_hp.hift, mel, vocoded))?));
 
+    if params.stream_tokens > 0 {
+        items.extend(stream_items(backend, policy, s3_hp, params, &lengths, &s3)?);
+    }
     items.extend(cloning_items(t3_hp, s3_hp, &|max_nodes, f| measure(&t3_weights, max_nodes, f), &s3)?);
 
     let sized_for = format!(
@@ -173,6 +176,37 @@ pub fn plan(files: &[PathBuf], backend: &Backend, policy: &OpPolicy, params: &Sy
     );
     let items = items.into_iter().map(|(what, bytes)| MemoryItem { what: what.into(), bytes: bytes as u64 }).collect();
     Ok((MemoryPlan { items, sized_for: sized_for.into() }, lengths))
+}
+
+/// What a streamed chunk's S3Gen keeps (`s3gen::blocks`): its caches, sized
+/// exactly, and its encoder's and CFM's block graphs at the largest block
+/// (the prompt and the first hop, or a later hop with the lookahead and the
+/// closing silence) over the longest span, a bound on every block's.
+fn stream_items(
+    backend: &Backend,
+    policy: &OpPolicy,
+    hp: &S3GenHparams,
+    params: &SynthesisParams,
+    lengths: &Lengths,
+    measure: &Measure<'_>,
+) -> Result<Vec<(String, usize)>> {
+    use s3gen::blocks;
+    let prompt = match params.stream_prompt_tokens {
+        0 => lengths.s3_prompt_tokens,
+        keep => keep.min(lengths.s3_prompt_tokens),
+    };
+    let hop = params.stream_tokens;
+    let steps = crate::model::stream_cfm_steps(hp, params);
+    let shape = crate::model::stream_shape(prompt, params, params.stream_first_tokens.clamp(1, hop), hop, steps);
+    let caches = blocks::measured_caches(backend, hp, &shape, policy.kv_type)?;
+    let (block, span) = (shape.largest_block(hp), blocks::span_tokens(shape.capacity(), shape.capacity()));
+    let e = &hp.encoder;
+    let encoder_shape = s3gen::encoder::BlockShape { left: e.lookahead_conv2_kernel - 1, new: block, right: e.pre_lookahead, span };
+    let encoder = measure(s3gen::MAX_NODES, &|b| s3gen::encoder::build_block(b, hp, encoder_shape, &caches.encoder))?;
+    let cfm_span = shape.window(hp).map_or(span * e.up_stride, |w| w.slots());
+    let rows = caches.cfm.rows;
+    let cfm = measure(s3gen::MAX_NODES, &|b| s3gen::cfm::build_block(b, hp, block * e.up_stride, rows, cfm_span, &caches.cfm))?;
+    Ok(vec![(blocks::STREAM_CACHES.into(), caches.bytes), (blocks::STREAM_ENCODER.into(), encoder), (blocks::STREAM_CFM.into(), cfm * steps)])
 }
 
 /// A stage graph measured over one file's weights, by its builder.

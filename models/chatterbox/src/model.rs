@@ -11,6 +11,7 @@
 use crate::cloning::reference::ReferenceRules;
 use crate::cloning::{voice_file, Voice};
 use crate::hparams::{S3GenHparams, T3Hparams, S3GEN_ARCH, T3_ARCH};
+use crate::s3gen::blocks::{BlockStream, StreamShape};
 use crate::s3gen::source::{apply_trim_fade, SourceNoise};
 use crate::s3gen::stream::VocoderStream;
 use crate::s3gen::S3Gen;
@@ -265,6 +266,9 @@ pub struct Chatterbox {
     pub t3: SpeechGenerator,
     pub s3gen: S3Gen,
     builtin: Voice,
+    /// The last streamed chunk's S3Gen state, kept for the next chunk of its
+    /// shape (its caches are allocated once, not per chunk).
+    stream: Option<BlockStream>,
 }
 
 /// A GGUF file's metadata and its `general.architecture`.
@@ -332,6 +336,12 @@ impl ModelFiles {
 }
 
 impl Chatterbox {
+    /// Device bytes of the streaming state kept since the last streamed
+    /// chunk, by the memory plan's items (none before one).
+    pub fn stream_resident_bytes(&self) -> Vec<(&'static str, usize)> {
+        self.stream.as_ref().map(|s| s.resident_bytes().to_vec()).unwrap_or_default()
+    }
+
     /// Loads the T3 file and the S3Gen file, given in either order, onto
     /// `backend` (borrowed: the caller keeps it alive longer than the model).
     pub fn load(files: &[PathBuf], backend: &Backend, policy: &OpPolicy) -> Result<Self> {
@@ -353,7 +363,7 @@ impl Chatterbox {
         if !builtin.s3gen.prompt_feat.len().is_multiple_of(s3gen.hp.mel_channels) {
             return Err(format!("{}: the built-in prompt_feat is not whole mel frames", s3_path.display()).into());
         }
-        Ok(Chatterbox { t3, s3gen, builtin })
+        Ok(Chatterbox { t3, s3gen, builtin, stream: None })
     }
 
     /// The voice the files carry (`voice.builtin.*`).
@@ -565,7 +575,7 @@ impl Chatterbox {
     ) -> Result<(Vec<u32>, bool)> {
         let codes_of = self.t3.code_reader(self.s3gen.hp.speech_vocab as u32);
         let (t3, s3) = (&mut self.t3, &mut self.s3gen);
-        let mut chunker = TokenChunker::new(s3, voice, params, seed, hop)?;
+        let mut chunker = TokenChunker::new(s3, voice, params, seed, hop, self.stream.take())?;
         let mut going_on = true;
         let mut stage_ms = Timings::default();
         let tokens = {
@@ -597,6 +607,7 @@ impl Chatterbox {
         for (stage, ms) in &stage_ms.entries {
             timings.add(stage, *ms);
         }
+        self.stream = chunker.blocks.take();
         Ok((tokens, going_on))
     }
 
@@ -719,21 +730,19 @@ impl ChunkOut<'_, '_> {
 /// The S3Gen side of token streaming: when a chunk of codes is due, and the
 /// mel and audio it adds.
 ///
-/// Each hop runs the encoder and CFM over a window: the voice prompt's last
-/// `stream_prompt_tokens` codes, then up to `stream_context_tokens` codes
-/// already vocoded, then the new ones. The context bounds a hop's cost (with
-/// every code so far it grows with the utterance); the prompt window and
-/// `stream_cfm_steps` trade likeness to one-shot output for a sooner first
-/// audio on slow devices.
+/// Each hop is one block of S3Gen's block-causal streaming
+/// ([`BlockStream`]): the encoder and the CFM run over the hop's codes only,
+/// attending to what earlier blocks left in their caches. The first block is
+/// the voice prompt's last `stream_prompt_tokens` codes with the first hop;
+/// the CFM sees the prompt's frames and the `stream_context_tokens` codes'
+/// frames before a block (0: every frame). A chunk whose codes all arrive
+/// before its first hop is due is one block: the one-shot encoder and CFM.
 struct TokenChunker {
     hop: usize,
     /// Codes the next emission needs (a hop beyond the last, plus the lookahead).
     next_due: usize,
     lookahead: usize,
     up_stride: usize,
-    /// Speech mel frames already vocoded.
-    frames_done: usize,
-    context: usize,
     prompt_token: Vec<i32>,
     prompt_feat: Vec<f32>,
     /// Frames of the whole prompt: the noise draw's frame index of speech frame 0.
@@ -743,15 +752,20 @@ struct TokenChunker {
     z_draws: Xoshiro256,
     /// The utterance's CFM noise, `[frame][mel]`, frame 0 the whole prompt's first.
     z: Vec<f32>,
+    /// Created with the first block (a chunk in one block needs none).
+    blocks: Option<BlockStream>,
+    shape: StreamShape,
     vocoder: VocoderStream,
 }
 
 impl TokenChunker {
-    fn new(s3: &mut S3Gen, voice: &Voice, params: &SynthesisParams, seed: u64, hop: usize) -> Result<TokenChunker> {
+    /// The chunker of a chunk; `kept` is the last chunk's stream, reused
+    /// where its shape is this chunk's.
+    fn new(s3: &mut S3Gen, voice: &Voice, params: &SynthesisParams, seed: u64, hop: usize, kept: Option<BlockStream>) -> Result<TokenChunker> {
         let (lookahead, up_stride, mel_ch) = (s3.hp.encoder.pre_lookahead, s3.hp.encoder.up_stride, s3.hp.mel_channels);
         // CosyVoice2 pads its first hop to the hop grid of prompt + speech,
-        // which its chunk-causal flow needs; S3Gen here attends over every
-        // frame, so a short first hop only brings the first audio forward.
+        // which its chunk-causal flow needs; blocks here may be any length,
+        // so a short first hop only brings the first audio forward.
         let first = params.stream_first_tokens.clamp(1, hop);
         let (tokens, feat) = (&voice.s3gen.prompt_token, &voice.s3gen.prompt_feat);
         let prompt_frames_full = feat.len() / mel_ch;
@@ -765,21 +779,22 @@ impl TokenChunker {
             let dropped_frames = (dropped * up_stride).min(prompt_frames_full);
             (tokens[dropped..].to_vec(), feat[dropped_frames * mel_ch..].to_vec())
         };
+        let steps = stream_cfm_steps(&s3.hp, params);
+        let shape = stream_shape(prompt_token.len(), params, first, hop, steps);
         Ok(TokenChunker {
             hop,
             next_due: first + lookahead,
             lookahead,
             up_stride,
-            frames_done: 0,
-            context: params.stream_context_tokens,
             prompt_token,
             prompt_feat,
             prompt_frames_full,
             spks: s3.speaker_projection(&voice.s3gen.embedding)?,
-            // Turbo's meanflow decoder was distilled for one step.
-            steps: params.stream_cfm_steps.or(if s3.hp.meanflow { Some(1) } else { params.cfm_steps }).unwrap_or(s3.hp.n_timesteps),
+            steps,
             z_draws: Xoshiro256::new(seed ^ 0x5EED_CF31),
             z: Vec::new(),
+            blocks: kept.filter(|b| b.shape() == shape).map(BlockStream::restarted),
+            shape,
             vocoder: VocoderStream::new(s3, seed ^ 0x50_0C3E),
         })
     }
@@ -788,41 +803,67 @@ impl TokenChunker {
         codes >= self.next_due
     }
 
-    /// Encoder and CFM over the window ending at `codes`' end; the new mel
-    /// frames (all of them when `last`, else up to the lookahead's) through
-    /// the vocoder.
+    /// The next block, up to `codes`' end (all of it when `last`, else up to
+    /// the lookahead's): its new mel frames through the vocoder.
     fn emit(&mut self, s3: &mut S3Gen, codes: &[i32], last: bool, timings: &mut Timings) -> Result<Vec<f32>> {
-        let (mel_ch, up) = (s3.hp.mel_channels, self.up_stride);
-        let vocoded_codes = self.frames_done / up;
-        let context_start = if self.context == 0 { 0 } else { vocoded_codes.saturating_sub(self.context) };
-        let mut speech = self.prompt_token.clone();
-        speech.extend_from_slice(&codes[context_start..]);
-        let encoded = timings.time("s3gen.encoder", || s3.encode(&speech))?;
-        let frames = encoded.frames;
+        let mel_ch = s3.hp.mel_channels;
+        let mut tokens = self.prompt_token.clone();
+        tokens.extend_from_slice(codes);
+        let end = if last { tokens.len() } else { tokens.len() - self.lookahead };
+        self.next_due = codes.len() + self.hop;
         let prompt_frames = self.prompt_feat.len() / mel_ch;
-        if prompt_frames >= frames {
-            return Err(format!("the voice's prompt has {prompt_frames} mel frames, the encoder produced only {frames}").into());
+        let start = self.blocks.as_ref().map_or(0, BlockStream::tokens_done);
+        if end <= start {
+            return timings.time("hift", || self.vocoder.push(s3, &[], last));
         }
-        let mut cond = vec![0f32; frames * mel_ch];
-        cond[..prompt_frames * mel_ch].copy_from_slice(&self.prompt_feat);
+        let (f0, f1) = (start * self.up_stride, end * self.up_stride);
+        if prompt_frames >= f1 && last {
+            return Err(format!("the voice's prompt has {prompt_frames} mel frames, the encoder produced only {f1}").into());
+        }
         // One draw per utterance: a frame gets the noise one-shot synthesis
         // gives it, wherever the window puts it.
-        let speech_frames = frames - prompt_frames;
-        let needed = (self.prompt_frames_full + context_start * up + speech_frames) * mel_ch;
-        if self.z.len() < needed {
-            let more = self.z_draws.gaussians(needed - self.z.len());
+        let noise_of = |f: usize| self.prompt_frames_full - prompt_frames + f;
+        if self.z.len() < noise_of(f1) * mel_ch {
+            let more = self.z_draws.gaussians(noise_of(f1) * mel_ch - self.z.len());
             self.z.extend(more);
         }
-        let prompt_z = &self.z[(self.prompt_frames_full - prompt_frames) * mel_ch..self.prompt_frames_full * mel_ch];
-        let speech_z = &self.z[(self.prompt_frames_full + context_start * up) * mel_ch..needed];
-        let z = [prompt_z, speech_z].concat();
-        let x = timings.time("s3gen.cfm", || s3.integrate(&z, &encoded.mu, &self.spks, &cond, self.steps))?;
-        let end = if last { frames } else { frames - self.lookahead * up };
-        let start = prompt_frames + self.frames_done - context_start * up;
-        let mel = if end > start { &x[start * mel_ch..end * mel_ch] } else { &[][..] };
-        self.frames_done += end.saturating_sub(start);
-        self.next_due = codes.len() + self.hop;
-        timings.time("hift", || self.vocoder.push(s3, mel, last))
+        let z = &self.z[noise_of(f0) * mel_ch..noise_of(f1) * mel_ch];
+        let cond: Vec<f32> = (f0 * mel_ch..f1 * mel_ch).map(|i| self.prompt_feat.get(i).copied().unwrap_or(0.0)).collect();
+        let x = if start == 0 && last {
+            // The whole chunk in one block: the one-shot encoder and CFM.
+            let encoded = timings.time("s3gen.encoder", || s3.encode(&tokens))?;
+            timings.time("s3gen.cfm", || s3.integrate(z, &encoded.mu, &self.spks, &cond, self.steps))?
+        } else {
+            if self.blocks.is_none() {
+                self.blocks = Some(BlockStream::new(s3, &self.shape)?);
+            }
+            let blocks = self.blocks.as_mut().expect("made above");
+            let encoded = timings.time("s3gen.encoder", || blocks.encode(s3, &tokens, end))?;
+            timings.time("s3gen.cfm", || blocks.integrate(s3, z, &encoded.mu, &self.spks, &cond, None))?
+        };
+        let first = prompt_frames.clamp(f0, f1) - f0;
+        timings.time("hift", || self.vocoder.push(s3, &x[first * mel_ch..], last))
+    }
+}
+
+/// The CFM's Euler steps when streaming: `stream_cfm_steps`, else one for
+/// the meanflow decoder (distilled for one step), else `cfm_steps`.
+pub fn stream_cfm_steps(hp: &crate::hparams::S3GenHparams, params: &SynthesisParams) -> usize {
+    params.stream_cfm_steps.or(if hp.meanflow { Some(1) } else { params.cfm_steps }).unwrap_or(hp.n_timesteps)
+}
+
+/// The shape of a streamed chunk after a voice prompt of `prompt_tokens`
+/// codes (already cut to `stream_prompt_tokens`), with hops of `first`, then
+/// `hop` codes: what its [`BlockStream`] holds.
+pub fn stream_shape(prompt_tokens: usize, params: &SynthesisParams, first: usize, hop: usize, steps: usize) -> StreamShape {
+    StreamShape {
+        prompt_tokens,
+        // T3 may end one token past its budget; Turbo's silence follows.
+        max_codes: params.max_new_tokens + 1 + crate::speech_tokens::SILENCE_CODES,
+        first,
+        hop,
+        context_tokens: params.stream_context_tokens,
+        steps,
     }
 }
 

@@ -8,7 +8,7 @@
 
 mod common;
 
-use engine_core::model_kit::OpPolicy;
+use engine_core::model_kit::{OpPolicy, PieceSender};
 use ggml_sys::TYPE_F32;
 use std::collections::BTreeMap;
 use std::path::PathBuf;
@@ -87,6 +87,23 @@ fn check(variant: &str, backend: &str) {
         for (stage, bytes) in &held {
             assert_eq!(plan.get(stage), Some(*bytes), "{what}: {stage} at {lengths:?}");
         }
+
+        // Streamed in hops of 8: the stream's caches are the plan's, its block
+        // graphs within the plan's bound (the largest block over the longest span).
+        let hops = SynthesisParams { stream_tokens: 8, stream_first_tokens: 4, ..params.clone() };
+        let mut samples = Vec::new();
+        model.synthesize_streaming("Hello there, my old friend.", &hops, &mut PieceSender::collecting(&mut samples)).unwrap();
+        let (plan, _) = memory::plan(&files, &handle.ggml_backend(), &policy, &hops, Some(lengths)).unwrap();
+        let streamed = model.stream_resident_bytes();
+        assert_eq!(streamed.len(), 3, "{what}: the stream keeps its state");
+        let [(caches, cache_bytes), (encoder, encoder_bytes), (cfm, cfm_bytes)] = streamed[..] else { unreachable!() };
+        assert_eq!(plan.get(caches), Some(cache_bytes as u64), "{what}: {caches}");
+        for (stage, bytes) in [(encoder, encoder_bytes), (cfm, cfm_bytes)] {
+            assert!(bytes > 0 && plan.get(stage) >= Some(bytes as u64), "{what}: {stage} planned {:?}, built {bytes}", plan.get(stage));
+        }
+        let unstreamed = SynthesisParams { stream_tokens: 0, ..hops };
+        let (plan, _) = memory::plan(&files, &handle.ggml_backend(), &policy, &unstreamed, Some(lengths)).unwrap();
+        assert_eq!(plan.get(caches), None, "{what}: stream_tokens = 0 plans no stream");
 
         // Cloning's graphs, sized at the longest reference, bound a real clone's.
         let dir = tempfile::tempdir().unwrap();

@@ -11,7 +11,7 @@ use engine_core::model_kit::OpPolicy;
 use ggml_sys::TYPE_F32;
 use std::path::{Path, PathBuf};
 use tts_model_chatterbox::model::transpose;
-use tts_model_chatterbox::s3gen::blocks::BlockStream;
+use tts_model_chatterbox::s3gen::blocks::{BlockStream, StreamShape};
 use tts_model_chatterbox::s3gen::S3Gen;
 
 fn policies() -> [OpPolicy; 2] {
@@ -31,6 +31,11 @@ fn sequence(s3: &S3Gen) -> Vec<i32> {
     tokens
 }
 
+/// A stream of `tokens` whose CFM sees every frame before a block.
+fn every_frame(tokens: usize, steps: usize) -> StreamShape {
+    StreamShape { prompt_tokens: 0, max_codes: tokens, first: 1, hop: 1, context_tokens: 0, steps }
+}
+
 /// Gaussian-ish deterministic values (the test's own noise; any values do).
 fn noise(n: usize, seed: u32) -> Vec<f32> {
     (0..n).map(|i| (((i as u32).wrapping_mul(2654435761).wrapping_add(seed) >> 8) as f32 / (1 << 24) as f32 - 0.5) * 3.0).collect()
@@ -42,7 +47,7 @@ fn streamed(s3: &mut S3Gen, tokens: &[i32], ends: &[usize], z: &[f32], steps: us
     let voice = s3.builtin_voice().unwrap();
     let mel = s3.hp.mel_channels;
     let spks = s3.speaker_projection(&voice.embedding).unwrap();
-    let mut stream = BlockStream::new(s3, tokens.len(), steps).unwrap();
+    let mut stream = BlockStream::new(s3, &every_frame(tokens.len(), steps)).unwrap();
     let (mut hidden, mut mu, mut x) = (Vec::new(), Vec::new(), Vec::new());
     let mut frame = 0;
     for &end in ends {
@@ -114,7 +119,18 @@ fn a_block_does_not_depend_on_the_tokens_after_its_lookahead() {
 /// Euler step's velocity over its frames (the guided combination where the
 /// decoder guides), with the reference's noise.
 fn matches_the_reference_blocks(backend: &str, fixture: &Path, s3gen_file: &str, policy: &OpPolicy, tol: f32) {
-    let dir = fixture.join("reference/stream");
+    matches_the_reference_run(backend, fixture, "stream", s3gen_file, policy, tol)
+}
+
+/// As [`matches_the_reference_blocks`], the CFM seeing the prompt's frames
+/// and a window of frames before each block (`reference/stream-window/`,
+/// whose `stream_window` holds the prompt's frames and the window's).
+fn matches_the_windowed_reference(backend: &str, fixture: &Path, s3gen_file: &str, policy: &OpPolicy, tol: f32) {
+    matches_the_reference_run(backend, fixture, "stream-window", s3gen_file, policy, tol)
+}
+
+fn matches_the_reference_run(backend: &str, fixture: &Path, run: &str, s3gen_file: &str, policy: &OpPolicy, tol: f32) {
+    let dir = fixture.join("reference").join(run);
     let handle = open(backend);
     let mut s3 = S3Gen::load(&fixture.join(s3gen_file), handle.ggml_backend(), policy).unwrap();
     let voice = s3.builtin_voice().unwrap();
@@ -147,7 +163,20 @@ fn matches_the_reference_blocks(backend: &str, fixture: &Path, s3gen_file: &str,
             }
         })
         .collect();
-    let mut stream = BlockStream::new(&s3, tokens.len(), steps).unwrap();
+    let window = if dir.join("stream_window.npy").exists() { npy_i64_in(&dir, "stream_window") } else { Vec::new() };
+    let shape = match window[..] {
+        [] => every_frame(tokens.len(), steps),
+        [sink, recent] => {
+            let (sink, recent) = (sink as usize, recent as usize);
+            assert!(sink.is_multiple_of(stride) && recent.is_multiple_of(stride), "a window of whole tokens");
+            let prompt = sink / stride;
+            assert_eq!(prompt, voice.prompt_token.len(), "the window keeps the prompt's frames");
+            // Blocks of up to 3 speech tokens (the reference's hops).
+            StreamShape { prompt_tokens: prompt, max_codes: tokens.len() - prompt, first: 3, hop: 3, context_tokens: recent / stride, steps }
+        }
+        _ => panic!("stream_window holds the prompt's frames and the window's"),
+    };
+    let mut stream = BlockStream::new(&s3, &shape).unwrap();
     let mut start = 0;
     for (b, &end) in ends.iter().enumerate() {
         let (f0, f1) = (start * stride, end * stride);
@@ -183,6 +212,17 @@ fn multilingual_guided_blocks_match_the_reference_under_its_block_mask() {
     }
 }
 
+/// The CFM's window (the prompt's frames and 6 before each block): later
+/// blocks lose earlier speech frames, and Multilingual's last block
+/// overwrites a ring slot.
+#[test]
+fn windowed_blocks_match_the_reference_under_its_windowed_mask() {
+    for policy in policies() {
+        matches_the_windowed_reference("cpu", &fixture_dir(), "s3gen-meanflow.gguf", &policy, 1e-5);
+        matches_the_windowed_reference("cpu", &mtl_fixture(), "s3gen.gguf", &policy, 1e-5);
+    }
+}
+
 /// Both variants on the Vulkan plugin (lavapipe on CI), in one test so one
 /// Vulkan device serves them from one thread; its f32 products may round
 /// through f16, hence the tolerance of `parity_vulkan.rs`'s CFM.
@@ -191,5 +231,6 @@ fn blocks_match_the_reference_on_vulkan() {
     for policy in policies() {
         matches_the_reference_blocks("vulkan", &fixture_dir(), "s3gen-meanflow.gguf", &policy, 5e-3);
         matches_the_reference_blocks("vulkan", &mtl_fixture(), "s3gen.gguf", &policy, 5e-3);
+        matches_the_windowed_reference("vulkan", &mtl_fixture(), "s3gen.gguf", &policy, 5e-3);
     }
 }

@@ -11,16 +11,144 @@
 //! per Euler step), each causal conv hands its last input frames on, and the
 //! upsampling conv its last two tokens: a block costs what its own
 //! positions cost, plus attention over the positions before it.
+//!
+//! The CFM's caches may keep a [`Window`] instead of every frame: the
+//! prompt's frames, then a ring of the most recent ones. The estimator has no
+//! positional encoding, so where a frame sits in the cache does not matter,
+//! only whether the mask lets a block see it.
 
 use super::{cfm, encoder, EncoderOutput, S3Gen, MAX_NODES};
+use crate::hparams::S3GenHparams;
 use crate::t3::kv_cache::{AttentionPath, KvCache, KvDims, KvLayout};
 use crate::Result;
 use engine_core::model_kit::builder::compute_graph;
-use ggml_sys::{GraphSlot, TYPE_F32};
+use ggml_sys::{GraphSlot, Type, TYPE_F32};
+
+/// The memory plan's names of what a stream holds.
+pub const STREAM_CACHES: &str = "s3gen.stream_caches";
+pub const STREAM_ENCODER: &str = "s3gen.stream_encoder";
+pub const STREAM_CFM: &str = "s3gen.stream_cfm";
 
 /// Attention spans grow in steps of this many tokens, so that a graph built
 /// for one block serves the blocks after it until the span must grow.
 pub const SPAN_TOKENS: usize = 64;
+
+/// What the CFM's attention keeps of the frames before a block: the first
+/// `sink` frames (the prompt's), and the `recent` frames before the block.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct Window {
+    pub sink: usize,
+    pub recent: usize,
+    /// The most frames a block may have (past the sink, for the first).
+    pub max_block: usize,
+}
+
+impl Window {
+    /// Cache slots: the sink, then a ring that holds the recent frames and a block.
+    pub fn slots(&self) -> usize {
+        self.sink + self.recent + self.max_block
+    }
+
+    /// The slot of frame `f`.
+    fn slot(&self, f: usize) -> usize {
+        if f < self.sink {
+            f
+        } else {
+            self.sink + (f - self.sink) % (self.recent + self.max_block)
+        }
+    }
+}
+
+/// How a text chunk streams, in tokens: the voice prompt before its speech,
+/// the most codes it may bring, its hops, how many codes' frames before a
+/// block the CFM sees (0: all), and the CFM's Euler steps. What sizes a
+/// [`BlockStream`], for the stream and for the memory plan alike.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct StreamShape {
+    pub prompt_tokens: usize,
+    pub max_codes: usize,
+    pub first: usize,
+    pub hop: usize,
+    pub context_tokens: usize,
+    pub steps: usize,
+}
+
+impl StreamShape {
+    /// Tokens of the longest sequence: the prompt and every code.
+    pub fn capacity(&self) -> usize {
+        self.prompt_tokens + self.max_codes
+    }
+
+    /// The CFM's window: the prompt's frames, the context's, and room for
+    /// a block past the prompt (the first hop, a hop, or the last block's
+    /// rest: less than a hop, the lookahead and the closing silence).
+    pub fn window(&self, hp: &S3GenHparams) -> Option<Window> {
+        let up = hp.encoder.up_stride;
+        let max_block = (self.hop.max(self.first) + hp.encoder.pre_lookahead + crate::speech_tokens::SILENCE_CODES) * up;
+        (self.context_tokens > 0).then(|| Window { sink: self.prompt_tokens * up, recent: self.context_tokens * up, max_block })
+    }
+
+    /// Tokens of the largest block: the first (the prompt and the first hop)
+    /// or a later one.
+    pub fn largest_block(&self, hp: &S3GenHparams) -> usize {
+        (self.prompt_tokens + self.first).max(self.hop + hp.encoder.pre_lookahead + crate::speech_tokens::SILENCE_CODES)
+    }
+}
+
+/// The caches a [`BlockStream`] of `shape` keeps: the encoder's (token and
+/// frame stacks, F32) and the CFM's, one per Euler step (in `kv_type`).
+fn cache_specs(hp: &S3GenHparams, shape: &StreamShape, kv_type: Type) -> [(KvDims, Type, usize); 3] {
+    let (e, c) = (&hp.encoder, &hp.cfm);
+    let capacity = rounded_capacity(shape.capacity());
+    let rows = guidance_rows(hp);
+    let frames = shape.window(hp).map_or(capacity * e.up_stride, |w| w.slots());
+    [
+        (KvDims { n_layer: e.n_layer, width: e.n_embd, n_ctx: capacity, rows: 1 }, TYPE_F32, 1),
+        (KvDims { n_layer: e.n_up_layer, width: e.n_embd, n_ctx: capacity * e.up_stride, rows: 1 }, TYPE_F32, 1),
+        (KvDims { n_layer: cfm::attention_layers(c), width: c.n_head * c.head_dim, n_ctx: frames, rows }, kv_type, shape.steps),
+    ]
+}
+
+fn rounded_capacity(tokens: usize) -> usize {
+    tokens.max(1).div_ceil(SPAN_TOKENS) * SPAN_TOKENS
+}
+
+/// CFM rows: both guidance rows where the standard decoder guides.
+fn guidance_rows(hp: &S3GenHparams) -> usize {
+    if hp.meanflow || hp.cfg_rate == 0.0 {
+        1
+    } else {
+        2
+    }
+}
+
+fn kv_cache(backend: &ggml_sys::Backend, dims: KvDims, ty: Type, measuring: bool) -> Result<KvCache> {
+    let (path, layout) = (AttentionPath::Flash, KvLayout::Split);
+    Ok(if measuring { KvCache::for_measuring(backend, dims, ty, path, layout)? } else { KvCache::new(backend, dims, ty, path, layout)? })
+}
+
+/// The caches of a stream of `shape` on `backend`, without memory: for the
+/// memory plan, which measures the block graphs over them.
+pub struct MeasuredCaches {
+    pub encoder: encoder::EncoderCaches,
+    pub cfm: KvCache,
+    /// Device bytes of every cache the stream allocates (the CFM's once per step).
+    pub bytes: usize,
+}
+
+pub fn measured_caches(backend: &ggml_sys::Backend, hp: &S3GenHparams, shape: &StreamShape, kv_type: Type) -> Result<MeasuredCaches> {
+    let [tokens, frames, cfm] = cache_specs(hp, shape, kv_type);
+    let encoder = encoder::EncoderCaches { tokens: kv_cache(backend, tokens.0, tokens.1, true)?, frames: kv_cache(backend, frames.0, frames.1, true)? };
+    let cfm_cache = kv_cache(backend, cfm.0, cfm.1, true)?;
+    let bytes = encoder.tokens.bytes() + encoder.frames.bytes() + cfm_cache.bytes() * cfm.2;
+    Ok(MeasuredCaches { encoder, cfm: cfm_cache, bytes })
+}
+
+/// The attention span, in tokens, of a block ending at `end` in a stream of
+/// `capacity` tokens (rounded as the stream rounds it).
+pub fn span_tokens(end: usize, capacity: usize) -> usize {
+    end.div_ceil(SPAN_TOKENS).saturating_mul(SPAN_TOKENS).min(rounded_capacity(capacity))
+}
 
 /// The state of one streamed sequence (prompt tokens, then speech tokens).
 pub struct BlockStream {
@@ -41,39 +169,63 @@ pub struct BlockStream {
     schedule: Vec<f32>,
     /// CFM rows: 2 for classifier-free guidance, else 1.
     rows: usize,
+    window: Option<Window>,
+    /// With a window: the frame each CFM cache slot holds.
+    slot_frames: Vec<Option<usize>>,
+    shape: StreamShape,
 }
 
 impl BlockStream {
-    /// A stream of up to `capacity` tokens (prompt included), integrated in
-    /// `steps` Euler steps.
-    pub fn new(s3: &S3Gen, capacity: usize, steps: usize) -> Result<BlockStream> {
+    /// The stream of a chunk of `shape`.
+    pub fn new(s3: &S3Gen, shape: &StreamShape) -> Result<BlockStream> {
         let hp = &s3.hp;
-        let capacity = capacity.max(1).div_ceil(SPAN_TOKENS) * SPAN_TOKENS;
-        let (e, c) = (&hp.encoder, &hp.cfm);
-        let cache = |n_layer: usize, width: usize, n_ctx: usize, rows: usize, ty| -> Result<KvCache> {
-            Ok(KvCache::new(&s3.backend, KvDims { n_layer, width, n_ctx, rows }, ty, AttentionPath::Flash, KvLayout::Split)?)
-        };
-        let encoder_caches = encoder::EncoderCaches {
-            tokens: cache(e.n_layer, e.n_embd, capacity, 1, TYPE_F32)?,
-            frames: cache(e.n_up_layer, e.n_embd, capacity * e.up_stride, 1, TYPE_F32)?,
-        };
-        let rows = if hp.meanflow || hp.cfg_rate == 0.0 { 1 } else { 2 };
-        let frames = capacity * e.up_stride;
-        let cfm_caches =
-            (0..steps).map(|_| cache(cfm::attention_layers(c), c.n_head * c.head_dim, frames, rows, s3.policy.kv_type)).collect::<Result<Vec<_>>>()?;
+        let [tokens, frames, cfm] = cache_specs(hp, shape, s3.policy.kv_type);
+        let encoder_caches =
+            encoder::EncoderCaches { tokens: kv_cache(&s3.backend, tokens.0, tokens.1, false)?, frames: kv_cache(&s3.backend, frames.0, frames.1, false)? };
+        let cfm_caches = (0..cfm.2).map(|_| kv_cache(&s3.backend, cfm.0, cfm.1, false)).collect::<Result<Vec<_>>>()?;
+        let rows = guidance_rows(hp);
+        let window = shape.window(hp);
         Ok(BlockStream {
             encoder_graph: GraphSlot::default(),
-            cfm_graphs: (0..steps).map(|_| GraphSlot::default()).collect(),
+            cfm_graphs: (0..shape.steps).map(|_| GraphSlot::default()).collect(),
             encoder_caches,
             cfm_caches,
-            conv_tails: vec![vec![0.0; cfm::conv_tail_len(c, rows)]; steps],
-            up_tail: vec![0.0; encoder::UP_CONTEXT_TOKENS * e.n_embd],
+            conv_tails: vec![vec![0.0; cfm::conv_tail_len(&hp.cfm, rows)]; shape.steps],
+            up_tail: vec![0.0; encoder::UP_CONTEXT_TOKENS * hp.encoder.n_embd],
             tokens_done: 0,
             frames_done: 0,
-            capacity,
-            schedule: s3.schedule(steps),
+            capacity: shape.capacity(),
+            schedule: s3.schedule(shape.steps),
             rows,
+            window,
+            slot_frames: vec![None; window.map_or(0, |w| w.slots())],
+            shape: *shape,
         })
+    }
+
+    pub fn shape(&self) -> StreamShape {
+        self.shape
+    }
+
+    /// The stream at the start of a new sequence, its caches and graphs
+    /// kept: what the caches hold from before is masked until overwritten.
+    pub fn restarted(mut self) -> BlockStream {
+        self.conv_tails.iter_mut().for_each(|t| t.fill(0.0));
+        self.up_tail.fill(0.0);
+        self.slot_frames.fill(None);
+        self.tokens_done = 0;
+        self.frames_done = 0;
+        self
+    }
+
+    /// Device bytes by item, as the memory plan names them: the caches, the
+    /// encoder's block graph, the CFM's (one per Euler step).
+    pub fn resident_bytes(&self) -> [(&'static str, usize); 3] {
+        [
+            (STREAM_CACHES, self.cache_bytes()),
+            (STREAM_ENCODER, self.encoder_graph.graph().map_or(0, |g| g.buffer_size())),
+            (STREAM_CFM, self.cfm_graphs.iter().map(|slot| slot.graph().map_or(0, |g| g.buffer_size())).sum()),
+        ]
     }
 
     /// Tokens encoded so far.
@@ -138,10 +290,27 @@ impl BlockStream {
         }
         let with_zero_row = |a: &[f32]| if self.rows == 1 { a.to_vec() } else { [a, &vec![0.0; a.len()]].concat() };
         let (mu, spks, cond) = (with_zero_row(mu), with_zero_row(spks), with_zero_row(cond));
-        let span = self.span(self.tokens_done) * s3.hp.encoder.up_stride;
         let n_ctx = self.cfm_caches.first().map_or(0, |c| c.n_ctx);
-        let kv_rows: Vec<i32> = (0..self.rows).flat_map(|r| (start..end).map(move |p| (r * n_ctx + p) as i32)).collect();
-        let mask = visible_before(end, span, frames);
+        let (slots, span, mask) = match self.window {
+            None => {
+                let span = self.span(self.tokens_done) * s3.hp.encoder.up_stride;
+                ((start..end).collect::<Vec<_>>(), span, visible_before(end, span, frames))
+            }
+            Some(w) => {
+                if end - start.max(w.sink) > w.max_block {
+                    return Err(format!("a CFM block of {} frames past the prompt's exceeds the window's {}", end - start.max(w.sink), w.max_block).into());
+                }
+                let slots: Vec<usize> = (start..end).map(|f| w.slot(f)).collect();
+                for (&slot, f) in slots.iter().zip(start..) {
+                    self.slot_frames[slot] = Some(f);
+                }
+                let first_recent = start.saturating_sub(w.recent).max(w.sink);
+                let visible = |f: &Option<usize>| f.is_some_and(|f| f < end && (f < w.sink || f >= first_recent));
+                let row: Vec<f32> = self.slot_frames.iter().map(|f| if visible(f) { 0.0 } else { f32::NEG_INFINITY }).collect();
+                (slots, n_ctx, row.repeat(frames))
+            }
+        };
+        let kv_rows: Vec<i32> = (0..self.rows).flat_map(|r| slots.iter().map(move |&p| (r * n_ctx + p) as i32)).collect();
         let c = &s3.hp.cfm;
         let mut x = x0.to_vec();
         for step in 0..self.cfm_graphs.len() {
@@ -182,7 +351,7 @@ impl BlockStream {
 
     /// The attention span, in tokens, of a block ending at `end`.
     fn span(&self, end: usize) -> usize {
-        end.div_ceil(SPAN_TOKENS).saturating_mul(SPAN_TOKENS).min(self.capacity)
+        span_tokens(end, self.capacity)
     }
 }
 
