@@ -286,8 +286,8 @@ stage_stream_cost() {
   for b in cuda vulkan; do
     echo "== $b"
     python3 bench/stream_vs_oneshot.py --model "$dir/gguf-f16/t3-turbo.gguf" --model "$dir/gguf-f16/s3gen-meanflow.gguf" --backend $b --threads 16 \
-      --set min_new_tokens=150 --set max_new_tokens=149 --set seed=0 --runs 3 \
-      --config "" --config "stream_cfm_steps=2" --config "stream_prompt_tokens=0 stream_cfm_steps=2" --config "stream_context_tokens=0 stream_prompt_tokens=0 stream_cfm_steps=2" \
+      --set min_new_tokens=150 --set max_new_tokens=149 --set seed=0 --runs 2 \
+      --config "" --config "stream_cfm_steps=2" --config "stream_context_tokens=0 stream_prompt_tokens=0 stream_cfm_steps=2" \
       --markdown "$out/stream-cost-$b.md" 2> "$out/stream-cost-$b.log"
     cat "$out/stream-cost-$b.md" || tail -20 "$out/stream-cost-$b.log"
   done

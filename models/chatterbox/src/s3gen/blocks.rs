@@ -162,6 +162,10 @@ pub struct BlockStream {
     conv_tails: Vec<Vec<f32>>,
     /// The first conformer stack's outputs for the last tokens encoded.
     up_tail: Vec<f32>,
+    /// The encoder's relative-position tables (tokens, frames), kept
+    /// across blocks: each block reads a run of offsets, mostly the same.
+    token_offsets: OffsetTable,
+    frame_offsets: OffsetTable,
     /// Tokens encoded so far, and frames estimated.
     tokens_done: usize,
     frames_done: usize,
@@ -192,6 +196,8 @@ impl BlockStream {
             cfm_caches,
             conv_tails: vec![vec![0.0; cfm::conv_tail_len(&hp.cfm, rows)]; shape.steps],
             up_tail: vec![0.0; encoder::UP_CONTEXT_TOKENS * hp.encoder.n_embd],
+            token_offsets: OffsetTable::default(),
+            frame_offsets: OffsetTable::default(),
             tokens_done: 0,
             frames_done: 0,
             capacity: shape.capacity(),
@@ -261,9 +267,9 @@ impl BlockStream {
             compute_graph(&s3.backend, &s3.weights, &s3.policy, MAX_NODES, "the S3Gen encoder", |b| encoder::build_block(&b, &s3.hp, shape, caches))
         })?;
         graph.set_i32(encoder::TOKENS, &tokens[start - left..end + right])?;
-        graph.set_f32(encoder::POS_EMB, &encoder::relative_offsets(d, end as i64 - 1, shape.span + n - 1))?;
+        graph.set_f32(encoder::POS_EMB, &self.token_offsets.rows(d, end as i64 - 1, shape.span + n - 1))?;
         let up_span = shape.span * stride;
-        graph.set_f32(encoder::UP_POS_EMB, &encoder::relative_offsets(d, (end * stride) as i64 - 1, up_span + n * stride - 1))?;
+        graph.set_f32(encoder::UP_POS_EMB, &self.frame_offsets.rows(d, (end * stride) as i64 - 1, up_span + n * stride - 1))?;
         graph.set_i32(encoder::KV_ROWS, &(start as i32..end as i32).collect::<Vec<_>>())?;
         graph.set_i32(encoder::UP_KV_ROWS, &((start * stride) as i32..(end * stride) as i32).collect::<Vec<_>>())?;
         graph.set_f32(encoder::MASK, &visible_before(end, shape.span, n))?;
@@ -294,7 +300,7 @@ impl BlockStream {
         let (slots, span, mask) = match self.window {
             None => {
                 let span = self.span(self.tokens_done) * s3.hp.encoder.up_stride;
-                ((start..end).collect::<Vec<_>>(), span, visible_before(end, span, frames))
+                ((start..end).collect::<Vec<_>>(), span, visible_before(end, span, mask_rows(frames)))
             }
             Some(w) => {
                 if end - start.max(w.sink) > w.max_block {
@@ -307,7 +313,7 @@ impl BlockStream {
                 let first_recent = start.saturating_sub(w.recent).max(w.sink);
                 let visible = |f: &Option<usize>| f.is_some_and(|f| f < end && (f < w.sink || f >= first_recent));
                 let row: Vec<f32> = self.slot_frames.iter().map(|f| if visible(f) { 0.0 } else { f32::NEG_INFINITY }).collect();
-                (slots, n_ctx, row.repeat(frames))
+                (slots, n_ctx, row.repeat(mask_rows(frames)))
             }
         };
         let kv_rows: Vec<i32> = (0..self.rows).flat_map(|r| slots.iter().map(move |&p| (r * n_ctx + p) as i32)).collect();
@@ -355,8 +361,69 @@ impl BlockStream {
     }
 }
 
+/// Rows of [`encoder::relative_offsets`] computed once and handed out as
+/// runs: a block's table is hundreds of rows of sines, most of which the
+/// previous block's had.
+#[derive(Default)]
+struct OffsetTable {
+    /// Rows for offsets `lowest..lowest + rows`, ascending.
+    lowest: i64,
+    ascending: Vec<f32>,
+}
+
+impl OffsetTable {
+    /// `rows` rows from offset `first` down (as `relative_offsets(d, first, rows)`).
+    fn rows(&mut self, d: usize, first: i64, rows: usize) -> Vec<f32> {
+        let last = first - rows as i64 + 1;
+        let held = (self.ascending.len() / d) as i64;
+        if self.ascending.is_empty() || last < self.lowest {
+            // Down to the new lowest offset, and at least as high as before.
+            let top = if self.ascending.is_empty() { first } else { first.max(self.lowest + held - 1) };
+            self.lowest = last;
+            self.ascending = encoder::relative_offsets(d, top, (top - last + 1) as usize);
+            reverse_rows(&mut self.ascending, d);
+        } else if first >= self.lowest + held {
+            let top = self.lowest + held - 1;
+            let mut more = encoder::relative_offsets(d, first, (first - top) as usize);
+            reverse_rows(&mut more, d);
+            self.ascending.extend(more);
+        }
+        let row = |offset: i64| &self.ascending[(offset - self.lowest) as usize * d..][..d];
+        (0..rows as i64).flat_map(|m| row(first - m).iter().copied()).collect()
+    }
+}
+
+/// Reverses the order of the `d`-wide rows of `v`.
+fn reverse_rows(v: &mut [f32], d: usize) {
+    let n = v.len() / d;
+    for i in 0..n / 2 {
+        let (a, b) = v.split_at_mut((n - 1 - i) * d);
+        a[i * d..(i + 1) * d].swap_with_slice(&mut b[..d]);
+    }
+}
+
+/// Query rows of a CFM block's mask ([`cfm::mask_rows`]).
+fn mask_rows(frames: usize) -> usize {
+    cfm::mask_rows(frames as i64) as usize
+}
+
 /// `[queries][keys]` mask over `keys` positions: 0 before `end`, -inf from it.
 fn visible_before(end: usize, keys: usize, queries: usize) -> Vec<f32> {
     let row: Vec<f32> = (0..keys).map(|j| if j < end { 0.0 } else { f32::NEG_INFINITY }).collect();
     row.repeat(queries)
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn offset_runs_are_the_tables_rows() {
+        let d = 8;
+        let mut table = OffsetTable::default();
+        // Growing ends, a longer run reaching lower, a run inside what is held.
+        for (first, rows) in [(5i64, 7usize), (9, 12), (20, 30), (3, 40), (12, 4), (0, 1)] {
+            assert_eq!(table.rows(d, first, rows), encoder::relative_offsets(d, first, rows), "from {first}, {rows} rows");
+        }
+    }
 }

@@ -53,6 +53,15 @@ pub fn causal_conv_channels(c: &CfmHparams) -> Vec<usize> {
     channels
 }
 
+/// Rows of a block's attention mask over `frames` queries: GPU kernels of
+/// fused attention read masks in tiles of 64 queries (as the model kit's
+/// zero masks are padded), while the explicit path's softmax reads only the
+/// rows it has queries for.
+pub fn mask_rows(frames: i64) -> i64 {
+    const MASK_ROW_TILE: i64 = 64;
+    (frames + MASK_ROW_TILE - 1) / MASK_ROW_TILE * MASK_ROW_TILE
+}
+
 /// Values of `conv_tails` (and `conv_tails_out`) for `rows` rows.
 pub fn conv_tail_len(c: &CfmHparams, rows: usize) -> usize {
     causal_conv_channels(c).iter().sum::<usize>() * (c.conv_kernel - 1) * rows
@@ -68,7 +77,8 @@ pub fn attention_layers(c: &CfmHparams) -> usize {
 /// transformer blocks write the new frames' keys and values into `cache`
 /// (its layer l ↔ the l-th block) at `kv_rows` (I32, row `r`'s frame `p`
 /// at `r · cache.n_ctx + p`) and read its first `span` frames under `mask`
-/// (`[span, frames]`, 0 before the block's end, -inf after); the causal
+/// (`[span, frames]`, 0 where visible, -inf elsewhere, its rows padded to
+/// [`mask_rows`]); the causal
 /// convs start from `conv_tails` (each conv's last input frames, per row,
 /// in [`causal_conv_channels`]' order, zeros before the first block) and
 /// hand theirs on in `conv_tails_out`.
@@ -81,7 +91,7 @@ pub fn build_block<'c>(b: &Builder<'c, '_>, hp: &S3GenHparams, frames: usize, ro
         cache,
         kv_rows: io.input(ctx, KV_ROWS, TYPE_I32, &[n * r])?,
         span: span as i64,
-        mask: io.input(ctx, MASK, mask_ty, &[span as i64, n])?,
+        mask: io.input(ctx, MASK, mask_ty, &[span as i64, mask_rows(n)])?,
         tails: io.input(ctx, CONV_TAILS, TYPE_F32, &[conv_tail_len(&hp.cfm, rows) as i64])?,
         tail_offset: Cell::new(0),
         tails_out: Cell::new(None),
