@@ -91,6 +91,10 @@ fn check_chatterbox(backend: &str) {
         "s3gen.cfm",
         "hift.f0",
         "hift",
+        // Streaming's S3Gen state (`stream_tokens` is 25 by default).
+        "s3gen.stream_caches",
+        "s3gen.stream_encoder",
+        "s3gen.stream_cfm",
         "voice_encoder",
         "campplus",
         "s3tokenizer",
@@ -109,6 +113,11 @@ fn check_chatterbox(backend: &str) {
     assert!(more["plan"]["total"].as_u64().unwrap() > small_need, "{more}");
     let out = run(&["fit", "--profile", p, "--plugin-dir", pd, "--set", "max_new_tokens=0"]);
     assert_one_line_error(&out, "max_new_tokens");
+    // Without streaming the plan holds no stream state, and needs less.
+    let (unstreamed, _) = fit(&["--set", "stream_tokens=0"]);
+    let unstreamed_items: Vec<&str> = unstreamed["plan"]["items"].as_array().unwrap().iter().map(|i| i["what"].as_str().unwrap()).collect();
+    assert_eq!(unstreamed_items, want.iter().copied().filter(|w| !w.starts_with("s3gen.stream")).collect::<Vec<_>>());
+    assert!(unstreamed["plan"]["total"].as_u64().unwrap() < need, "{unstreamed}");
 
     // A budget below the plan refuses the synthesis before loading.
     let short = format!("{} B", need - 1);
