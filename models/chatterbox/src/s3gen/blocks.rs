@@ -169,7 +169,6 @@ pub struct BlockStream {
     /// Tokens encoded so far, and frames estimated.
     tokens_done: usize,
     frames_done: usize,
-    capacity: usize,
     schedule: Vec<f32>,
     /// CFM rows: 2 for classifier-free guidance, else 1.
     rows: usize,
@@ -200,7 +199,6 @@ impl BlockStream {
             frame_offsets: OffsetTable::default(),
             tokens_done: 0,
             frames_done: 0,
-            capacity: shape.capacity(),
             schedule: s3.schedule(shape.steps),
             rows,
             window,
@@ -250,10 +248,13 @@ impl BlockStream {
     pub fn encode(&mut self, s3: &mut S3Gen, tokens: &[i32], end: usize) -> Result<EncoderOutput> {
         let start = self.tokens_done;
         let e = &s3.hp.encoder;
-        if end <= start || end > tokens.len() || end > self.capacity {
-            return Err(
-                format!("a block must end after token {start}, at most at {} (of {}), not at {end}", tokens.len().min(self.capacity), tokens.len()).into()
-            );
+        if end <= start || end > tokens.len() || end > self.shape.capacity() {
+            return Err(format!(
+                "a block must end after token {start}, at most at {} (of {}), not at {end}",
+                tokens.len().min(self.shape.capacity()),
+                tokens.len()
+            )
+            .into());
         }
         if let Some(t) = tokens.iter().find(|&&t| t < 0 || t as usize >= s3.hp.speech_vocab) {
             return Err(format!("speech token {t} is outside S3Gen's vocabulary of {}", s3.hp.speech_vocab).into());
@@ -357,7 +358,7 @@ impl BlockStream {
 
     /// The attention span, in tokens, of a block ending at `end`.
     fn span(&self, end: usize) -> usize {
-        span_tokens(end, self.capacity)
+        span_tokens(end, self.shape.capacity())
     }
 }
 
