@@ -21,7 +21,9 @@
 #               built first): full-size Turbo against PyTorch one-shot on the GPU, Supertonic v2
 #               against ORT (needs no CUDA module)
 #   stream_cost streamed against one-shot synthesis of the same 150 tokens (full-size Turbo F16) on
-#               CUDA and Vulkan: first audio, totals and their ratio, likeness (bench/stream_vs_oneshot.py)
+#               CUDA and Vulkan: first audio, totals and their ratio, likeness (bench/stream_vs_oneshot.py),
+#               S3Gen's blocks beside T3 and between its steps, and each stage's time per run; two
+#               warm-up runs, since ggml-cuda captures a graph on its second run and replays it after
 #   t3          T3's decode step on CUDA (full-size Turbo F16): graph identities (TTS_GRAPH_UID) and
 #               PDL launches (GGML_CUDA_PDL) on and off, with the kernel tests and the CUDA parity suite
 #   module      only the CUDA module (every other stage but stream builds it first too)
@@ -286,8 +288,8 @@ stage_stream_cost() {
   for b in cuda vulkan; do
     echo "== $b"
     python3 bench/stream_vs_oneshot.py --model "$dir/gguf-f16/t3-turbo.gguf" --model "$dir/gguf-f16/s3gen-meanflow.gguf" --backend $b --threads 16 \
-      --set min_new_tokens=150 --set max_new_tokens=149 --set seed=0 --runs 2 \
-      --config "" --config "stream_cfm_steps=2" --config "stream_context_tokens=0 stream_prompt_tokens=0 stream_cfm_steps=2" \
+      --set min_new_tokens=150 --set max_new_tokens=149 --set seed=0 --warmup 2 --runs 3 \
+      --config "" --config "stream_beside_t3=false" --config "stream_cfm_steps=2" --config "stream_first_tokens=5" \
       --markdown "$out/stream-cost-$b.md" 2> "$out/stream-cost-$b.log"
     cat "$out/stream-cost-$b.md" || tail -20 "$out/stream-cost-$b.log"
   done

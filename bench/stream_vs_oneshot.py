@@ -102,7 +102,8 @@ def main():
             cosine, snr = compare(streamed, whole, a.rate)
             rows.append({"config": config or "(defaults)", "first_audio_ms": streamed_run["first_audio_ms"], "stream_ms": streamed_run["total_ms"],
                          "stream_rtf": streamed_run["rtf"], "one_shot_ms": one_shot["total_ms"], "audio_s": one_shot["audio_seconds"],
-                         "samples": [len(streamed), len(whole)], "log_mel_cosine": cosine, "snr_db": snr})
+                         "samples": [len(streamed), len(whole)], "log_mel_cosine": cosine, "snr_db": snr,
+                         "stages_ms": streamed_run["stages_ms"]})
             print(json.dumps(rows[-1]), file=sys.stderr)
     lines = [f"{cpu_name() if a.backend == 'cpu' else a.backend}, {a.threads} threads; one-shot {rows[0]['one_shot_ms']:.0f} ms for {rows[0]['audio_s']:.2f} s of audio",
              "", "| streaming options | first audio ms | streamed total ms | streamed / one-shot | streamed RTF | log-mel cosine | SNR dB |",
@@ -110,6 +111,13 @@ def main():
     for r in rows:
         ratio = r["stream_ms"] / r["one_shot_ms"]
         lines.append(f"| {r['config']} | **{r['first_audio_ms']:.0f}** | {r['stream_ms']:.0f} | {ratio:.2f}x | {r['stream_rtf']:.2f} | {r['log_mel_cosine']:.4f} | {r['snr_db']:.1f} |")
+    # Where the time goes: each stage's median ms per run (a stage that runs
+    # beside another on a thread of its own overlaps it: the stages then sum
+    # to more than the total).
+    stages = list(dict.fromkeys(k for st in [one_shot["stages_ms"]] + [r["stages_ms"] for r in rows] for k in st))
+    lines += ["", "| ms per run | " + " | ".join(stages) + " | total |", "|---" * (len(stages) + 2) + "|"]
+    for name, st, total in [("one-shot", one_shot["stages_ms"], one_shot["total_ms"])] + [(f"streamed, {r['config']}", r["stages_ms"], r["stream_ms"]) for r in rows]:
+        lines.append(f"| {name} | " + " | ".join(f"{st[k]:.1f}" if k in st else "-" for k in stages) + f" | {total:.1f} |")
     print_table(lines, a.markdown)
 
 

@@ -95,6 +95,7 @@ fn check_chatterbox(backend: &str) {
         "s3gen.stream_caches",
         "s3gen.stream_encoder",
         "s3gen.stream_cfm",
+        "s3gen.stream_vocoder",
         "voice_encoder",
         "campplus",
         "s3tokenizer",

@@ -41,6 +41,13 @@ impl<'a> OptionReader<'a> {
         within(key, self.int(key)?, range)
     }
 
+    pub fn bool(&self, key: &str) -> Result<bool> {
+        match self.value(key)? {
+            OptionValue::Bool(v) => Ok(*v),
+            _ => Err(Self::wrong(key, "true or false")),
+        }
+    }
+
     /// A non-negative integer: `top_k must be non-negative, got -2`.
     pub fn count(&self, key: &str) -> Result<usize> {
         let v = self.int(key)?;

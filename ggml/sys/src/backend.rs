@@ -103,6 +103,11 @@ impl Device {
         unsafe { cstr_to_string(sys::ggml_backend_dev_description(self.as_ptr())) }
     }
 
+    /// A GPU, discrete or integrated.
+    pub fn is_gpu(&self) -> bool {
+        matches!(self.kind(), DeviceKind::Gpu | DeviceKind::IntegratedGpu)
+    }
+
     pub fn kind(&self) -> DeviceKind {
         match unsafe { sys::ggml_backend_dev_type(self.as_ptr()) } {
             sys::GGML_BACKEND_DEVICE_TYPE_CPU => DeviceKind::Cpu,
@@ -230,6 +235,17 @@ impl Backend {
 
     pub fn name(&self) -> String {
         unsafe { cstr_to_string(sys::ggml_backend_name(self.as_ptr())) }
+    }
+
+    /// Another backend on this one's device with a stream (CUDA) or command
+    /// pool (Vulkan) of its own, so that a second thread may compute on the
+    /// device while this backend does; the buffers of either serve both. None
+    /// on the host, whose backends share the cores rather than add any.
+    pub fn second_stream(&self) -> Result<Option<Backend>> {
+        match self.device() {
+            Some(device) if device.is_gpu() => device.init(None).map(Some),
+            _ => Ok(None),
+        }
     }
 
     pub fn device(&self) -> Option<Device> {

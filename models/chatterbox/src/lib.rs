@@ -7,9 +7,11 @@
 //! tokenizers), [`t3`] (speech-token models: graph builders, static K/V cache,
 //! generation loops, the alignment analyzer), [`sampler`], [`speech_tokens`]
 //! (text → speech tokens per variant), [`s3gen`] (flow encoder, CFM estimator,
-//! HiFT graphs and host DSP), [`model`] (the synthesis loop). This file is the
+//! HiFT graphs and host DSP), [`model`] (the synthesis loop), [`chunk_stream`]
+//! (a chunk streamed as T3 generates, its S3Gen blocks beside T3 on a GPU). This file is the
 //! plugin surface: option specs and the ABI glue.
 
+pub mod chunk_stream;
 pub mod cloner;
 pub mod cloning;
 pub mod convert;
@@ -160,6 +162,12 @@ extern "C" fn option_specs() -> RVec<OptionSpec> {
             OptionValue::Int(-1),
             "streaming only: Euler steps of the mel decoder, 1..=10 (-1 = 1 for Turbo/Nano, whose decoder was distilled for one step; Multilingual: cfm_steps)",
         ),
+        spec(
+            "stream_beside_t3",
+            OptionKind::Bool,
+            OptionValue::Bool(true),
+            "streaming only, on a GPU: the mel decoder's and vocoder's blocks run on a thread and device stream of their own while T3 generates (false: between T3's steps, as on the CPU; the same samples)",
+        ),
         spec("cfm_steps", OptionKind::Int, OptionValue::Int(-1), "Euler steps of the mel decoder, 1..=10 (-1 = the model's default: Turbo/Nano 2, Multilingual 10)"),
         spec(
             "draws",
@@ -234,6 +242,7 @@ pub fn params_from_options(options: &OptionList) -> Result<SynthesisParams> {
         stream_context_tokens: o.int_in("stream_context_tokens", 0..=8000)? as usize,
         stream_prompt_tokens: o.int_in("stream_prompt_tokens", 0..=8000)? as usize,
         stream_cfm_steps,
+        stream_beside_t3: o.bool("stream_beside_t3")?,
         cfm_steps,
         draws: o.path("draws")?,
     })

@@ -179,9 +179,9 @@ pub fn plan(files: &[PathBuf], backend: &Backend, policy: &OpPolicy, params: &Sy
 }
 
 /// What a streamed chunk's S3Gen keeps (`s3gen::blocks`): its caches, sized
-/// exactly, and its encoder's and CFM's block graphs at the largest block
-/// (the prompt and the first hop, or a later hop with the lookahead and the
-/// closing silence) over the longest span, a bound on every block's.
+/// exactly, and its encoder's, CFM's and vocoder's graphs, one per kind of
+/// block (the prompt and the first hop; a hop; a hop with the lookahead and
+/// the closing silence, the last's bound), each over the longest span.
 fn stream_items(
     backend: &Backend,
     policy: &OpPolicy,
@@ -199,14 +199,26 @@ fn stream_items(
     let steps = crate::model::stream_cfm_steps(hp, params);
     let shape = crate::model::stream_shape(prompt, params, params.stream_first_tokens.clamp(1, hop), hop, steps);
     let caches = blocks::measured_caches(backend, hp, &shape, policy.kv_type)?;
-    let (block, span) = (shape.largest_block(hp), blocks::span_tokens(shape.capacity(), shape.capacity()));
+    // The stream keeps the graph of each kind of block (first, hop, last),
+    // each bound here by its block over the longest span.
+    let span = blocks::span_tokens(shape.capacity(), shape.capacity());
     let e = &hp.encoder;
-    let encoder_shape = s3gen::encoder::BlockShape { left: e.lookahead_conv2_kernel - 1, new: block, right: e.pre_lookahead, span };
-    let encoder = measure(s3gen::MAX_NODES, &|b| s3gen::encoder::build_block(b, hp, encoder_shape, &caches.encoder))?;
     let cfm_span = shape.window(hp).map_or(span * e.up_stride, |w| w.slots());
     let rows = caches.cfm.rows;
-    let cfm = measure(s3gen::MAX_NODES, &|b| s3gen::cfm::build_block(b, hp, block * e.up_stride, rows, cfm_span, &caches.cfm))?;
-    Ok(vec![(blocks::STREAM_CACHES.into(), caches.bytes), (blocks::STREAM_ENCODER.into(), encoder), (blocks::STREAM_CFM.into(), cfm * steps)])
+    let (mut encoder, mut cfm, mut vocoder) = (0, 0, 0);
+    for (block, window) in shape.block_tokens(hp).into_iter().zip(shape.vocoder_windows(hp)) {
+        let encoder_shape = s3gen::encoder::BlockShape { left: e.lookahead_conv2_kernel - 1, new: block, right: e.pre_lookahead, span };
+        encoder += measure(s3gen::MAX_NODES, &|b| s3gen::encoder::build_block(b, hp, encoder_shape, &caches.encoder))?;
+        cfm += measure(s3gen::MAX_NODES, &|b| s3gen::cfm::build_block(b, hp, block * e.up_stride, rows, cfm_span, &caches.cfm))?;
+        vocoder += measure(s3gen::MAX_NODES, &|b| s3gen::hift::build_f0(b, &hp.hift, hp.mel_channels, window))?;
+        vocoder += measure(s3gen::MAX_NODES, &|b| s3gen::hift::build_decoder(b, &hp.hift, hp.mel_channels, window))?;
+    }
+    Ok(vec![
+        (blocks::STREAM_CACHES.into(), caches.bytes),
+        (blocks::STREAM_ENCODER.into(), encoder),
+        (blocks::STREAM_CFM.into(), cfm * steps),
+        (blocks::STREAM_VOCODER.into(), vocoder),
+    ])
 }
 
 /// A stage graph measured over one file's weights, by its builder.

@@ -8,12 +8,12 @@
 //! grapheme tokenizer with a language tag, the reference's start/stop slice,
 //! the 10-step standard decoder with guidance.
 
+use crate::chunk_stream::{BlockRunner, TokenChunker};
 use crate::cloning::reference::ReferenceRules;
 use crate::cloning::{voice_file, Voice};
 use crate::hparams::{S3GenHparams, T3Hparams, S3GEN_ARCH, T3_ARCH};
 use crate::s3gen::blocks::{BlockStream, StreamShape};
 use crate::s3gen::source::{apply_trim_fade, SourceNoise};
-use crate::s3gen::stream::VocoderStream;
 use crate::s3gen::S3Gen;
 use crate::sampler::{GuidedSamplingParams, SamplingParams, UniformSource, Xoshiro256};
 pub use crate::speech_tokens::SpeechGenerator;
@@ -27,6 +27,7 @@ use engine_core::model_kit::{Error, Result};
 use ggml_sys::gguf::GgufFile;
 use ggml_sys::Backend;
 use std::path::{Path, PathBuf};
+use std::sync::atomic::AtomicBool;
 
 /// Random draws recorded from a reference run, injected instead of seeded
 /// ones (parity debugging): `t3_uniforms.npy` (one per speech token),
@@ -176,6 +177,9 @@ pub struct SynthesisParams {
     /// Streaming: Euler steps of the CFM decoder; None = 1 for the meanflow
     /// decoder, else `cfm_steps`.
     pub stream_cfm_steps: Option<usize>,
+    /// Streaming on a GPU: S3Gen's blocks run on a worker thread and device
+    /// stream beside T3 (false: between T3's steps).
+    pub stream_beside_t3: bool,
     /// Euler steps of the CFM decoder; None = the model's default.
     pub cfm_steps: Option<usize>,
     pub draws: Option<PathBuf>,
@@ -205,6 +209,7 @@ impl Default for SynthesisParams {
             stream_context_tokens: 50,
             stream_prompt_tokens: 100,
             stream_cfm_steps: None,
+            stream_beside_t3: true,
             cfm_steps: None,
             draws: None,
         }
@@ -269,6 +274,10 @@ pub struct Chatterbox {
     /// The last streamed chunk's S3Gen state, kept for the next chunk of its
     /// shape (its caches are allocated once, not per chunk).
     stream: Option<BlockStream>,
+    /// On a GPU, the backend S3Gen computes on: the device's, with a stream
+    /// of its own, so that streamed blocks run beside T3's steps. Owned here,
+    /// dropped after S3Gen and the stream.
+    s3gen_stream: Option<Backend>,
 }
 
 /// A GGUF file's metadata and its `general.architecture`.
@@ -339,7 +348,16 @@ impl Chatterbox {
     /// Device bytes of the streaming state kept since the last streamed
     /// chunk, by the memory plan's items (none before one).
     pub fn stream_resident_bytes(&self) -> Vec<(&'static str, usize)> {
-        self.stream.as_ref().map(|s| s.resident_bytes().to_vec()).unwrap_or_default()
+        let Some(stream) = &self.stream else { return Vec::new() };
+        let mut items = stream.resident_bytes().to_vec();
+        items.push((crate::s3gen::blocks::STREAM_VOCODER, self.s3gen.window_graph_bytes()));
+        items
+    }
+
+    /// Whether S3Gen has a device stream of its own, so that streamed blocks
+    /// may run beside T3 (`stream_beside_t3`): a GPU device.
+    pub fn has_s3gen_stream(&self) -> bool {
+        self.s3gen_stream.is_some()
     }
 
     /// Loads the T3 file and the S3Gen file, given in either order, onto
@@ -358,12 +376,23 @@ impl Chatterbox {
             let tokenizer = TextTokenizer::from_json(&json, t3_hp.text_vocab).map_err(tokenizer_error)?;
             SpeechGenerator::Gpt2 { t3: T3::load(t3_path, borrow(), policy)?, tokenizer }
         };
-        let s3gen = S3Gen::load(s3_path, borrow(), policy)?;
+        let s3gen_stream = match backend.second_stream() {
+            Ok(second) => second,
+            Err(e) => {
+                tracing::warn!("S3Gen shares T3's stream, so streamed blocks wait for T3's steps: {e}");
+                None
+            }
+        };
+        let s3_backend = match &s3gen_stream {
+            Some(second) => unsafe { Backend::from_raw(second.as_ptr()) }.expect("backend is not null"),
+            None => borrow(),
+        };
+        let s3gen = S3Gen::load(s3_path, s3_backend, policy)?;
         let builtin = Voice { t3: t3.builtin_voice()?, s3gen: s3gen.builtin_voice()? };
         if !builtin.s3gen.prompt_feat.len().is_multiple_of(s3gen.hp.mel_channels) {
             return Err(format!("{}: the built-in prompt_feat is not whole mel frames", s3_path.display()).into());
         }
-        Ok(Chatterbox { t3, s3gen, builtin, stream: None })
+        Ok(Chatterbox { t3, s3gen, builtin, stream: None, s3gen_stream })
     }
 
     /// The voice the files carry (`voice.builtin.*`).
@@ -557,11 +586,12 @@ impl Chatterbox {
 
     /// One text chunk streamed as T3 generates: after `stream_first_tokens`
     /// speech tokens, then every `hop` (the last `pre_lookahead` tokens held
-    /// back: the encoder has not seen what follows them), S3Gen's encoder and CFM run over the prompt and
-    /// every code so far, with one noise draw per utterance indexed by frame,
-    /// and the new mel frames go to the vocoder stream (CosyVoice2's
-    /// `token2wav`). Each token is reported to `out` as progress. Returns the
-    /// tokens and whether `out` wants more.
+    /// back: the encoder has not seen what follows them), S3Gen's next block
+    /// ([`TokenChunker`]) goes to the vocoder stream. On a device where S3Gen
+    /// has a stream of its own, the blocks run on a worker thread while T3
+    /// goes on; the pieces are handed on in order as T3's steps find them
+    /// done. Each token is reported to `out` as progress. Returns the tokens
+    /// and whether `out` wants more.
     #[allow(clippy::too_many_arguments)]
     fn synthesize_chunk_streamed(
         &mut self,
@@ -574,40 +604,72 @@ impl Chatterbox {
         out: &mut ChunkOut,
     ) -> Result<(Vec<u32>, bool)> {
         let codes_of = self.t3.code_reader(self.s3gen.hp.speech_vocab as u32);
+        let overlap = params.stream_beside_t3 && self.s3gen_stream.is_some();
         let (t3, s3) = (&mut self.t3, &mut self.s3gen);
-        let mut chunker = TokenChunker::new(s3, voice, params, seed, hop, self.stream.take())?;
+        let (chunker, mut due) = TokenChunker::new(s3, voice, params, seed, hop, self.stream.take())?;
+        let stop = AtomicBool::new(false);
         let mut going_on = true;
-        let mut stage_ms = Timings::default();
-        let tokens = {
-            let mut on_token = |tokens: &[u32]| -> Result<bool> {
-                going_on = out.tokens(tokens.len());
-                if !going_on {
-                    return Ok(false);
-                }
-                let codes = codes_of.read(tokens, false);
-                if !chunker.due(codes.len()) {
-                    return Ok(true);
-                }
-                let audio = chunker.emit(s3, &codes, false, &mut stage_ms)?;
-                going_on = out.audio(&audio);
-                Ok(going_on)
+        let (tokens, end) = std::thread::scope(|scope| -> Result<_> {
+            let (mut runner, worker) = if overlap {
+                let (runner, worker) = BlockRunner::spawn(scope, chunker, s3, &stop)?;
+                (runner, Some(worker))
+            } else {
+                (BlockRunner::inline(chunker, s3), None)
             };
-            t3.generate(ids, &voice.t3, params, UniformSource::seeded(seed), timings, &mut on_token)?
-        };
-        // The token that ends generation is not handed to `on_token`; the count ends exact.
-        going_on = going_on && out.tokens(tokens.len());
-        if going_on {
-            let codes = codes_of.read(&tokens, true);
-            if codes.is_empty() {
-                return Err(format!("T3 produced no speech tokens ({} tokens, none a speech code)", tokens.len()).into());
+            let generated = {
+                let mut on_token = |tokens: &[u32]| -> Result<bool> {
+                    going_on = out.tokens(tokens.len());
+                    if going_on {
+                        let codes = codes_of.read(tokens, false);
+                        if due.take(codes.len()) {
+                            runner.submit(codes, false)?;
+                        }
+                        while going_on {
+                            let Some(piece) = runner.next_piece(false)? else { break };
+                            going_on = out.audio(&piece);
+                        }
+                    }
+                    Ok(going_on)
+                };
+                t3.generate(ids, &voice.t3, params, UniformSource::seeded(seed), timings, &mut on_token)
+            };
+            // The token that ends generation is not handed to `on_token`; the count ends exact.
+            let finished = generated.and_then(|tokens| {
+                going_on = going_on && out.tokens(tokens.len());
+                if going_on {
+                    let codes = codes_of.read(&tokens, true);
+                    if codes.is_empty() {
+                        return Err(format!("T3 produced no speech tokens ({} tokens, none a speech code)", tokens.len()).into());
+                    }
+                    runner.submit(codes, true)?;
+                    while going_on {
+                        let Some(piece) = runner.next_piece(true)? else { break };
+                        going_on = out.audio(&piece);
+                    }
+                }
+                Ok(tokens)
+            });
+            if finished.is_err() || !going_on {
+                runner.stop();
             }
-            let audio = chunker.emit(s3, &codes, true, &mut stage_ms)?;
-            going_on = out.audio(&audio);
+            let end = match worker {
+                Some(worker) => {
+                    drop(runner);
+                    Some(worker.join().map_err(|panic| {
+                        let what = panic.downcast_ref::<&str>().map(|s| s.to_string()).or_else(|| panic.downcast_ref::<String>().cloned());
+                        Error::msg(format!("internal error: the S3Gen block worker panicked: {}", what.as_deref().unwrap_or("(no message)")))
+                    })?)
+                }
+                None => runner.into_inline_end(),
+            };
+            Ok((finished?, end))
+        })?;
+        if let Some((chunker, stage_ms)) = end {
+            for (stage, ms) in &stage_ms.entries {
+                timings.add(stage, *ms);
+            }
+            self.stream = chunker.into_blocks();
         }
-        for (stage, ms) in &stage_ms.entries {
-            timings.add(stage, *ms);
-        }
-        self.stream = chunker.blocks.take();
         Ok((tokens, going_on))
     }
 
@@ -724,125 +786,6 @@ impl ChunkOut<'_, '_> {
         let sent = self.out.send(&self.join.push_piece(piece, self.starts_chunk));
         self.starts_chunk = false;
         sent
-    }
-}
-
-/// The S3Gen side of token streaming: when a chunk of codes is due, and the
-/// mel and audio it adds.
-///
-/// Each hop is one block of S3Gen's block-causal streaming
-/// ([`BlockStream`]): the encoder and the CFM run over the hop's codes only,
-/// attending to what earlier blocks left in their caches. The first block is
-/// the voice prompt's last `stream_prompt_tokens` codes with the first hop;
-/// the CFM sees the prompt's frames and the `stream_context_tokens` codes'
-/// frames before a block (0: every frame). A chunk whose codes all arrive
-/// before its first hop is due is one block: the one-shot encoder and CFM.
-struct TokenChunker {
-    hop: usize,
-    /// Codes the next emission needs (a hop beyond the last, plus the lookahead).
-    next_due: usize,
-    lookahead: usize,
-    up_stride: usize,
-    prompt_token: Vec<i32>,
-    prompt_feat: Vec<f32>,
-    /// Frames of the whole prompt: the noise draw's frame index of speech frame 0.
-    prompt_frames_full: usize,
-    spks: Vec<f32>,
-    steps: usize,
-    z_draws: Xoshiro256,
-    /// The utterance's CFM noise, `[frame][mel]`, frame 0 the whole prompt's first.
-    z: Vec<f32>,
-    /// Created with the first block (a chunk in one block needs none).
-    blocks: Option<BlockStream>,
-    shape: StreamShape,
-    vocoder: VocoderStream,
-}
-
-impl TokenChunker {
-    /// The chunker of a chunk; `kept` is the last chunk's stream, reused
-    /// where its shape is this chunk's.
-    fn new(s3: &mut S3Gen, voice: &Voice, params: &SynthesisParams, seed: u64, hop: usize, kept: Option<BlockStream>) -> Result<TokenChunker> {
-        let (lookahead, up_stride, mel_ch) = (s3.hp.encoder.pre_lookahead, s3.hp.encoder.up_stride, s3.hp.mel_channels);
-        // CosyVoice2 pads its first hop to the hop grid of prompt + speech,
-        // which its chunk-causal flow needs; blocks here may be any length,
-        // so a short first hop only brings the first audio forward.
-        let first = params.stream_first_tokens.clamp(1, hop);
-        let (tokens, feat) = (&voice.s3gen.prompt_token, &voice.s3gen.prompt_feat);
-        let prompt_frames_full = feat.len() / mel_ch;
-        let keep = params.stream_prompt_tokens;
-        let (prompt_token, prompt_feat) = if keep == 0 || keep >= tokens.len() {
-            (tokens.clone(), feat.clone())
-        } else {
-            // Dropping prompt codes drops their frames too (a voice may carry
-            // more frames than its codes make; those stay, as one-shot keeps them).
-            let dropped = tokens.len() - keep;
-            let dropped_frames = (dropped * up_stride).min(prompt_frames_full);
-            (tokens[dropped..].to_vec(), feat[dropped_frames * mel_ch..].to_vec())
-        };
-        let steps = stream_cfm_steps(&s3.hp, params);
-        let shape = stream_shape(prompt_token.len(), params, first, hop, steps);
-        Ok(TokenChunker {
-            hop,
-            next_due: first + lookahead,
-            lookahead,
-            up_stride,
-            prompt_token,
-            prompt_feat,
-            prompt_frames_full,
-            spks: s3.speaker_projection(&voice.s3gen.embedding)?,
-            steps,
-            z_draws: Xoshiro256::new(seed ^ 0x5EED_CF31),
-            z: Vec::new(),
-            blocks: kept.filter(|b| b.shape() == shape).map(BlockStream::restarted),
-            shape,
-            vocoder: VocoderStream::new(s3, seed ^ 0x50_0C3E),
-        })
-    }
-
-    fn due(&self, codes: usize) -> bool {
-        codes >= self.next_due
-    }
-
-    /// The next block, up to `codes`' end (all of it when `last`, else up to
-    /// the lookahead's): its new mel frames through the vocoder.
-    fn emit(&mut self, s3: &mut S3Gen, codes: &[i32], last: bool, timings: &mut Timings) -> Result<Vec<f32>> {
-        let mel_ch = s3.hp.mel_channels;
-        let mut tokens = self.prompt_token.clone();
-        tokens.extend_from_slice(codes);
-        let end = if last { tokens.len() } else { tokens.len() - self.lookahead };
-        self.next_due = codes.len() + self.hop;
-        let prompt_frames = self.prompt_feat.len() / mel_ch;
-        let start = self.blocks.as_ref().map_or(0, BlockStream::tokens_done);
-        if end <= start {
-            return timings.time("hift", || self.vocoder.push(s3, &[], last));
-        }
-        let (f0, f1) = (start * self.up_stride, end * self.up_stride);
-        if prompt_frames >= f1 && last {
-            return Err(format!("the voice's prompt has {prompt_frames} mel frames, the encoder produced only {f1}").into());
-        }
-        // One draw per utterance: a frame gets the noise one-shot synthesis
-        // gives it, wherever the window puts it.
-        let noise_of = |f: usize| self.prompt_frames_full - prompt_frames + f;
-        if self.z.len() < noise_of(f1) * mel_ch {
-            let more = self.z_draws.gaussians(noise_of(f1) * mel_ch - self.z.len());
-            self.z.extend(more);
-        }
-        let z = &self.z[noise_of(f0) * mel_ch..noise_of(f1) * mel_ch];
-        let cond: Vec<f32> = (f0 * mel_ch..f1 * mel_ch).map(|i| self.prompt_feat.get(i).copied().unwrap_or(0.0)).collect();
-        let x = if start == 0 && last {
-            // The whole chunk in one block: the one-shot encoder and CFM.
-            let encoded = timings.time("s3gen.encoder", || s3.encode(&tokens))?;
-            timings.time("s3gen.cfm", || s3.integrate(z, &encoded.mu, &self.spks, &cond, self.steps))?
-        } else {
-            if self.blocks.is_none() {
-                self.blocks = Some(BlockStream::new(s3, &self.shape)?);
-            }
-            let blocks = self.blocks.as_mut().expect("made above");
-            let encoded = timings.time("s3gen.encoder", || blocks.encode(s3, &tokens, end))?;
-            timings.time("s3gen.cfm", || blocks.integrate(s3, z, &encoded.mu, &self.spks, &cond, None))?
-        };
-        let first = prompt_frames.clamp(f0, f1) - f0;
-        timings.time("hift", || self.vocoder.push(s3, &x[first * mel_ch..], last))
     }
 }
 

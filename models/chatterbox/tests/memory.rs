@@ -89,16 +89,16 @@ fn check(variant: &str, backend: &str) {
         }
 
         // Streamed in hops of 8: the stream's caches are the plan's, its block
-        // graphs within the plan's bound (the largest block over the longest span).
+        // graphs (one per kind of block) within the plan's bound (each kind over the longest span).
         let hops = SynthesisParams { stream_tokens: 8, stream_first_tokens: 4, ..params.clone() };
         let mut samples = Vec::new();
         model.synthesize_streaming("Hello there, my old friend.", &hops, &mut PieceSender::collecting(&mut samples)).unwrap();
         let (plan, _) = memory::plan(&files, &handle.ggml_backend(), &policy, &hops, Some(lengths)).unwrap();
         let streamed = model.stream_resident_bytes();
-        assert_eq!(streamed.len(), 3, "{what}: the stream keeps its state");
-        let [(caches, cache_bytes), (encoder, encoder_bytes), (cfm, cfm_bytes)] = streamed[..] else { unreachable!() };
+        assert_eq!(streamed.len(), 4, "{what}: the stream keeps its state");
+        let [(caches, cache_bytes), (encoder, encoder_bytes), (cfm, cfm_bytes), (vocoder, vocoder_bytes)] = streamed[..] else { unreachable!() };
         assert_eq!(plan.get(caches), Some(cache_bytes as u64), "{what}: {caches}");
-        for (stage, bytes) in [(encoder, encoder_bytes), (cfm, cfm_bytes)] {
+        for (stage, bytes) in [(encoder, encoder_bytes), (cfm, cfm_bytes), (vocoder, vocoder_bytes)] {
             assert!(bytes > 0 && plan.get(stage) >= Some(bytes as u64), "{what}: {stage} planned {:?}, built {bytes}", plan.get(stage));
         }
         let unstreamed = SynthesisParams { stream_tokens: 0, ..hops };

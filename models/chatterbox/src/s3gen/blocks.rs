@@ -28,10 +28,35 @@ use ggml_sys::{GraphSlot, Type, TYPE_F32};
 pub const STREAM_CACHES: &str = "s3gen.stream_caches";
 pub const STREAM_ENCODER: &str = "s3gen.stream_encoder";
 pub const STREAM_CFM: &str = "s3gen.stream_cfm";
+pub const STREAM_VOCODER: &str = "s3gen.stream_vocoder";
 
 /// Attention spans grow in steps of this many tokens, so that a graph built
 /// for one block serves the blocks after it until the span must grow.
 pub const SPAN_TOKENS: usize = 64;
+
+/// The kinds of block a streamed chunk has, each with graphs of its own:
+/// the first (the voice prompt with the first hop), a hop, and the last
+/// (what is left when T3 ends). Every hop of every chunk then reuses one
+/// graph per stage (where spans are whole, [`BlockStream`]); the first
+/// block's stays for the next chunk, and the last block's for a next last
+/// block of its length.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum BlockKind {
+    First,
+    Hop,
+    Last,
+}
+
+impl BlockKind {
+    pub const ALL: [BlockKind; 3] = [BlockKind::First, BlockKind::Hop, BlockKind::Last];
+
+    pub fn index(self) -> usize {
+        self as usize
+    }
+}
+
+/// One graph slot per [`BlockKind`].
+pub type KindSlots<K> = [GraphSlot<K>; 3];
 
 /// What the CFM's attention keeps of the frames before a block: the first
 /// `sink` frames (the prompt's), and the `recent` frames before the block.
@@ -88,10 +113,19 @@ impl StreamShape {
         (self.context_tokens > 0).then(|| Window { sink: self.prompt_tokens * up, recent: self.context_tokens * up, max_block })
     }
 
-    /// Tokens of the largest block: the first (the prompt and the first hop)
-    /// or a later one.
-    pub fn largest_block(&self, hp: &S3GenHparams) -> usize {
-        (self.prompt_tokens + self.first).max(self.hop + hp.encoder.pre_lookahead + crate::speech_tokens::SILENCE_CODES)
+    /// Tokens of each kind of block ([`BlockKind::ALL`]'s order): the first
+    /// (the prompt and the first hop), a hop, and at most the last (less than
+    /// a hop, the lookahead and the closing silence).
+    pub fn block_tokens(&self, hp: &S3GenHparams) -> [usize; 3] {
+        [self.prompt_tokens + self.first, self.hop, self.hop + hp.encoder.pre_lookahead + crate::speech_tokens::SILENCE_CODES]
+    }
+
+    /// Mel frames of each kind of block's vocoder window at most: the new
+    /// frames past the prompt, after the last window's kept frames.
+    pub fn vocoder_windows(&self, hp: &S3GenHparams) -> [usize; 3] {
+        let [_, hop, last] = self.block_tokens(hp);
+        let (up, kept) = (hp.encoder.up_stride, super::stream::CACHE_FRAMES);
+        [self.first * up, kept + hop * up, kept + last * up]
     }
 }
 
@@ -153,9 +187,11 @@ pub fn span_tokens(end: usize, capacity: usize) -> usize {
 /// The state of one streamed sequence (prompt tokens, then speech tokens).
 pub struct BlockStream {
     // Graphs first: they are dropped before the caches they read.
-    encoder_graph: GraphSlot<encoder::BlockShape>,
-    /// One graph per Euler step: each writes its own cache.
-    cfm_graphs: Vec<GraphSlot<(usize, usize)>>,
+    encoder_graphs: KindSlots<encoder::BlockShape>,
+    /// Per Euler step (each writes its own cache), one per kind of block.
+    cfm_graphs: Vec<KindSlots<(usize, usize)>>,
+    /// The kind of the block last encoded (the CFM's next).
+    kind: BlockKind,
     encoder_caches: encoder::EncoderCaches,
     cfm_caches: Vec<KvCache>,
     /// Per Euler step, every causal conv's last input frames.
@@ -176,6 +212,12 @@ pub struct BlockStream {
     /// With a window: the frame each CFM cache slot holds.
     slot_frames: Vec<Option<usize>>,
     shape: StreamShape,
+    /// Attention spans are the whole capacity from the first block on (a
+    /// GPU: masked keys cost it little, while a graph per span would be
+    /// rebuilt, and re-captured, as the span grows); else they grow in
+    /// [`SPAN_TOKENS`] steps with the sequence (the host, whose work
+    /// follows the span, and other devices).
+    whole_span: bool,
 }
 
 impl BlockStream {
@@ -189,8 +231,9 @@ impl BlockStream {
         let rows = guidance_rows(hp);
         let window = shape.window(hp);
         Ok(BlockStream {
-            encoder_graph: GraphSlot::default(),
-            cfm_graphs: (0..shape.steps).map(|_| GraphSlot::default()).collect(),
+            encoder_graphs: Default::default(),
+            cfm_graphs: (0..shape.steps).map(|_| Default::default()).collect(),
+            kind: BlockKind::First,
             encoder_caches,
             cfm_caches,
             conv_tails: vec![vec![0.0; cfm::conv_tail_len(&hp.cfm, rows)]; shape.steps],
@@ -204,6 +247,7 @@ impl BlockStream {
             window,
             slot_frames: vec![None; window.map_or(0, |w| w.slots())],
             shape: *shape,
+            whole_span: s3.on_gpu(),
         })
     }
 
@@ -223,12 +267,12 @@ impl BlockStream {
     }
 
     /// Device bytes by item, as the memory plan names them: the caches, the
-    /// encoder's block graph, the CFM's (one per Euler step).
+    /// encoder's block graphs, the CFM's (those of every Euler step).
     pub fn resident_bytes(&self) -> [(&'static str, usize); 3] {
         [
             (STREAM_CACHES, self.cache_bytes()),
-            (STREAM_ENCODER, self.encoder_graph.graph().map_or(0, |g| g.buffer_size())),
-            (STREAM_CFM, self.cfm_graphs.iter().map(|slot| slot.graph().map_or(0, |g| g.buffer_size())).sum()),
+            (STREAM_ENCODER, kind_slot_bytes(&self.encoder_graphs)),
+            (STREAM_CFM, self.cfm_graphs.iter().map(kind_slot_bytes).sum()),
         ]
     }
 
@@ -263,8 +307,16 @@ impl BlockStream {
         let right = (tokens.len() - end).min(e.pre_lookahead);
         let shape = encoder::BlockShape { left, new: end - start, right, span: self.span(end) };
         let (d, stride, n) = (e.n_embd, e.up_stride, shape.new);
+        // Only the last block has no lookahead after it.
+        self.kind = if start == 0 {
+            BlockKind::First
+        } else if end == tokens.len() {
+            BlockKind::Last
+        } else {
+            BlockKind::Hop
+        };
         let caches = &self.encoder_caches;
-        let graph = self.encoder_graph.get_or_build(shape, || {
+        let graph = self.encoder_graphs[self.kind.index()].get_or_build(shape, || {
             compute_graph(&s3.backend, &s3.weights, &s3.policy, MAX_NODES, "the S3Gen encoder", |b| encoder::build_block(&b, &s3.hp, shape, caches))
         })?;
         graph.set_i32(encoder::TOKENS, &tokens[start - left..end + right])?;
@@ -323,7 +375,7 @@ impl BlockStream {
         for step in 0..self.cfm_graphs.len() {
             let (t, r) = (self.schedule[step], self.schedule[step + 1]);
             let cache = &self.cfm_caches[step];
-            let graph = self.cfm_graphs[step].get_or_build((frames, span), || {
+            let graph = self.cfm_graphs[step][self.kind.index()].get_or_build((frames, span), || {
                 compute_graph(&s3.backend, &s3.weights, &s3.policy, MAX_NODES, "the CFM", |b| cfm::build_block(&b, &s3.hp, frames, self.rows, span, cache))
             })?;
             let xs = if self.rows == 1 { x.clone() } else { [&x[..], &x[..]].concat() };
@@ -358,8 +410,14 @@ impl BlockStream {
 
     /// The attention span, in tokens, of a block ending at `end`.
     fn span(&self, end: usize) -> usize {
-        span_tokens(end, self.shape.capacity())
+        let capacity = self.shape.capacity();
+        span_tokens(if self.whole_span { capacity } else { end }, capacity)
     }
+}
+
+/// Device bytes of the graphs held in `slots`.
+pub fn kind_slot_bytes<K: PartialEq>(slots: &KindSlots<K>) -> usize {
+    slots.iter().map(|slot| slot.graph().map_or(0, |g| g.buffer_size())).sum()
 }
 
 /// Rows of [`encoder::relative_offsets`] computed once and handed out as

@@ -87,13 +87,25 @@ fn cloning_derived(weights: &Weights, hp: &S3GenHparams) -> Result<Vec<engine_co
     Ok(derived)
 }
 
+/// Which of HiFT's graphs a run uses: the whole utterance's, or those of a
+/// kind of streamed window (each kept for the next window of its kind).
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum VocoderGraphs {
+    Whole,
+    Window(blocks::BlockKind),
+}
+
 pub struct S3Gen {
     // Graphs reference the weights: declared (dropped) first.
     encoder_graph: GraphSlot<usize>,
     /// Keyed by (frames, rows).
     cfm_graph: GraphSlot<(usize, usize)>,
+    /// HiFT's over a whole utterance, by mel frames.
     f0_graph: GraphSlot<usize>,
     hift_graph: GraphSlot<usize>,
+    /// HiFT's over a streamed chunk's windows, one per kind of block.
+    window_f0_graphs: blocks::KindSlots<usize>,
+    window_hift_graphs: blocks::KindSlots<usize>,
     /// CAMPPlus's, by fbank frames.
     campplus_graph: GraphSlot<usize>,
     /// The S3Tokenizer's, by mel frames (the T3 prompt's and S3Gen's lengths).
@@ -158,6 +170,8 @@ impl S3Gen {
             cfm_graph: GraphSlot::default(),
             f0_graph: GraphSlot::default(),
             hift_graph: GraphSlot::default(),
+            window_f0_graphs: Default::default(),
+            window_hift_graphs: Default::default(),
             campplus_graph: GraphSlot::default(),
             tokenizer_graph: GraphSlot::with_capacity(2),
             weights,
@@ -173,6 +187,11 @@ impl S3Gen {
 
     /// Whether S3Gen's graphs run on the host's cores (the CPU backend): host
     /// work done beside them would compete with them for those cores.
+    /// Whether S3Gen computes on a GPU (discrete or integrated).
+    pub fn on_gpu(&self) -> bool {
+        self.backend.device().is_some_and(|d| d.is_gpu())
+    }
+
     pub fn runs_on_host(&self) -> bool {
         self.backend.device().is_none_or(|d| d.kind() == ggml_sys::DeviceKind::Cpu)
     }
@@ -395,8 +414,17 @@ impl S3Gen {
 
     /// HiFT's F0 predictor: Hz per frame of a mel `[frames][mel_channels]`.
     pub fn predict_f0(&mut self, mel: &[f32]) -> Result<Vec<f32>> {
+        self.predict_f0_with(VocoderGraphs::Whole, mel)
+    }
+
+    /// [`Self::predict_f0`] on the graphs `graphs` names.
+    pub fn predict_f0_with(&mut self, graphs: VocoderGraphs, mel: &[f32]) -> Result<Vec<f32>> {
         let frames = self.mel_frames(mel)?;
-        let graph = self.f0_graph.get_or_build(frames, || {
+        let slot = match graphs {
+            VocoderGraphs::Whole => &mut self.f0_graph,
+            VocoderGraphs::Window(kind) => &mut self.window_f0_graphs[kind.index()],
+        };
+        let graph = slot.get_or_build(frames, || {
             compute_graph(&self.backend, &self.weights, &self.policy, MAX_NODES, "HiFT's F0 predictor", |b| {
                 hift::build_f0(&b, &self.hp.hift, self.hp.mel_channels, frames)
             })
@@ -419,13 +447,17 @@ impl S3Gen {
 
     /// HiFT's decoder on a mel and its excitation, computed; the graph holds
     /// both outputs until the next run.
-    fn run_hift(&mut self, mel: &[f32], excitation: &[f32], output: &str) -> Result<Vec<f32>> {
+    fn run_hift(&mut self, graphs: VocoderGraphs, mel: &[f32], excitation: &[f32], output: &str) -> Result<Vec<f32>> {
         let frames = self.mel_frames(mel)?;
         let hp = &self.hp.hift;
         if excitation.len() != frames * hp.samples_per_frame() {
             return Err(format!("the excitation has {} samples, {frames} mel frames need {}", excitation.len(), frames * hp.samples_per_frame()).into());
         }
-        let graph = self.hift_graph.get_or_build(frames, || {
+        let slot = match graphs {
+            VocoderGraphs::Whole => &mut self.hift_graph,
+            VocoderGraphs::Window(kind) => &mut self.window_hift_graphs[kind.index()],
+        };
+        let graph = slot.get_or_build(frames, || {
             compute_graph(&self.backend, &self.weights, &self.policy, MAX_NODES, "HiFT", |b| {
                 hift::build_decoder(&b, &self.hp.hift, self.hp.mel_channels, frames)
             })
@@ -443,12 +475,22 @@ impl S3Gen {
 
     /// HiFT's decoder body: mel + excitation → `conv_post` `[n_fft + 2][stft frames]`.
     pub fn hift_body(&mut self, mel: &[f32], excitation: &[f32]) -> Result<Vec<f32>> {
-        self.run_hift(mel, excitation, hift::CONV_POST)
+        self.run_hift(VocoderGraphs::Whole, mel, excitation, hift::CONV_POST)
     }
 
     /// HiFT's decoder down to the clamped waveform (before the trim fade).
     pub fn hift_waveform(&mut self, mel: &[f32], excitation: &[f32]) -> Result<Vec<f32>> {
-        self.run_hift(mel, excitation, hift::WAV)
+        self.hift_waveform_with(VocoderGraphs::Whole, mel, excitation)
+    }
+
+    /// [`Self::hift_waveform`] on the graphs `graphs` names.
+    pub fn hift_waveform_with(&mut self, graphs: VocoderGraphs, mel: &[f32], excitation: &[f32]) -> Result<Vec<f32>> {
+        self.run_hift(graphs, mel, excitation, hift::WAV)
+    }
+
+    /// Device bytes of the vocoder's graphs over streamed windows.
+    pub fn window_graph_bytes(&self) -> usize {
+        blocks::kind_slot_bytes(&self.window_f0_graphs) + blocks::kind_slot_bytes(&self.window_hift_graphs)
     }
 
     /// The whole vocoder on a mel `[frames][mel_channels]`, with the source's random draws given.

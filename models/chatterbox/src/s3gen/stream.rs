@@ -5,8 +5,9 @@
 //! samples of each window are held back and cross-faded (Hamming halves) with
 //! the next window's version of them, which had the frames after them to see.
 
+use super::blocks::BlockKind;
 use super::source::{apply_trim_fade, NoiseStreams, SourcePhase};
-use super::S3Gen;
+use super::{S3Gen, VocoderGraphs};
 use crate::Result;
 
 /// Mel frames carried into the next window (CosyVoice2: 8, 3840 samples at 24 kHz).
@@ -46,11 +47,18 @@ impl VocoderStream {
             return Ok(if last { std::mem::take(&mut self.tail) } else { Vec::new() });
         }
         let window: Vec<f32> = [&self.mel_cache[..], mel].concat();
-        let f0 = s3.predict_f0(&window)?;
+        // A chunk in one window (one block) is vocoded as a whole utterance.
+        let graphs = match (self.started, last) {
+            (false, true) => VocoderGraphs::Whole,
+            (false, false) => VocoderGraphs::Window(BlockKind::First),
+            (true, false) => VocoderGraphs::Window(BlockKind::Hop),
+            (true, true) => VocoderGraphs::Window(BlockKind::Last),
+        };
+        let f0 = s3.predict_f0_with(graphs, &window)?;
         let draws = self.noise.next(new_frames * per_frame);
         let excitation_new = s3.excitation_from(&f0[cached..], &draws, &mut self.phase)?;
         let excitation: Vec<f32> = [&self.excitation_cache[..], &excitation_new[..]].concat();
-        let mut wav = s3.hift_waveform(&window, &excitation)?;
+        let mut wav = s3.hift_waveform_with(graphs, &window, &excitation)?;
         if !self.started {
             apply_trim_fade(&mut wav, s3.hp.hift.trim_fade_samples);
             self.started = true;
