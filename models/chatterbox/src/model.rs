@@ -624,10 +624,7 @@ impl Chatterbox {
                         if due.take(codes.len()) {
                             runner.submit(codes, false)?;
                         }
-                        while going_on {
-                            let Some(piece) = runner.next_piece(false)? else { break };
-                            going_on = out.audio(&piece);
-                        }
+                        going_on = out.audio_from(&mut runner, false)?;
                     }
                     Ok(going_on)
                 };
@@ -642,10 +639,7 @@ impl Chatterbox {
                         return Err(format!("T3 produced no speech tokens ({} tokens, none a speech code)", tokens.len()).into());
                     }
                     runner.submit(codes, true)?;
-                    while going_on {
-                        let Some(piece) = runner.next_piece(true)? else { break };
-                        going_on = out.audio(&piece);
-                    }
+                    going_on = out.audio_from(&mut runner, true)?;
                 }
                 Ok(tokens)
             });
@@ -779,6 +773,17 @@ impl ChunkOut<'_, '_> {
         }
         self.reported = done;
         self.out.progress(SPEECH_TOKENS, done as u64, self.token_limit)
+    }
+
+    /// Every piece `runner` has finished (with `wait`, every one still to
+    /// come), in order; false: stop.
+    fn audio_from(&mut self, runner: &mut BlockRunner, wait: bool) -> Result<bool> {
+        while let Some(piece) = runner.next_piece(wait)? {
+            if !self.audio(&piece) {
+                return Ok(false);
+            }
+        }
+        Ok(true)
     }
 
     /// A piece of the chunk's audio; false: stop.
