@@ -26,6 +26,9 @@
 #               warm-up runs, since ggml-cuda captures a graph on its second run and replays it after
 #   t3          T3's decode step on CUDA (full-size Turbo F16): graph identities (TTS_GRAPH_UID) and
 #               PDL launches (GGML_CUDA_PDL) on and off, with the kernel tests and the CUDA parity suite
+#   vk_fusion   the Vulkan fusions of patch 0007 (LayerNorm, GELU in the matrix-vector epilogue): kernel
+#               tests, Vulkan parity, full-size Turbo F16 and Supertonic v2/v3 (10 s) with each fusion on
+#               and off, CUDA in the same call, and launches per graph from GGML_VK_PERF_LOGGER
 #   module      only the CUDA module (every other stage but stream builds it first too)
 # Work that takes long (the module, checkpoints) stays in /tmp/tts-gpu while
 # the machine does. Results go to $OUT (or /tmp/tts-gpu/out).
@@ -279,6 +282,54 @@ stage_stream() {
   python3 bench/supertonic_stream.py --backends $backends --threads 16 --runs 5 --rounds 3 \
     --markdown "$out/stream-supertonic.md" 2> "$out/stream-supertonic.log"
   cat "$out/stream-supertonic.md" || tail -20 "$out/stream-supertonic.log"
+}
+
+stage_vk_fusion() { # Vulkan patch 0007's fusions: kernel tests, parity, launches and wall time with each on and off
+  echo "== kernel tests on Vulkan"
+  for t in "$rel"/deps/vulkan_kernels-*; do
+    [ -x "$t" ] && LD_LIBRARY_PATH=$rel TTS_REQUIRE_BACKEND=vulkan "$t" --nocapture --test-threads 1 2>&1 | tee -a "$out/vk-kernels.log" | grep -E "err|test result|panicked"
+  done
+  echo "== parity suites on Vulkan"
+  for t in "$rel"/deps/parity_vulkan-*; do
+    [ -x "$t" ] && LD_LIBRARY_PATH=$rel TTS_REQUIRE_BACKEND=vulkan "$t" --nocapture --test-threads 1 2>&1 | tee -a "$out/parity-vulkan.log" | grep -E "rel err|agree|test result|panicked|FAILED|skipped"
+  done
+  local dir=$root/target/chatterbox-full
+  chatterbox_ckpt "$dir" turbo || return 1
+  local g=$dir/gguf-f16
+  [ -f "$g/t3-turbo.gguf" ] || python3 tools/chatterbox/convert.py "$dir" "$g" --weights f16 > /dev/null || return 1
+  [ -f "$root/target/supertonic-models/v3-d10.5-f32.gguf" ] ||
+    python3 bench/supertonic_vs_ort.py --versions v2 v3 --backends vulkan --runs 1 --rounds 1 --threads 16 --duration 10.5 > "$out/st-make.log" 2>&1
+  profile cuda cuda
+  profile vulkan vulkan
+  local text="The quick brown fox jumps over the lazy dog near the quiet river bank." text10="$(cat bench/utterance_10s.txt)"
+  # fusions: "norm gelu", each on or off (GGML_VK_DISABLE_NORM_FUSION, GGML_VK_DISABLE_MAT_VEC_GELU_FUSION)
+  fused() { [ "$1" = off ] && export GGML_VK_DISABLE_NORM_FUSION=1; [ "$2" = off ] && export GGML_VK_DISABLE_MAT_VEC_GELU_FUSION=1; }
+  for round in 1 2; do
+    for v in "on on" "off off" "on off" "off on"; do
+      echo "== round $round: Vulkan, LayerNorm fusion / GELU epilogue: $v"
+      ( fused $v
+        "$rel/tts" bench --profile "$work/vulkan.toml" --plugin-dir "$rel" --model "$g/t3-turbo.gguf" --model "$g/s3gen-meanflow.gguf" \
+          --text "$text" --runs 5 --warmup 1 --set max_new_tokens=99 --set min_new_tokens=100 --set seed=0 | grep -E "ms_per_token|s3gen|hift|total"
+        for v3 in v2 v3; do
+          "$rel/tts" bench --profile "$work/vulkan.toml" --plugin-dir "$rel" --model "$root/target/supertonic-models/$v3-d10.5-f32.gguf" \
+            --text "$text10" --runs 5 --warmup 1 | grep -E "total" | sed "s/^/supertonic $v3 /"
+        done )
+    done
+    echo "== round $round: CUDA"
+    "$rel/tts" bench --profile "$work/cuda.toml" --plugin-dir "$rel" --model "$g/t3-turbo.gguf" --model "$g/s3gen-meanflow.gguf" \
+      --text "$text" --runs 5 --warmup 1 --set max_new_tokens=99 --set min_new_tokens=100 --set seed=0 | grep -E "ms_per_token|s3gen|hift|total"
+    for v3 in v2 v3; do
+      "$rel/tts" bench --profile "$work/cuda.toml" --plugin-dir "$rel" --model "$root/target/supertonic-models/$v3-d10.5-f32.gguf" \
+        --text "$text10" --runs 5 --warmup 1 | grep -E "total" | sed "s/^/supertonic $v3 /"
+    done
+  done
+  for v in "on on" "off off"; do
+    echo "== Vulkan launches per graph, fusions $v (GGML_VK_PERF_LOGGER: a timestamp and a barrier around each dispatch)"
+    ( fused $v
+      GGML_VK_PERF_LOGGER=1 "$rel/tts" bench --profile "$work/vulkan.toml" --plugin-dir "$rel" --model "$g/t3-turbo.gguf" --model "$g/s3gen-meanflow.gguf" \
+        --text "$text" --runs 1 --warmup 0 --set max_new_tokens=99 --set min_new_tokens=100 --set seed=0 > /dev/null 2> "$out/vk-perf-${v// /-}.log" )
+    python3 bench/perf_summary.py "$out/vk-perf-${v// /-}.log" --top 6
+  done
 }
 
 stage_stream_cost() {

@@ -7,7 +7,8 @@ import argparse
 import re
 from collections import OrderedDict
 
-LINE = re.compile(r"^(.*): (\d+) x ([0-9.]+) us = ([0-9.]+) us$")
+# ggml-vulkan appends "(N GFLOPS/s)" to products and attention.
+LINE = re.compile(r"^(.*): (\d+) x ([0-9.]+) us = ([0-9.]+) us(?: \([0-9.]+ GFLOPS/s\))?$")
 
 
 def graphs(text):
