@@ -201,11 +201,13 @@ impl<'c, 'w> Builder<'c, 'w> {
     }
 
     /// Whether a mask keeps this device's fused attention from reading K/V
-    /// rows past the end: ggml-cuda's kernels stop at the mask's bounds, while
-    /// lavapipe still faulted on Supertonic's tiny v3 with a zero mask, so
-    /// other GPUs keep the explicit path for unmasked attention.
+    /// rows past the end: ggml-cuda's kernels stop at the mask's bounds, and
+    /// ggml-vulkan's clamp the reads of a K/V length that is not a whole
+    /// number of tiles. (lavapipe faulted on Supertonic's tiny v3 with a zero
+    /// mask before Vulkan patch 0004 fixed its stale descriptors, not since.)
+    /// Other GPUs keep the explicit path for unmasked attention.
     fn zero_mask_bounds_reads(&self) -> bool {
-        self.device.and_then(|d| d.registry()).is_some_and(|r| r.name().eq_ignore_ascii_case("cuda"))
+        self.device.and_then(|d| d.registry()).is_some_and(|r| r.name().eq_ignore_ascii_case("cuda") || r.name().eq_ignore_ascii_case("vulkan"))
     }
 
     /// An F16 mask `[n_kv, n_q]` of zeros, its rows padded to whole
