@@ -89,6 +89,15 @@ profile() { # name backend [extra toml]
   printf '[backend]\nprefer = ["%s"]\nfallback = false\n[backends.cpu]\nthreads = 16\n%s' "$2" "${3:-}" > "$work/$1.toml"
 }
 
+# Every test binary named $1 (a glob), on backend $2, its output appended to
+# $out/$3 and the lines matching $4 shown.
+suite() {
+  local t
+  for t in "$rel"/deps/$1-*; do
+    [ -x "$t" ] && LD_LIBRARY_PATH=$rel TTS_REQUIRE_BACKEND=$2 "$t" --nocapture --test-threads 1 2>&1 | tee -a "$out/$3" | grep -E "$4"
+  done
+}
+
 stage_parity() {
   echo "== devices"
   profile cuda cuda
@@ -97,21 +106,17 @@ stage_parity() {
   profile vulkan vulkan
   "$rel/tts" devices --profile "$work/vulkan.toml" --plugin-dir "$rel" 2>&1 | sed -n '/backend vulkan/,/backend /p' | grep -v "^backend [^v]"
   echo "== parity suites on Vulkan"
-  for t in "$rel"/deps/parity_vulkan-*; do
-    [ -x "$t" ] && LD_LIBRARY_PATH=$rel TTS_REQUIRE_BACKEND=vulkan "$t" --nocapture --test-threads 1 2>&1 | tee -a "$out/parity-vulkan.log" | grep -E "rel err|agree|test result|panicked|FAILED|skipped"
-  done
+  suite parity_vulkan vulkan parity-vulkan.log "rel err|agree|test result|panicked|FAILED|skipped"
+  echo "== kernel tests on Vulkan"
+  suite vulkan_kernels vulkan vk-kernels.log "err|test result|panicked"
   echo "== parity suites on CUDA"
-  for t in "$rel"/deps/parity_cuda-*; do
-    [ -x "$t" ] && LD_LIBRARY_PATH=$rel TTS_REQUIRE_BACKEND=cuda "$t" --nocapture --test-threads 1 2>&1 | tee -a "$out/parity.log" | grep -E "rel err|agree|test result|panicked|FAILED|skipped"
-  done
+  suite parity_cuda cuda parity.log "rel err|agree|test result|panicked|FAILED|skipped"
   echo "== every Chatterbox stage on CUDA, reported"
   for t in "$rel"/deps/parity-*; do
     [ -x "$t" ] && LD_LIBRARY_PATH=$rel TTS_BACKEND=cuda "$t" report_on_another_conversion --ignored --nocapture 2>&1 | tee -a "$out/parity.log" | grep -E "rel err|agree|test result|panicked"
   done
   echo "== kernel tests on CUDA"
-  for t in "$rel"/deps/cuda_kernels-*; do
-    [ -x "$t" ] && LD_LIBRARY_PATH=$rel TTS_REQUIRE_BACKEND=cuda "$t" --nocapture --test-threads 1 2>&1 | tee -a "$out/kernels.log" | grep -E "err|test result|panicked|skipped"
-  done
+  suite cuda_kernels cuda kernels.log "err|test result|panicked|skipped"
   echo "== tts compare on the tiny fixtures"
   local t3=$root/tests/fixtures/chatterbox/turbo-tiny/t3-turbo.gguf s3=$root/tests/fixtures/chatterbox/turbo-tiny/s3gen-meanflow.gguf
   local st=$root/tests/fixtures/supertonic/tiny-v2/model.gguf text="The quick brown fox jumps over the lazy dog."
@@ -245,8 +250,8 @@ stage_module() { :; }
 
 stage_t3() { # T3's decode step on CUDA: graph identities and PDL launches on and off, kernel and parity checks
   echo "== kernel tests and parity on CUDA"
-  for t in "$rel"/deps/cuda_kernels-* "$rel"/deps/parity_cuda-*; do
-    [ -x "$t" ] && LD_LIBRARY_PATH=$rel TTS_REQUIRE_BACKEND=cuda "$t" --nocapture --test-threads 1 2>&1 | tee -a "$out/t3-checks.log" | grep -E "test result|panicked|FAILED|skipped"
+  for name in cuda_kernels parity_cuda; do
+    suite $name cuda t3-checks.log "test result|panicked|FAILED|skipped"
   done
   chatterbox_ckpt "$root/target/chatterbox-full" turbo || return 1
   local g=$root/target/chatterbox-full/gguf-f16
@@ -286,13 +291,9 @@ stage_stream() {
 
 stage_vk_fusion() { # Vulkan patch 0007's fusions: kernel tests, parity, launches and wall time with each on and off
   echo "== kernel tests on Vulkan"
-  for t in "$rel"/deps/vulkan_kernels-*; do
-    [ -x "$t" ] && LD_LIBRARY_PATH=$rel TTS_REQUIRE_BACKEND=vulkan "$t" --nocapture --test-threads 1 2>&1 | tee -a "$out/vk-kernels.log" | grep -E "err|test result|panicked"
-  done
+  suite vulkan_kernels vulkan vk-kernels.log "err|test result|panicked"
   echo "== parity suites on Vulkan"
-  for t in "$rel"/deps/parity_vulkan-*; do
-    [ -x "$t" ] && LD_LIBRARY_PATH=$rel TTS_REQUIRE_BACKEND=vulkan "$t" --nocapture --test-threads 1 2>&1 | tee -a "$out/parity-vulkan.log" | grep -E "rel err|agree|test result|panicked|FAILED|skipped"
-  done
+  suite parity_vulkan vulkan parity-vulkan.log "rel err|agree|test result|panicked|FAILED|skipped"
   local dir=$root/target/chatterbox-full
   chatterbox_ckpt "$dir" turbo || return 1
   local g=$dir/gguf-f16

@@ -2,7 +2,7 @@
 //! 0007): each fused chain on the models' shapes, against the CPU plugin on the
 //! same inputs and against the unfused dispatches on the same device. They run
 //! on lavapipe here and in CI, and on the GPU host's device (`bench/gpu_host.sh
-//! parity`, where a GPU is ranked before a software device).
+//! parity` and `vk_fusion`, where a GPU is ranked before a software device).
 //!
 //! A chain is kept from fusing by giving its middle node a second reader (a
 //! `concat` with it), which is what ggml's fusion rules refuse; the fused and
@@ -10,9 +10,9 @@
 
 mod common;
 
-use common::{one_at_a_time, open_device, run_graph, values};
+use common::{matvec_gelu, one_at_a_time, open_device, run_graph, values, Gelu};
 use engine_core::abi::{BackendHandle, OptionValue};
-use ggml_sys::{Context, Tensor, Type, TYPE_F16, TYPE_F32};
+use ggml_sys::{Context, Tensor, TYPE_F16, TYPE_F32};
 
 fn vulkan() -> BackendHandle {
     open_device(
@@ -83,42 +83,6 @@ fn fused_layer_norm_matches_the_cpu_and_the_unfused_dispatches() {
     }
 }
 
-/// `gelu(W x + b)` for `W` `[cols, rows]` of type `ty` and one column `x`,
-/// with ggml's GELU node (the tanh form).
-fn matvec_gelu(handle: &BackendHandle, ty: Type, cols: usize, rows: usize, chain: Chain) -> Vec<f32> {
-    run_graph(handle, |ctx| {
-        let w = ctx.new_tensor(ty, &[cols as i64, rows as i64]).unwrap();
-        let x = ctx.new_tensor(TYPE_F32, &[cols as i64, 1]).unwrap();
-        let b = ctx.new_tensor(TYPE_F32, &[rows as i64, 1]).unwrap();
-        let y = ctx.add(ctx.mul_mat(w, x).unwrap(), b).unwrap();
-        let out = match chain {
-            Chain::Fused => ctx.gelu(y).unwrap(),
-            Chain::Unfused => first_half(ctx, ctx.concat(ctx.gelu(y).unwrap(), y, 1).unwrap(), rows, 1),
-        };
-        // Weights scaled so that pre-activations spread over about ±3, GELU's curved part.
-        let spread = 6.0 / (cols as f32).sqrt();
-        let weights = values(cols * rows, (cols + rows) as u64).iter().map(|v| v * spread).collect();
-        (vec![(w, weights), (x, values(cols, 31)), (b, values(rows, 32))], ctx.cont(out).unwrap())
-    })
-}
-
-/// `gelu(W x + b)` in F32 from elementary ops: the CPU's GELU node reads an
-/// F16 table, so it is no reference at 1e-5.
-fn matvec_gelu_composed(handle: &BackendHandle, cols: usize, rows: usize) -> Vec<f32> {
-    run_graph(handle, |ctx| {
-        let w = ctx.new_tensor(TYPE_F32, &[cols as i64, rows as i64]).unwrap();
-        let x = ctx.new_tensor(TYPE_F32, &[cols as i64, 1]).unwrap();
-        let b = ctx.new_tensor(TYPE_F32, &[rows as i64, 1]).unwrap();
-        let y = ctx.add(ctx.mul_mat(w, x).unwrap(), b).unwrap();
-        let inner = ctx.add(y, ctx.scale(ctx.mul(ctx.mul(y, y).unwrap(), y).unwrap(), 0.044715).unwrap()).unwrap();
-        let t = ctx.tanh(ctx.scale(inner, 0.797_884_6).unwrap()).unwrap();
-        let out = ctx.mul(y, ctx.scale_bias(t, 0.5, 0.5).unwrap()).unwrap();
-        let spread = 6.0 / (cols as f32).sqrt();
-        let weights = values(cols * rows, (cols + rows) as u64).iter().map(|v| v * spread).collect();
-        (vec![(w, weights), (x, values(cols, 31)), (b, values(rows, 32))], out)
-    })
-}
-
 /// The GELU in the matrix-vector epilogue, as T3's feed-forward (1024 → 4096)
 /// and an odd shape run it: F32 weights against the CPU, F32 and F16 weights
 /// against the unfused dispatches (the same sums, then the same GELU).
@@ -128,14 +92,14 @@ fn matvec_with_gelu_matches_the_cpu_and_the_unfused_dispatches() {
     let cpu = cpu();
     let gpu = vulkan();
     for (cols, rows) in [(1024, 4096), (80, 33)] {
-        let want = matvec_gelu_composed(&cpu, cols, rows);
-        let got = matvec_gelu(&gpu, TYPE_F32, cols, rows, Chain::Fused);
+        let want = matvec_gelu(&cpu, TYPE_F32, cols, rows, Gelu::Composed);
+        let got = matvec_gelu(&gpu, TYPE_F32, cols, rows, Gelu::Node);
         let e = engine_core::compare::max_rel_err(&got, &want).unwrap();
         println!("matvec + bias + gelu F32 [{cols} -> {rows}] against the CPU: rel err {e:.3e} (tolerance 1e-5)");
         assert!(e <= 1e-5, "[{cols} -> {rows}]: relative error {e:.3e} against the CPU");
         for ty in [TYPE_F32, TYPE_F16] {
-            let fused = matvec_gelu(&gpu, ty, cols, rows, Chain::Fused);
-            let unfused = matvec_gelu(&gpu, ty, cols, rows, Chain::Unfused);
+            let fused = matvec_gelu(&gpu, ty, cols, rows, Gelu::Node);
+            let unfused = matvec_gelu(&gpu, ty, cols, rows, Gelu::NodeUnfused);
             let e = engine_core::compare::max_rel_err(&fused, &unfused).unwrap();
             let name = ggml_sys::type_name(ty);
             println!("matvec + bias + gelu {name} [{cols} -> {rows}] fused against unfused: rel err {e:.3e} (tolerance 1e-6)");

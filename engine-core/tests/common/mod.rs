@@ -3,7 +3,7 @@
 
 use engine_core::abi::{BackendHandle, OptionValue};
 use engine_core::loader;
-use ggml_sys::{Context, Tensor};
+use ggml_sys::{Context, Tensor, Type, TYPE_F32};
 use std::path::PathBuf;
 
 pub fn artifact_dir() -> PathBuf {
@@ -50,4 +50,42 @@ pub fn run_graph(handle: &BackendHandle, build: impl for<'c> FnOnce(&'c Context)
     }
     backend.compute(&graph).unwrap();
     out.get_f32().unwrap()
+}
+
+/// How [`matvec_gelu`] builds `gelu(W x + b)`.
+#[derive(Clone, Copy, PartialEq)]
+pub enum Gelu {
+    /// The tanh formula from elementary ops, in F32 (the CPU's GELU node
+    /// reads an F16 table, so it is no reference at 1e-5).
+    Composed,
+    /// The device's GELU node right after the biased product: what the CUDA
+    /// (0006) and Vulkan (0007) patches fuse into the product's epilogue.
+    Node,
+    /// The GELU node with the biased product also read by another node, so it
+    /// cannot be fused: the unfused kernels' result.
+    NodeUnfused,
+}
+
+/// `gelu(W x + b)` for `W` `[cols, rows]` of type `ty` and one column `x`.
+pub fn matvec_gelu(handle: &BackendHandle, ty: Type, cols: usize, rows: usize, gelu: Gelu) -> Vec<f32> {
+    run_graph(handle, |ctx| {
+        let w = ctx.new_tensor(ty, &[cols as i64, rows as i64]).unwrap();
+        let x = ctx.new_tensor(TYPE_F32, &[cols as i64, 1]).unwrap();
+        let b = ctx.new_tensor(TYPE_F32, &[rows as i64, 1]).unwrap();
+        let y = ctx.add(ctx.mul_mat(w, x).unwrap(), b).unwrap();
+        let out = match gelu {
+            Gelu::Composed => {
+                let inner = ctx.add(y, ctx.scale(ctx.mul(ctx.mul(y, y).unwrap(), y).unwrap(), 0.044715).unwrap()).unwrap();
+                let t = ctx.tanh(ctx.scale(inner, 0.797_884_6).unwrap()).unwrap();
+                ctx.mul(y, ctx.scale_bias(t, 0.5, 0.5).unwrap()).unwrap()
+            }
+            Gelu::Node => ctx.gelu(y).unwrap(),
+            Gelu::NodeUnfused => ctx.view(ctx.concat(ctx.gelu(y).unwrap(), y, 1).unwrap(), &[rows as i64, 1], &[rows * 4], 0).unwrap(),
+        };
+        // Weights scaled so that pre-activations spread over about ±3, GELU's curved part.
+        let spread = 6.0 / (cols as f32).sqrt();
+        let weights = values(cols * rows, (cols + rows) as u64).iter().map(|v| v * spread).collect();
+        let inputs = vec![(w, weights), (x, values(cols, 31)), (b, values(rows, 32))];
+        (inputs, ctx.cont(out).unwrap())
+    })
 }
