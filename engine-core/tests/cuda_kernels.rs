@@ -6,7 +6,7 @@
 
 mod common;
 
-use common::{artifact_dir, matvec_gelu, one_at_a_time, open_device, run_graph, values, Gelu};
+use common::{artifact_dir, layer_norm, matvec_gelu, one_at_a_time, open_device, run_graph, values, Chain, Gelu};
 use engine_core::abi::{BackendHandle, OptionValue};
 use engine_core::loader;
 use ggml_sys::{Type, TYPE_F16, TYPE_F32};
@@ -60,20 +60,6 @@ fn conv_transpose_1d_edge_shapes_match_the_cpu() {
     }
 }
 
-/// LayerNorm as the kit builds it (`NORM`, `MUL` by the weight row, `ADD` the
-/// bias row), over `[cols, rows]`.
-fn layer_norm(handle: &BackendHandle, cols: usize, rows: usize) -> Vec<f32> {
-    // An offset and a spread per row, as activations have.
-    let xs: Vec<f32> = values(cols * rows, (cols * 7 + rows) as u64).iter().enumerate().map(|(i, v)| v * (1 + i / cols % 5) as f32 + 0.3).collect();
-    run_graph(handle, |ctx| {
-        let x = ctx.new_tensor(TYPE_F32, &[cols as i64, rows as i64]).unwrap();
-        let w = ctx.new_tensor(TYPE_F32, &[cols as i64]).unwrap();
-        let b = ctx.new_tensor(TYPE_F32, &[cols as i64]).unwrap();
-        let out = ctx.add(ctx.mul(ctx.norm(x, 1e-5).unwrap(), w).unwrap(), b).unwrap();
-        (vec![(x, xs), (w, values(cols, 11)), (b, values(cols, 12))], out)
-    })
-}
-
 /// Patch 0004 runs a LayerNorm as one kernel: T3's decode and prefill rows
 /// (1024 wide: the 1024-thread path), S3Gen's and Supertonic's 512-wide frames
 /// (the one-warp path), and an odd width.
@@ -83,8 +69,8 @@ fn fused_layer_norm_matches_the_cpu() {
     let Some(gpu) = cuda() else { return };
     let cpu = open_device("cpu", vec![("threads", OptionValue::Int(2))]);
     for (cols, rows) in [(1024, 1), (1024, 60), (512, 206), (512, 41), (80, 3)] {
-        let want = layer_norm(&cpu, cols, rows);
-        let got = layer_norm(&gpu, cols, rows);
+        let want = layer_norm(&cpu, cols, rows, true, Chain::Fused);
+        let got = layer_norm(&gpu, cols, rows, true, Chain::Fused);
         let e = engine_core::compare::max_rel_err(&got, &want).unwrap();
         println!("layer norm [{cols}, {rows}]: rel err {e:.3e} (tolerance 1e-5)");
         assert!(e <= 1e-5, "[{cols}, {rows}]: relative error {e:.3e}");

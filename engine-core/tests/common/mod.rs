@@ -89,3 +89,47 @@ pub fn matvec_gelu(handle: &BackendHandle, ty: Type, cols: usize, rows: usize, g
         (inputs, ctx.cont(out).unwrap())
     })
 }
+
+/// Asserts that `got` is within `tolerance` (largest relative error) of
+/// `want`, printing the error under `what` either way.
+pub fn check_close(what: &str, got: &[f32], want: &[f32], tolerance: f32) {
+    let e = engine_core::compare::max_rel_err(got, want).unwrap();
+    println!("{what}: rel err {e:.3e} (tolerance {tolerance:.0e})");
+    assert!(e <= tolerance, "{what}: relative error {e:.3e}");
+}
+
+/// How a graph ends after a chain a device may fuse.
+#[derive(Clone, Copy, PartialEq, Debug)]
+pub enum Chain {
+    /// The chain alone: the device may fuse it.
+    Fused,
+    /// The chain's middle node also read by a concat: ggml's fusion rules
+    /// refuse it, so the device runs each node.
+    Unfused,
+}
+
+/// The first `rows` rows of `t` `[cols, 2 * rows]` (a concat of the result and
+/// the node kept from fusing), as a contiguous tensor.
+fn first_half<'c>(ctx: &'c Context, t: Tensor<'c>, cols: usize, rows: usize) -> Tensor<'c> {
+    ctx.cont(ctx.view(t, &[cols as i64, rows as i64], &[cols * 4], 0).unwrap()).unwrap()
+}
+
+/// A LayerNorm as the model kit builds it, over `[cols, rows]`: `NORM`, `MUL`
+/// by the weight row, and (with `bias`) `ADD` of the bias row.
+pub fn layer_norm(handle: &BackendHandle, cols: usize, rows: usize, bias: bool, chain: Chain) -> Vec<f32> {
+    // An offset and a spread per row, as activations have.
+    let xs: Vec<f32> = values(cols * rows, (cols * 7 + rows) as u64).iter().enumerate().map(|(i, v)| v * (1 + i / cols % 5) as f32 + 0.3).collect();
+    run_graph(handle, |ctx| {
+        let x = ctx.new_tensor(TYPE_F32, &[cols as i64, rows as i64]).unwrap();
+        let w = ctx.new_tensor(TYPE_F32, &[cols as i64]).unwrap();
+        let b = ctx.new_tensor(TYPE_F32, &[cols as i64]).unwrap();
+        let normed = ctx.norm(x, 1e-5).unwrap();
+        let scaled = ctx.mul(normed, w).unwrap();
+        let out = if bias { ctx.add(scaled, b).unwrap() } else { scaled };
+        let out = match chain {
+            Chain::Fused => out,
+            Chain::Unfused => first_half(ctx, ctx.concat(out, normed, 1).unwrap(), cols, rows),
+        };
+        (vec![(x, xs), (w, values(cols, 11)), (b, values(cols, 12))], out)
+    })
+}
