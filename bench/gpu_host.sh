@@ -29,6 +29,9 @@
 #   vk_fusion   the Vulkan fusions of patch 0007 (LayerNorm, GELU in the matrix-vector epilogue): kernel
 #               tests, Vulkan parity, full-size Turbo F16 and Supertonic v2/v3 (10 s) with each fusion on
 #               and off, CUDA in the same call, and launches per graph from GGML_VK_PERF_LOGGER
+#   vk_replay   Vulkan patch 0008's graph replay: kernel tests, Vulkan parity, and full-size Turbo F16,
+#               Multilingual F16 (guidance batch) and Supertonic v2/v3 (10 s) with replay on and off,
+#               CUDA in the same call (three rounds); Turbo with HiFT's transposed convolutions decomposed
 #   module      only the CUDA module (every other stage but stream builds it first too)
 # Work that takes long (the module, checkpoints) stays in /tmp/tts-gpu while
 # the machine does. Results go to $OUT (or /tmp/tts-gpu/out).
@@ -330,6 +333,50 @@ stage_vk_fusion() { # Vulkan patch 0007's fusions: kernel tests, parity, launche
       GGML_VK_PERF_LOGGER=1 "$rel/tts" bench --profile "$work/vulkan.toml" --plugin-dir "$rel" --model "$g/t3-turbo.gguf" --model "$g/s3gen-meanflow.gguf" \
         --text "$text" --runs 1 --warmup 0 --set max_new_tokens=99 --set min_new_tokens=100 --set seed=0 > /dev/null 2> "$out/vk-perf-${v// /-}.log" )
     python3 bench/perf_summary.py "$out/vk-perf-${v// /-}.log" --top 6
+  done
+}
+
+stage_vk_replay() { # Vulkan patch 0008: recorded graphs resubmitted, on and off (GGML_VK_DISABLE_GRAPH_REPLAY), CUDA beside
+  echo "== kernel tests on Vulkan"
+  suite vulkan_kernels vulkan vk-kernels.log "err|test result|panicked"
+  echo "== parity suites on Vulkan"
+  suite parity_vulkan vulkan parity-vulkan.log "rel err|agree|test result|panicked|FAILED|skipped"
+  local turbo=$root/target/chatterbox-full mtl=$root/target/chatterbox-mtl-full
+  chatterbox_ckpt "$turbo" turbo || return 1
+  [ -f "$turbo/gguf-f16/t3-turbo.gguf" ] || python3 tools/chatterbox/convert.py "$turbo" "$turbo/gguf-f16" --weights f16 > /dev/null || return 1
+  if [ ! -f "$mtl/done" ]; then
+    python3 tools/chatterbox/make_mtl_fixtures.py --size full --no-dumps --threads 16 \
+      --tokenizer tests/fixtures/chatterbox/mtl-text/tokenizer.json --out "$mtl" > "$out/make-mtl.log" 2>&1 || { tail -20 "$out/make-mtl.log"; return 1; }
+    touch "$mtl/done"
+  fi
+  [ -f "$mtl/gguf-f16/t3-mtl.gguf" ] || python3 tools/chatterbox/convert.py "$mtl" "$mtl/gguf-f16" --variant mtl --weights f16 > /dev/null || return 1
+  [ -f "$root/target/supertonic-models/v3-d10.5-f32.gguf" ] ||
+    python3 bench/supertonic_vs_ort.py --versions v2 v3 --backends vulkan --runs 1 --rounds 1 --threads 16 --duration 10.5 > "$out/st-make.log" 2>&1
+  profile cuda cuda
+  profile vulkan vulkan
+  profile vulkan-decomposed vulkan $'[policies]\nconv_transpose_1d = "off"\n'
+  local text="The quick brown fox jumps over the lazy dog near the quiet river bank." text10="$(cat bench/utterance_10s.txt)"
+  run_all() { # backend
+    "$rel/tts" bench --profile "$work/$1.toml" --plugin-dir "$rel" --model "$turbo/gguf-f16/t3-turbo.gguf" --model "$turbo/gguf-f16/s3gen-meanflow.gguf" \
+      --text "$text" --runs 5 --warmup 1 --set max_new_tokens=99 --set min_new_tokens=100 --set seed=0 | grep -E "ms_per_token|s3gen|hift|total" | sed "s/^/turbo /"
+    "$rel/tts" bench --profile "$work/$1.toml" --plugin-dir "$rel" --model "$mtl/gguf-f16/t3-mtl.gguf" --model "$mtl/gguf-f16/s3gen.gguf" \
+      --text "$text" --runs 4 --warmup 1 --set max_new_tokens=100 --set min_new_tokens=100 --set seed=0 --set guidance=batch |
+      grep -E "ms_per_token|s3gen|hift|total" | sed "s/^/mtl /"
+    for v in v2 v3; do
+      "$rel/tts" bench --profile "$work/$1.toml" --plugin-dir "$rel" --model "$root/target/supertonic-models/$v-d10.5-f32.gguf" \
+        --text "$text10" --runs 5 --warmup 1 | grep -E "total" | sed "s/^/supertonic $v /"
+    done
+  }
+  for round in 1 2 3; do
+    echo "== round $round: Vulkan, graph replay on"
+    run_all vulkan
+    echo "== round $round: Vulkan, graph replay on, HiFT's transposed convolutions decomposed"
+    "$rel/tts" bench --profile "$work/vulkan-decomposed.toml" --plugin-dir "$rel" --model "$turbo/gguf-f16/t3-turbo.gguf" --model "$turbo/gguf-f16/s3gen-meanflow.gguf" \
+      --text "$text" --runs 5 --warmup 1 --set max_new_tokens=99 --set min_new_tokens=100 --set seed=0 | grep -E "ms_per_token|s3gen|hift|total" | sed "s/^/turbo /"
+    echo "== round $round: Vulkan, graph replay off"
+    ( export GGML_VK_DISABLE_GRAPH_REPLAY=1; run_all vulkan )
+    echo "== round $round: CUDA"
+    run_all cuda
   done
 }
 

@@ -7,12 +7,16 @@
 //! A chain is kept from fusing by giving its middle node a second reader (a
 //! `concat` with it), which is what ggml's fusion rules refuse; the fused and
 //! the unfused graph then compute the same values from the same inputs.
+//!
+//! Graph replay (patch 0008) is tested as a decode step uses it: one graph
+//! with an identity, evaluated again and again on new inputs while it writes
+//! into a cache it also reads.
 
 mod common;
 
-use common::{check_close, layer_norm, matvec_gelu, one_at_a_time, open_device, Chain, Gelu};
+use common::{check_close, layer_norm, matvec_gelu, one_at_a_time, open_device, values, Chain, Gelu};
 use engine_core::abi::{BackendHandle, OptionValue};
-use ggml_sys::{TYPE_F16, TYPE_F32};
+use ggml_sys::{ComputeGraph, Context, GraphIo, TYPE_F16, TYPE_F32, TYPE_I32};
 
 fn vulkan() -> BackendHandle {
     open_device(
@@ -63,4 +67,93 @@ fn matvec_with_gelu_matches_the_cpu_and_the_unfused_dispatches() {
             check_close(&format!("matvec + bias + gelu {name} [{cols} -> {rows}] fused against unfused"), &fused, &unfused, 1e-6);
         }
     }
+}
+
+const STEP_WIDTH: i64 = 256;
+const STEP_ROWS: i64 = 8;
+
+/// A decode step in miniature: `y = W x + b` written into row `pos` of a
+/// cache that outlives the graph, then every cached row's product with `x`
+/// (the attention scores' shape), so each output depends on every earlier
+/// step's input as well as this one's. Evaluated `steps.len()` times through
+/// the pinned staging a model uses; after evaluation `invalidate_after` a
+/// device buffer is allocated and freed, which must drop the recording.
+fn decode_steps(handle: &BackendHandle, steps: &[(Vec<f32>, i32)], invalidate_after: usize) -> Vec<Vec<f32>> {
+    let backend = handle.ggml_backend();
+    let state = Context::new_no_alloc(4, 0).unwrap();
+    let w = state.new_tensor(TYPE_F32, &[STEP_WIDTH, STEP_WIDTH]).unwrap();
+    let b = state.new_tensor(TYPE_F32, &[STEP_WIDTH]).unwrap();
+    let cache = state.new_tensor(TYPE_F32, &[STEP_WIDTH, STEP_ROWS]).unwrap();
+    let buffer = backend.alloc_ctx_tensors(&state).unwrap();
+    buffer.clear(0);
+    let spread = 2.0 / (STEP_WIDTH as f32).sqrt();
+    w.set_f32(&values((STEP_WIDTH * STEP_WIDTH) as usize, 41).iter().map(|v| v * spread).collect::<Vec<_>>()).unwrap();
+    b.set_f32(&values(STEP_WIDTH as usize, 42)).unwrap();
+
+    let mut graph = ComputeGraph::build(&backend, 16, |ctx| {
+        let (w, b, cache) = unsafe { (w.rebind(ctx), b.rebind(ctx), cache.rebind(ctx)) };
+        let mut io = GraphIo::default();
+        let x = io.input(ctx, "x", TYPE_F32, &[STEP_WIDTH, 1])?;
+        let pos = io.input(ctx, "pos", TYPE_I32, &[1])?;
+        let y = ctx.add(ctx.mul_mat(w, x)?, b)?;
+        let written = ctx.set_rows(cache, y, pos)?;
+        io.outputs.push(("scores", ctx.mul_mat(written, x)?));
+        Ok(io)
+    })
+    .unwrap();
+    if let Some(pinned) = backend.device().and_then(|d| d.host_buffer_type()) {
+        graph.stage_in(pinned).unwrap();
+    }
+    let mut out = Vec::new();
+    for (i, (x, pos)) in steps.iter().enumerate() {
+        graph.set_f32("x", x).unwrap();
+        graph.set_i32("pos", &[*pos]).unwrap();
+        out.push(graph.compute_and_get_f32(&backend, "scores").unwrap());
+        if i + 1 == invalidate_after {
+            drop(backend.buffer_type().alloc(4096).unwrap());
+        }
+    }
+    out
+}
+
+const REPLAY_CHILD: &str = "TTS_TEST_VULKAN_REPLAY_CHILD";
+
+/// Each evaluation of a replayed graph matches the CPU on its own new inputs
+/// and the state earlier ones left. ggml-vulkan records the graph on its
+/// second evaluation and resubmits that from the third; a freed device
+/// buffer (whose handle a new one could take) drops the recording, and the
+/// graph is recorded again. The replays are counted from the sync logger's
+/// lines, which need the variable set before the device starts, so the
+/// evaluations run in a child process of this test binary.
+#[test]
+fn replayed_decode_steps_match_the_cpu_and_rerecord_after_a_buffer_is_freed() {
+    let steps: Vec<(Vec<f32>, i32)> = (0..8).map(|i| (values(STEP_WIDTH as usize, 100 + i), ((i * 5) % STEP_ROWS as u64) as i32)).collect();
+    if std::env::var_os(REPLAY_CHILD).is_some() {
+        let want = decode_steps(&cpu(), &steps, 4);
+        let got = decode_steps(&vulkan(), &steps, 4);
+        for (i, (got, want)) in got.iter().zip(&want).enumerate() {
+            check_close(&format!("decode step {} against the CPU", i + 1), got, want, 1e-5);
+        }
+        return;
+    }
+    let _serial = one_at_a_time();
+    let child = std::process::Command::new(std::env::current_exe().unwrap())
+        .args(["--exact", "replayed_decode_steps_match_the_cpu_and_rerecord_after_a_buffer_is_freed", "--nocapture", "--test-threads=1"])
+        .env(REPLAY_CHILD, "1")
+        .env("GGML_VK_SYNC_LOGGER", "1")
+        .env_remove("GGML_VK_DISABLE_GRAPH_REPLAY")
+        .output()
+        .unwrap();
+    let stdout = String::from_utf8_lossy(&child.stdout);
+    let stderr = String::from_utf8_lossy(&child.stderr);
+    println!("{stdout}");
+    assert!(
+        child.status.success(),
+        "child failed:\n{stdout}\n{}",
+        stderr.lines().filter(|l| !l.starts_with(|c: char| c.is_ascii_digit())).collect::<Vec<_>>().join("\n")
+    );
+    // Steps 1 and 2 run and record, 3 and 4 replay; the freed buffer drops the
+    // recording, so 5 and 6 run and record again, and 7 and 8 replay.
+    let replays = stderr.lines().filter(|l| l.starts_with("replay graph ")).count();
+    assert_eq!(replays, 4, "replayed evaluations");
 }
