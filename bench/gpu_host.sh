@@ -31,7 +31,7 @@
 #               and off, CUDA in the same call, and launches per graph from GGML_VK_PERF_LOGGER
 #   vk_replay   Vulkan patch 0008's graph replay: kernel tests, Vulkan parity, and full-size Turbo F16,
 #               Multilingual F16 (guidance batch) and Supertonic v2/v3 (10 s) with replay on and off,
-#               CUDA in the same call (three rounds); Turbo with HiFT's transposed convolutions decomposed
+#               CUDA in the same call (three rounds); Turbo with ggml-vulkan's transposed convolution in HiFT
 #   module      only the CUDA module (every other stage but stream builds it first too)
 # Work that takes long (the module, checkpoints) stays in /tmp/tts-gpu while
 # the machine does. Results go to $OUT (or /tmp/tts-gpu/out).
@@ -354,7 +354,7 @@ stage_vk_replay() { # Vulkan patch 0008: recorded graphs resubmitted, on and off
     python3 bench/supertonic_vs_ort.py --versions v2 v3 --backends vulkan --runs 1 --rounds 1 --threads 16 --duration 10.5 > "$out/st-make.log" 2>&1
   profile cuda cuda
   profile vulkan vulkan
-  profile vulkan-decomposed vulkan $'[policies]\nconv_transpose_1d = "off"\n'
+  profile vulkan-native-ct vulkan $'[policies]\nconv_transpose_1d = "on"\n'
   local text="The quick brown fox jumps over the lazy dog near the quiet river bank." text10="$(cat bench/utterance_10s.txt)"
   run_all() { # backend
     "$rel/tts" bench --profile "$work/$1.toml" --plugin-dir "$rel" --model "$turbo/gguf-f16/t3-turbo.gguf" --model "$turbo/gguf-f16/s3gen-meanflow.gguf" \
@@ -370,14 +370,23 @@ stage_vk_replay() { # Vulkan patch 0008: recorded graphs resubmitted, on and off
   for round in 1 2 3; do
     echo "== round $round: Vulkan, graph replay on"
     run_all vulkan
-    echo "== round $round: Vulkan, graph replay on, HiFT's transposed convolutions decomposed"
-    "$rel/tts" bench --profile "$work/vulkan-decomposed.toml" --plugin-dir "$rel" --model "$turbo/gguf-f16/t3-turbo.gguf" --model "$turbo/gguf-f16/s3gen-meanflow.gguf" \
+    echo "== round $round: Vulkan, graph replay on, ggml-vulkan's CONV_TRANSPOSE_1D in HiFT (auto decomposes it)"
+    "$rel/tts" bench --profile "$work/vulkan-native-ct.toml" --plugin-dir "$rel" --model "$turbo/gguf-f16/t3-turbo.gguf" --model "$turbo/gguf-f16/s3gen-meanflow.gguf" \
       --text "$text" --runs 5 --warmup 1 --set max_new_tokens=99 --set min_new_tokens=100 --set seed=0 | grep -E "ms_per_token|s3gen|hift|total" | sed "s/^/turbo /"
     echo "== round $round: Vulkan, graph replay off"
     ( export GGML_VK_DISABLE_GRAPH_REPLAY=1; run_all vulkan )
     echo "== round $round: CUDA"
     run_all cuda
   done
+  echo "== Vulkan per-op times (GGML_VK_PERF_LOGGER: a timestamp and a barrier around each dispatch, no replay)"
+  GGML_VK_PERF_LOGGER=1 "$rel/tts" bench --profile "$work/vulkan.toml" --plugin-dir "$rel" --model "$turbo/gguf-f16/t3-turbo.gguf" \
+    --model "$turbo/gguf-f16/s3gen-meanflow.gguf" --text "$text" --runs 1 --warmup 0 --set max_new_tokens=99 --set min_new_tokens=100 \
+    --set seed=0 > /dev/null 2> "$out/vk-perf-turbo.log"
+  python3 bench/perf_summary.py "$out/vk-perf-turbo.log" --top 10
+  GGML_VK_PERF_LOGGER=1 "$rel/tts" bench --profile "$work/vulkan.toml" --plugin-dir "$rel" --model "$mtl/gguf-f16/t3-mtl.gguf" \
+    --model "$mtl/gguf-f16/s3gen.gguf" --text "$text" --runs 1 --warmup 0 --set max_new_tokens=100 --set min_new_tokens=100 \
+    --set seed=0 --set guidance=batch > /dev/null 2> "$out/vk-perf-mtl.log"
+  python3 bench/perf_summary.py "$out/vk-perf-mtl.log" --top 10
 }
 
 stage_stream_cost() {

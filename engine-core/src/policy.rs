@@ -152,6 +152,17 @@ pub struct DeviceRef<'a> {
     pub description: &'a str,
 }
 
+/// `auto` settings that measurements overrule on one backend: the probe says
+/// the op runs, but the path without it is faster, so `auto` leaves the
+/// feature off there (`on` in a profile still turns it on). Each names the
+/// measurement in docs/performance.md.
+const SLOWER_THAN_ITS_ALTERNATIVE: [(&str, &str, &str); 1] =
+    [("vulkan", "conv_transpose_1d", "ggml-vulkan's CONV_TRANSPOSE_1D is slower than the matrix product and shifted sums on HiFT's shapes")];
+
+fn slower_than_its_alternative(backend: &str, feature: &str) -> Option<&'static str> {
+    SLOWER_THAN_ITS_ALTERNATIVE.iter().find(|(b, f, _)| b.eq_ignore_ascii_case(backend) && *f == feature).map(|(_, _, why)| *why)
+}
+
 pub fn resolve(config: &PolicyConfig, deny: &[DenyRule], device: &DeviceRef<'_>, probes: &[ProbeResult]) -> Result<Resolution, String> {
     let rules: Vec<&DenyRule> = deny.iter().filter(|r| r.matches(device.backend, device.name, device.description)).collect();
     let mut denied_ops: Vec<String> = rules.iter().flat_map(|r| r.ops.iter().cloned()).collect();
@@ -178,6 +189,10 @@ pub fn resolve(config: &PolicyConfig, deny: &[DenyRule], device: &DeviceRef<'_>,
                 return Err(format!("policy `{feature}` is on, but {} disables it on {} ({})", rule.describe(), device.name, device.description))
             }
             (Policy::Auto, Some(rule), _) => (false, rule.describe()),
+            (Policy::Auto, None, Some(p)) if p.supported && slower_than_its_alternative(device.backend, feature).is_some() => {
+                let why = slower_than_its_alternative(device.backend, feature).unwrap_or_default();
+                (false, format!("probe {probe_name}: supported, but {why}"))
+            }
             (_, None, Some(p)) if p.supported => (true, format!("probe {probe_name}: supported")),
             (Policy::On, None, p) => {
                 let detail = p.map(|p| p.detail.to_string()).unwrap_or_else(|| "not probed".into());
@@ -251,6 +266,18 @@ mod tests {
     }
 
     const DEV: DeviceRef<'static> = DeviceRef { backend: "vulkan", name: "Vulkan0", description: "Mali-G78" };
+
+    #[test]
+    fn auto_leaves_a_measured_slower_op_off_and_on_still_enables_it() {
+        let r = resolve(&PolicyConfig::default(), &[], &DEV, &all_probes(true)).unwrap();
+        assert!(!r.policies.conv_transpose_1d, "vulkan: auto takes the decomposed path");
+        let d = r.decisions.iter().find(|d| d.feature == "conv_transpose_1d").unwrap();
+        assert!(!d.enabled && d.reason.contains("slower than the matrix product"), "{}", d.reason);
+        let forced = PolicyConfig { conv_transpose_1d: Policy::On, ..PolicyConfig::default() };
+        assert!(resolve(&forced, &[], &DEV, &all_probes(true)).unwrap().policies.conv_transpose_1d);
+        let cuda = DeviceRef { backend: "cuda", name: "CUDA0", description: "NVIDIA H100" };
+        assert!(resolve(&PolicyConfig::default(), &[], &cuda, &all_probes(true)).unwrap().policies.conv_transpose_1d);
+    }
 
     #[test]
     fn auto_follows_probes() {
