@@ -32,12 +32,15 @@ impl<'c, 'w> Builder<'c, 'w> {
     /// `W x` for a weight stored `[in, out]` (ggml order) and `x` `[in, T, B]`:
     /// every frame of every batch item as one product (a batch dimension would
     /// split it into one product per item, streaming the weights once per item).
+    /// A contiguous `x` is reshaped as it is: a copy would be one more launch
+    /// per product (382 a step of the Multilingual CFM's guidance batch).
     pub fn matmul(&self, w: Tensor<'c>, x: Tensor<'c>) -> Result<Tensor<'c>> {
         let [c, t, b, one] = x.ne();
         if b == 1 || one != 1 {
             return self.ctx.mul_mat(w, x);
         }
-        let flat = self.ctx.reshape(self.ctx.cont(x)?, &[c, t * b])?;
+        let x = if x.is_contiguous() { x } else { self.ctx.cont(x)? };
+        let flat = self.ctx.reshape(x, &[c, t * b])?;
         let y = self.ctx.mul_mat(w, flat)?;
         self.ctx.reshape(y, &[y.ne()[0], t, b])
     }
