@@ -145,6 +145,13 @@ chatterbox_ckpt() { # dir variant
   touch "$1/done"
 }
 
+mtl_ckpt() { # dir
+  [ -f "$1/done" ] && return 0
+  python3 tools/chatterbox/make_mtl_fixtures.py --size full --no-dumps --threads 16 \
+    --tokenizer tests/fixtures/chatterbox/mtl-text/tokenizer.json --out "$1" > "$out/make-mtl.log" 2>&1 || { tail -20 "$out/make-mtl.log"; return 1; }
+  touch "$1/done"
+}
+
 stage_chatterbox() {
   chatterbox_ckpt "$root/target/chatterbox-full" turbo || return 1
   python3 bench/chatterbox_vs_torch.py --device cuda --backends cuda vulkan --threads 16 --weights f16 f32 q8_0 q4_0 \
@@ -174,12 +181,7 @@ stage_mtl() {
       --model "$tiny/s3gen.gguf" --set max_new_tokens=40 --set temperature=0 --text "$text" --runs 2 \
       --json "$out/compare-mtl-$1-$2.json" 2>&1 | tail -4
   done
-  local dir=$root/target/chatterbox-mtl-full
-  if [ ! -f "$dir/done" ]; then
-    python3 tools/chatterbox/make_mtl_fixtures.py --size full --no-dumps --threads 16 \
-      --tokenizer tests/fixtures/chatterbox/mtl-text/tokenizer.json --out "$dir" > "$out/make-mtl.log" 2>&1 || { tail -20 "$out/make-mtl.log"; return 1; }
-    touch "$dir/done"
-  fi
+  mtl_ckpt "$root/target/chatterbox-mtl-full" || return 1
   python3 bench/chatterbox_vs_torch.py --variant mtl --device cuda --backends cuda vulkan --threads 16 --weights f16 q4_0 \
     --guidance batch two-pass --tokens 100 --runs 2 --rounds 2 --markdown "$out/mtl.md" 2> "$out/mtl.log"
   cat "$out/mtl.md" || tail -20 "$out/mtl.log"
@@ -344,11 +346,7 @@ stage_vk_replay() { # Vulkan patch 0008: recorded graphs resubmitted, on and off
   local turbo=$root/target/chatterbox-full mtl=$root/target/chatterbox-mtl-full
   chatterbox_ckpt "$turbo" turbo || return 1
   [ -f "$turbo/gguf-f16/t3-turbo.gguf" ] || python3 tools/chatterbox/convert.py "$turbo" "$turbo/gguf-f16" --weights f16 > /dev/null || return 1
-  if [ ! -f "$mtl/done" ]; then
-    python3 tools/chatterbox/make_mtl_fixtures.py --size full --no-dumps --threads 16 \
-      --tokenizer tests/fixtures/chatterbox/mtl-text/tokenizer.json --out "$mtl" > "$out/make-mtl.log" 2>&1 || { tail -20 "$out/make-mtl.log"; return 1; }
-    touch "$mtl/done"
-  fi
+  mtl_ckpt "$mtl" || return 1
   [ -f "$mtl/gguf-f16/t3-mtl.gguf" ] || python3 tools/chatterbox/convert.py "$mtl" "$mtl/gguf-f16" --variant mtl --weights f16 > /dev/null || return 1
   [ -f "$root/target/supertonic-models/v3-d10.5-f32.gguf" ] ||
     python3 bench/supertonic_vs_ort.py --versions v2 v3 --backends vulkan --runs 1 --rounds 1 --threads 16 --duration 10.5 > "$out/st-make.log" 2>&1
@@ -356,12 +354,18 @@ stage_vk_replay() { # Vulkan patch 0008: recorded graphs resubmitted, on and off
   profile vulkan vulkan
   profile vulkan-native-ct vulkan $'[policies]\nconv_transpose_1d = "on"\n'
   local text="The quick brown fox jumps over the lazy dog near the quiet river bank." text10="$(cat bench/utterance_10s.txt)"
-  run_all() { # backend
+  bench_turbo() { # profile runs warmup
     "$rel/tts" bench --profile "$work/$1.toml" --plugin-dir "$rel" --model "$turbo/gguf-f16/t3-turbo.gguf" --model "$turbo/gguf-f16/s3gen-meanflow.gguf" \
-      --text "$text" --runs 5 --warmup 1 --set max_new_tokens=99 --set min_new_tokens=100 --set seed=0 | grep -E "ms_per_token|s3gen|hift|total" | sed "s/^/turbo /"
+      --text "$text" --runs "$2" --warmup "$3" --set max_new_tokens=99 --set min_new_tokens=100 --set seed=0
+  }
+  bench_mtl() { # profile runs warmup
     "$rel/tts" bench --profile "$work/$1.toml" --plugin-dir "$rel" --model "$mtl/gguf-f16/t3-mtl.gguf" --model "$mtl/gguf-f16/s3gen.gguf" \
-      --text "$text" --runs 4 --warmup 1 --set max_new_tokens=100 --set min_new_tokens=100 --set seed=0 --set guidance=batch |
-      grep -E "ms_per_token|s3gen|hift|total" | sed "s/^/mtl /"
+      --text "$text" --runs "$2" --warmup "$3" --set max_new_tokens=100 --set min_new_tokens=100 --set seed=0 --set guidance=batch
+  }
+  stages() { grep -E "ms_per_token|s3gen|hift|total" | sed "s/^/$1 /"; }
+  run_all() { # backend
+    bench_turbo "$1" 5 1 | stages turbo
+    bench_mtl "$1" 4 1 | stages mtl
     for v in v2 v3; do
       "$rel/tts" bench --profile "$work/$1.toml" --plugin-dir "$rel" --model "$root/target/supertonic-models/$v-d10.5-f32.gguf" \
         --text "$text10" --runs 5 --warmup 1 | grep -E "total" | sed "s/^/supertonic $v /"
@@ -371,22 +375,17 @@ stage_vk_replay() { # Vulkan patch 0008: recorded graphs resubmitted, on and off
     echo "== round $round: Vulkan, graph replay on"
     run_all vulkan
     echo "== round $round: Vulkan, graph replay on, ggml-vulkan's CONV_TRANSPOSE_1D in HiFT (auto decomposes it)"
-    "$rel/tts" bench --profile "$work/vulkan-native-ct.toml" --plugin-dir "$rel" --model "$turbo/gguf-f16/t3-turbo.gguf" --model "$turbo/gguf-f16/s3gen-meanflow.gguf" \
-      --text "$text" --runs 5 --warmup 1 --set max_new_tokens=99 --set min_new_tokens=100 --set seed=0 | grep -E "ms_per_token|s3gen|hift|total" | sed "s/^/turbo /"
+    bench_turbo vulkan-native-ct 5 1 | stages turbo
     echo "== round $round: Vulkan, graph replay off"
     ( export GGML_VK_DISABLE_GRAPH_REPLAY=1; run_all vulkan )
     echo "== round $round: CUDA"
     run_all cuda
   done
   echo "== Vulkan per-op times (GGML_VK_PERF_LOGGER: a timestamp and a barrier around each dispatch, no replay)"
-  GGML_VK_PERF_LOGGER=1 "$rel/tts" bench --profile "$work/vulkan.toml" --plugin-dir "$rel" --model "$turbo/gguf-f16/t3-turbo.gguf" \
-    --model "$turbo/gguf-f16/s3gen-meanflow.gguf" --text "$text" --runs 1 --warmup 0 --set max_new_tokens=99 --set min_new_tokens=100 \
-    --set seed=0 > /dev/null 2> "$out/vk-perf-turbo.log"
-  python3 bench/perf_summary.py "$out/vk-perf-turbo.log" --top 10
-  GGML_VK_PERF_LOGGER=1 "$rel/tts" bench --profile "$work/vulkan.toml" --plugin-dir "$rel" --model "$mtl/gguf-f16/t3-mtl.gguf" \
-    --model "$mtl/gguf-f16/s3gen.gguf" --text "$text" --runs 1 --warmup 0 --set max_new_tokens=100 --set min_new_tokens=100 \
-    --set seed=0 --set guidance=batch > /dev/null 2> "$out/vk-perf-mtl.log"
-  python3 bench/perf_summary.py "$out/vk-perf-mtl.log" --top 10
+  for model in turbo mtl; do
+    GGML_VK_PERF_LOGGER=1 "bench_$model" vulkan 1 0 > /dev/null 2> "$out/vk-perf-$model.log"
+    python3 bench/perf_summary.py "$out/vk-perf-$model.log" --top 10
+  done
 }
 
 stage_stream_cost() {

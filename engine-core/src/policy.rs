@@ -183,15 +183,15 @@ pub fn resolve(config: &PolicyConfig, deny: &[DenyRule], device: &DeviceRef<'_>,
         let probe = probes.iter().find(|p| p.name.as_str() == probe_name);
         let denying_rule =
             rules.iter().find(|r| r.features.iter().any(|f| f == feature) || probes::probe_op(probe_name).is_some_and(|op| r.ops.iter().any(|o| o == op)));
+        let slower = slower_than_its_alternative(device.backend, feature);
         let (enabled, reason) = match (setting, denying_rule, probe) {
             (Policy::Off, _, _) => (false, "off in profile".to_string()),
             (Policy::On, Some(rule), _) => {
                 return Err(format!("policy `{feature}` is on, but {} disables it on {} ({})", rule.describe(), device.name, device.description))
             }
             (Policy::Auto, Some(rule), _) => (false, rule.describe()),
-            (Policy::Auto, None, Some(p)) if p.supported && slower_than_its_alternative(device.backend, feature).is_some() => {
-                let why = slower_than_its_alternative(device.backend, feature).unwrap_or_default();
-                (false, format!("probe {probe_name}: supported, but {why}"))
+            (Policy::Auto, None, Some(p)) if p.supported && slower.is_some() => {
+                (false, format!("probe {probe_name}: supported, but {}", slower.unwrap_or_default()))
             }
             (_, None, Some(p)) if p.supported => (true, format!("probe {probe_name}: supported")),
             (Policy::On, None, p) => {
