@@ -248,14 +248,14 @@ impl ComputeGraph {
         Ok(())
     }
 
-    /// Uploads I32 values into the input `name`.
+    /// Uploads I32 values into the input `name` (widened where it is I64).
     pub fn set_i32(&self, name: &str, values: &[i32]) -> Result<()> {
         let t = self.input(name)?;
         let Some((dst, pending)) = self.staged(&t) else {
             return t.set_i32(values);
         };
         t.check_i32_upload(values.len())?;
-        unsafe { std::ptr::copy_nonoverlapping(values.as_ptr(), dst.cast::<i32>(), values.len()) };
+        unsafe { crate::context::encode_i32(values, t.ty(), dst) };
         pending.set(true);
         Ok(())
     }

@@ -210,17 +210,20 @@ impl<'ctx> Tensor<'ctx> {
         Ok(())
     }
 
-    /// Uploads I32 values.
+    /// Uploads I32 values (widened where the tensor is I64).
     pub(crate) fn set_i32(&self, values: &[i32]) -> Result<()> {
         self.check_i32_upload(values.len())?;
-        let bytes: Vec<u8> = values.iter().flat_map(|v| v.to_ne_bytes()).collect();
+        let mut bytes = vec![0u8; self.n_bytes()];
+        unsafe { encode_i32(values, self.ty(), bytes.as_mut_ptr()) };
         self.set_bytes(&bytes)
     }
 
-    /// Checks that `n` I32 values can be uploaded into this tensor.
+    /// Checks that `n` I32 values can be uploaded into this tensor: an I32
+    /// one, or an I64 one (row indices, which some backends' fused kernels
+    /// read only as I64).
     pub(crate) fn check_i32_upload(&self, n: usize) -> Result<()> {
-        if self.ty() != sys::GGML_TYPE_I32 {
-            return err(format!("tensor '{}' is not I32", self.name()));
+        if self.ty() != sys::GGML_TYPE_I32 && self.ty() != sys::GGML_TYPE_I64 {
+            return err(format!("tensor '{}' is not I32 or I64", self.name()));
         }
         if n != self.n_elements() {
             return err(format!("tensor '{}' has {} elements, got {n}", self.name(), self.n_elements()));
@@ -391,5 +394,20 @@ impl<'ctx> Graph<'ctx> {
         }
         let p = NonNull::new(unsafe { sys::ggml_graph_node(self.as_ptr(), i as i32) })?;
         Some(unsafe { Tensor::from_raw_unbound(p) })
+    }
+}
+
+/// Writes `values` at `dst` as the integer type `ty` (I32, or I64 widened).
+///
+/// # Safety
+/// `dst` must hold `values.len()` elements of `ty`, which
+/// [`Tensor::check_i32_upload`] has accepted.
+pub(crate) unsafe fn encode_i32(values: &[i32], ty: Type, dst: *mut u8) {
+    if ty == sys::GGML_TYPE_I64 {
+        for (i, v) in values.iter().enumerate() {
+            dst.cast::<i64>().add(i).write_unaligned(i64::from(*v));
+        }
+    } else {
+        std::ptr::copy_nonoverlapping(values.as_ptr(), dst.cast::<i32>(), values.len());
     }
 }

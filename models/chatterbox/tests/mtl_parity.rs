@@ -346,6 +346,21 @@ fn mtl_suite_on_vulkan() {
     pipeline_suite("vulkan", None);
 }
 
+/// The suite on the CUDA plugin where a CUDA module and device exist (the
+/// GPU host, `bench/gpu_host.sh decode_fusion`); elsewhere it says it is
+/// skipped. ggml-cuda's f32 products take TF32 inputs: Vulkan's tolerances.
+#[test]
+fn mtl_suite_on_cuda() {
+    if !common::available("cuda") {
+        return;
+    }
+    conditioning_suite("cuda", VULKAN);
+    logits_suite("cuda", VULKAN);
+    token_suite("cuda", false);
+    cfm_suite("cuda", VULKAN);
+    pipeline_suite("cuda", None);
+}
+
 #[test]
 fn the_llama_graphs_use_only_declared_ops_and_deny_rules_refuse_it() {
     use engine_core::model_kit::census::{all_on_denying, assert_declared, census, StageNodes};

@@ -18,7 +18,7 @@ use super::kv_cache::{AttentionPath, KvCache};
 use crate::hparams::{LlamaHparams, T3Hparams};
 use crate::tensors::T3_ROPE_FREQ_FACTORS;
 use engine_core::model_kit::Builder;
-use ggml_sys::{Context, GraphIo, Result, Tensor, TYPE_F16, TYPE_F32, TYPE_I32};
+use ggml_sys::{Context, GraphIo, Result, Tensor, TYPE_F16, TYPE_F32, TYPE_I32, TYPE_I64};
 
 /// What a graph feeds the transformer.
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Hash)]
@@ -185,7 +185,9 @@ pub fn build<'c>(b: &Builder<'c, '_>, hp: &T3Hparams, l: &LlamaHparams, kv: &KvC
         }
     };
     let positions = io.input(ctx, input::POSITIONS, TYPE_I32, &[n * batch])?;
-    let kv_rows = io.input(ctx, input::KV_ROWS, TYPE_I32, &[n * written])?;
+    // I64 row indices: ggml-cuda and ggml-vulkan fuse a rotation, the view of
+    // its result and the `set_rows` writing it only over I64 indices.
+    let kv_rows = io.input(ctx, input::KV_ROWS, TYPE_I64, &[n * written])?;
     let kv_rows_v = match kv.path {
         AttentionPath::Explicit => Some(io.input(ctx, input::KV_ROWS_V, TYPE_I32, &[n * written * kv.width as i64])?),
         AttentionPath::Flash => None,
@@ -265,7 +267,9 @@ fn attention<'c>(
     let q = ctx.rope_neox(ctx.view(qkv, &[hd, nh, cols], &[hd as usize * f, row], 0)?, io.positions, io.freq_factors, l.rope_base)?;
     let k = ctx.rope_neox(ctx.view(qkv, &[hd, nkv, cols], &[hd as usize * f, row], q_width as usize * f)?, io.positions, io.freq_factors, l.rope_base)?;
     let v = ctx.view(qkv, &[w, cols], &[row], (q_width + w) as usize * f)?;
-    let (mut k_src, mut v_src) = (ctx.reshape(k, &[w, cols])?, v);
+    // A view rather than a reshape of the rotated K: ROPE, VIEW, SET_ROWS is
+    // the chain the GPU backends fuse into one kernel.
+    let (mut k_src, mut v_src) = (ctx.view(k, &[w, cols], &[w as usize * f], 0)?, v);
     // The conditioning is computed once and written to every cache row.
     let written = shape.written_rows(kv.rows).len();
     if written > batch as usize {
