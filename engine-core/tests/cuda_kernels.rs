@@ -6,7 +6,7 @@
 
 mod common;
 
-use common::{artifact_dir, layer_norm, matvec_gelu, one_at_a_time, open_device, run_graph, values, Chain, Gelu};
+use common::{artifact_dir, layer_norm, matvec_gelu, matvec_residual, one_at_a_time, open_device, run_graph, through_f16, values, Chain, Gelu};
 use engine_core::abi::{BackendHandle, OptionValue};
 use engine_core::loader;
 use ggml_sys::{Type, TYPE_F16, TYPE_F32};
@@ -163,17 +163,6 @@ fn matmul_columns(handle: &BackendHandle, ty: Type, weights: &[f32], cols: usize
     })
 }
 
-/// Values as F16 holds them (so an F32 copy of the weights is the same matrix).
-fn through_f16(v: &[f32]) -> Vec<f32> {
-    let mut half = vec![0u16; v.len()];
-    let mut back = vec![0f32; v.len()];
-    unsafe {
-        ggml_sys::sys::ggml_fp32_to_fp16_row(v.as_ptr(), half.as_mut_ptr().cast(), v.len() as i64);
-        ggml_sys::sys::ggml_fp16_to_fp32_row(half.as_ptr().cast(), back.as_mut_ptr(), v.len() as i64);
-    }
-    back
-}
-
 /// Patch 0007's F16 matrix-vector kernel (16-byte loads, F32 sums) on T3's
 /// decode products and the speech head's odd row count, against
 /// the F32 kernel on the same matrix; and a width it does not take, which
@@ -211,5 +200,53 @@ fn wide_f16_matvec_on_two_columns_matches_the_f32_kernel() {
         let e = engine_core::compare::max_rel_err(&got, &want).unwrap();
         println!("matmul F16 [{cols} -> {rows}] x {columns} columns vs F32 weights: rel err {e:.3e} (tolerance {tolerance:.0e})");
         assert!(e <= tolerance, "[{cols} -> {rows}] x {columns}: relative error {e:.3e}");
+    }
+}
+
+const RESIDUAL_CHILD: &str = "TTS_TEST_CUDA_RESIDUAL_CHILD";
+
+/// Patch 0010: Multilingual's guided decode step adds the residual to its
+/// out and down products over two columns; the wide F16 kernel now does that
+/// add in its epilogue (upstream fuses an add only into one-column products).
+/// Its sums are those of the unfused kernel (equal results) and within 1e-5
+/// of the CPU's F32 ones. The fused launch is read from the per-op log
+/// (patch 0003), which needs the variable before the device starts, so the
+/// products run in a child process of this test binary.
+#[test]
+fn wide_f16_matvec_adds_a_two_column_residual_in_its_epilogue() {
+    let shapes = [(1024, 1024), (4096, 1024), (1024, 3072)];
+    if std::env::var_os(RESIDUAL_CHILD).is_some() {
+        let cpu = open_device("cpu", vec![("threads", OptionValue::Int(2))]);
+        let gpu = cuda().expect("the parent found a CUDA device");
+        for (cols, rows) in shapes {
+            let fused = matvec_residual(&gpu, TYPE_F16, cols, rows, 2, Chain::Fused);
+            let unfused = matvec_residual(&gpu, TYPE_F16, cols, rows, 2, Chain::Unfused);
+            let e = engine_core::compare::max_rel_err(&fused, &unfused).unwrap();
+            println!("matvec F16 + residual [{cols} -> {rows}] x 2 fused vs unfused: rel err {e:.3e} (tolerance 1e-6)");
+            assert!(e <= 1e-6, "[{cols} -> {rows}]: fused against unfused, relative error {e:.3e}");
+            let want = matvec_residual(&cpu, TYPE_F32, cols, rows, 2, Chain::Fused);
+            let e = engine_core::compare::max_rel_err(&fused, &want).unwrap();
+            println!("matvec F16 + residual [{cols} -> {rows}] x 2 vs CPU: rel err {e:.3e} (tolerance 1e-5)");
+            assert!(e <= 1e-5, "[{cols} -> {rows}]: against the CPU, relative error {e:.3e}");
+        }
+        return;
+    }
+    let _serial = one_at_a_time();
+    if cuda().is_none() {
+        return;
+    }
+    let child = std::process::Command::new(std::env::current_exe().unwrap())
+        .args(["--exact", "wide_f16_matvec_adds_a_two_column_residual_in_its_epilogue", "--nocapture", "--test-threads=1"])
+        .env(RESIDUAL_CHILD, "1")
+        .env("GGML_CUDA_PERF_LOGGER", "1")
+        .output()
+        .unwrap();
+    let stdout = String::from_utf8_lossy(&child.stdout);
+    let stderr = String::from_utf8_lossy(&child.stderr);
+    println!("{stdout}");
+    assert!(child.status.success(), "child failed:\n{stdout}\n{stderr}");
+    for (cols, rows) in shapes {
+        let fused = format!("FUSED2 MUL_MAT f16 m={rows} n=2 k={cols}:");
+        assert!(stderr.lines().any(|l| l.starts_with(&fused)), "no fused launch `{fused}` in the per-op log:\n{stderr}");
     }
 }

@@ -14,7 +14,7 @@
 
 mod common;
 
-use common::{check_close, layer_norm, matvec_gelu, one_at_a_time, open_device, values, Chain, Gelu};
+use common::{check_close, layer_norm, matvec_gelu, matvec_residual, one_at_a_time, open_device, values, Chain, Gelu};
 use engine_core::abi::{BackendHandle, OptionValue};
 use ggml_sys::{ComputeGraph, Context, GraphIo, TYPE_F16, TYPE_F32, TYPE_I32};
 
@@ -69,6 +69,80 @@ fn matvec_with_gelu_matches_the_cpu_and_the_unfused_dispatches() {
     }
 }
 
+/// Runs `test` of this binary again in a child process with `CHILD_MARKER`
+/// and `env` set (ggml-vulkan reads its loggers' variables when the device
+/// starts), asserts that it passed and returns its stderr.
+fn run_as_child(test: &str, env: &[(&str, &str)]) -> String {
+    let _serial = one_at_a_time();
+    let mut command = std::process::Command::new(std::env::current_exe().unwrap());
+    command.args(["--exact", test, "--nocapture", "--test-threads=1"]).env(CHILD_MARKER, "1");
+    for (k, v) in env {
+        command.env(k, v);
+    }
+    let child = command.env_remove("GGML_VK_DISABLE_GRAPH_REPLAY").output().unwrap();
+    let stdout = String::from_utf8_lossy(&child.stdout);
+    let stderr = String::from_utf8_lossy(&child.stderr).into_owned();
+    println!("{stdout}");
+    assert!(
+        child.status.success(),
+        "child failed:\n{stdout}\n{}",
+        stderr.lines().filter(|l| !l.starts_with(|c: char| c.is_ascii_digit())).collect::<Vec<_>>().join("\n")
+    );
+    stderr
+}
+
+/// Set in the child processes of [`run_as_child`].
+const CHILD_MARKER: &str = "TTS_TEST_VULKAN_CHILD";
+
+fn in_child() -> bool {
+    std::env::var_os(CHILD_MARKER).is_some()
+}
+
+/// Asserts that ggml-vulkan's per-op log names each of `dispatches`.
+fn assert_logged(stderr: &str, dispatches: &[String]) {
+    for d in dispatches {
+        assert!(stderr.lines().any(|l| l.starts_with(d.as_str())), "no dispatch `{d}` in the per-op log:\n{stderr}");
+    }
+}
+
+/// The products with a residual add that Multilingual's guided decode step
+/// runs over its two rows (and the most columns ggml-vulkan's matrix-vector
+/// route takes), F32 weights against the CPU, F32 and F16 against the
+/// unfused dispatches.
+const RESIDUAL_SHAPES: [(usize, usize, usize); 4] = [(1024, 1024, 2), (4096, 1024, 2), (80, 33, 3), (64, 16, 8)];
+
+/// A product of several columns followed by a same-shape add runs as one
+/// matrix-vector dispatch with the add in its epilogue (patch 0009; before,
+/// only single-column products took the epilogue). The values are checked in
+/// a child process with ggml-vulkan's per-op log on, whose lines name the
+/// fused dispatches.
+#[test]
+fn multi_column_matvec_with_residual_is_fused_and_matches_the_cpu_and_the_unfused_dispatches() {
+    const TEST: &str = "multi_column_matvec_with_residual_is_fused_and_matches_the_cpu_and_the_unfused_dispatches";
+    if !in_child() {
+        let stderr = run_as_child(TEST, &[("GGML_VK_PERF_LOGGER", "1")]);
+        let fused: Vec<String> = RESIDUAL_SHAPES
+            .iter()
+            .flat_map(|(cols, rows, n)| ["f32", "f16"].map(|ty| format!("MUL_MAT_ADD MUL_MAT_VEC {ty} m={rows} n={n} k={cols}:")))
+            .collect();
+        assert_logged(&stderr, &fused);
+        return;
+    }
+    let cpu = cpu();
+    let gpu = vulkan();
+    for (cols, rows, n) in RESIDUAL_SHAPES {
+        let want = matvec_residual(&cpu, TYPE_F32, cols, rows, n, Chain::Fused);
+        let got = matvec_residual(&gpu, TYPE_F32, cols, rows, n, Chain::Fused);
+        check_close(&format!("matvec + residual F32 [{cols} -> {rows}] x {n} against the CPU"), &got, &want, 1e-5);
+        for ty in [TYPE_F32, TYPE_F16] {
+            let fused = matvec_residual(&gpu, ty, cols, rows, n, Chain::Fused);
+            let unfused = matvec_residual(&gpu, ty, cols, rows, n, Chain::Unfused);
+            let name = ggml_sys::type_name(ty);
+            check_close(&format!("matvec + residual {name} [{cols} -> {rows}] x {n} fused against unfused"), &fused, &unfused, 1e-6);
+        }
+    }
+}
+
 const STEP_WIDTH: i64 = 256;
 const STEP_ROWS: i64 = 8;
 
@@ -116,8 +190,6 @@ fn decode_steps(handle: &BackendHandle, steps: &[(Vec<f32>, i32)], invalidate_af
     out
 }
 
-const REPLAY_CHILD: &str = "TTS_TEST_VULKAN_REPLAY_CHILD";
-
 /// Each evaluation of a replayed graph matches the CPU on its own new inputs
 /// and the state earlier ones left. ggml-vulkan records the graph on its
 /// second evaluation and resubmits that from the third; a freed device
@@ -128,7 +200,7 @@ const REPLAY_CHILD: &str = "TTS_TEST_VULKAN_REPLAY_CHILD";
 #[test]
 fn replayed_decode_steps_match_the_cpu_and_rerecord_after_a_buffer_is_freed() {
     let steps: Vec<(Vec<f32>, i32)> = (0..8).map(|i| (values(STEP_WIDTH as usize, 100 + i), ((i * 5) % STEP_ROWS as u64) as i32)).collect();
-    if std::env::var_os(REPLAY_CHILD).is_some() {
+    if in_child() {
         let want = decode_steps(&cpu(), &steps, 4);
         let got = decode_steps(&vulkan(), &steps, 4);
         for (i, (got, want)) in got.iter().zip(&want).enumerate() {
@@ -136,22 +208,7 @@ fn replayed_decode_steps_match_the_cpu_and_rerecord_after_a_buffer_is_freed() {
         }
         return;
     }
-    let _serial = one_at_a_time();
-    let child = std::process::Command::new(std::env::current_exe().unwrap())
-        .args(["--exact", "replayed_decode_steps_match_the_cpu_and_rerecord_after_a_buffer_is_freed", "--nocapture", "--test-threads=1"])
-        .env(REPLAY_CHILD, "1")
-        .env("GGML_VK_SYNC_LOGGER", "1")
-        .env_remove("GGML_VK_DISABLE_GRAPH_REPLAY")
-        .output()
-        .unwrap();
-    let stdout = String::from_utf8_lossy(&child.stdout);
-    let stderr = String::from_utf8_lossy(&child.stderr);
-    println!("{stdout}");
-    assert!(
-        child.status.success(),
-        "child failed:\n{stdout}\n{}",
-        stderr.lines().filter(|l| !l.starts_with(|c: char| c.is_ascii_digit())).collect::<Vec<_>>().join("\n")
-    );
+    let stderr = run_as_child("replayed_decode_steps_match_the_cpu_and_rerecord_after_a_buffer_is_freed", &[("GGML_VK_SYNC_LOGGER", "1")]);
     // Steps 1 and 2 run and record, 3 and 4 replay; the freed buffer drops the
     // recording, so 5 and 6 run and record again, and 7 and 8 replay.
     let replays = stderr.lines().filter(|l| l.starts_with("replay graph ")).count();

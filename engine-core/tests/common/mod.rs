@@ -40,9 +40,9 @@ pub fn values(n: usize, seed: u64) -> Vec<f32> {
 /// runs it on `handle`'s backend and returns the output.
 pub fn run_graph(handle: &BackendHandle, build: impl for<'c> FnOnce(&'c Context) -> (Vec<(Tensor<'c>, Vec<f32>)>, Tensor<'c>)) -> Vec<f32> {
     let backend = handle.ggml_backend();
-    let ctx = Context::new_no_alloc(16, 16).unwrap();
+    let ctx = Context::new_no_alloc(64, 64).unwrap();
     let (inputs, out) = build(&ctx);
-    let mut graph = ctx.new_graph(16).unwrap();
+    let mut graph = ctx.new_graph(64).unwrap();
     graph.build_forward(out);
     let _buffer = backend.alloc_ctx_tensors(&ctx).unwrap();
     for (t, v) in &inputs {
@@ -74,11 +74,7 @@ pub fn matvec_gelu(handle: &BackendHandle, ty: Type, cols: usize, rows: usize, g
         let b = ctx.new_tensor(TYPE_F32, &[rows as i64, 1]).unwrap();
         let y = ctx.add(ctx.mul_mat(w, x).unwrap(), b).unwrap();
         let out = match gelu {
-            Gelu::Composed => {
-                let inner = ctx.add(y, ctx.scale(ctx.mul(ctx.mul(y, y).unwrap(), y).unwrap(), 0.044715).unwrap()).unwrap();
-                let t = ctx.tanh(ctx.scale(inner, 0.797_884_6).unwrap()).unwrap();
-                ctx.mul(y, ctx.scale_bias(t, 0.5, 0.5).unwrap()).unwrap()
-            }
+            Gelu::Composed => gelu_composed(ctx, y),
             Gelu::Node => ctx.gelu(y).unwrap(),
             Gelu::NodeUnfused => ctx.view(ctx.concat(ctx.gelu(y).unwrap(), y, 1).unwrap(), &[rows as i64, 1], &[rows * 4], 0).unwrap(),
         };
@@ -88,6 +84,13 @@ pub fn matvec_gelu(handle: &BackendHandle, ty: Type, cols: usize, rows: usize, g
         let inputs = vec![(w, weights), (x, values(cols, 31)), (b, values(rows, 32))];
         (inputs, ctx.cont(out).unwrap())
     })
+}
+
+/// GELU's tanh formula from elementary ops, in F32.
+fn gelu_composed<'c>(ctx: &'c Context, y: Tensor<'c>) -> Tensor<'c> {
+    let inner = ctx.add(y, ctx.scale(ctx.mul(ctx.mul(y, y).unwrap(), y).unwrap(), 0.044715).unwrap()).unwrap();
+    let t = ctx.tanh(ctx.scale(inner, 0.797_884_6).unwrap()).unwrap();
+    ctx.mul(y, ctx.scale_bias(t, 0.5, 0.5).unwrap()).unwrap()
 }
 
 /// Asserts that `got` is within `tolerance` (largest relative error) of
@@ -132,4 +135,36 @@ pub fn layer_norm(handle: &BackendHandle, cols: usize, rows: usize, bias: bool, 
         };
         (vec![(x, xs), (w, values(cols, 11)), (b, values(cols, 12))], out)
     })
+}
+
+/// `h + W x` for `W` `[cols, rows]` of type `ty` and `n` columns in `x`, the
+/// residual first as the Llama T3 adds it; with `Chain::Unfused` the product
+/// is also read by a concat, so the add runs as its own kernel.
+pub fn matvec_residual(handle: &BackendHandle, ty: Type, cols: usize, rows: usize, n: usize, chain: Chain) -> Vec<f32> {
+    run_graph(handle, |ctx| {
+        let w = ctx.new_tensor(ty, &[cols as i64, rows as i64]).unwrap();
+        let x = ctx.new_tensor(TYPE_F32, &[cols as i64, n as i64]).unwrap();
+        let h = ctx.new_tensor(TYPE_F32, &[rows as i64, n as i64]).unwrap();
+        let product = ctx.mul_mat(w, x).unwrap();
+        let sum = ctx.add(h, product).unwrap();
+        let out = match chain {
+            Chain::Fused => sum,
+            Chain::Unfused => first_half(ctx, ctx.concat(sum, product, 1).unwrap(), rows, n),
+        };
+        let spread = 2.0 / (cols as f32).sqrt();
+        // Weights F16 holds exactly, so F32 and F16 weights are the same matrix.
+        let weights = through_f16(&values(cols * rows, (cols * 3 + rows) as u64).iter().map(|v| v * spread).collect::<Vec<_>>());
+        (vec![(w, weights), (x, values(cols * n, 51)), (h, values(rows * n, 52))], out)
+    })
+}
+
+/// Values as F16 holds them (so an F32 copy of the weights is the same matrix).
+pub fn through_f16(v: &[f32]) -> Vec<f32> {
+    let mut half = vec![0u16; v.len()];
+    let mut back = vec![0f32; v.len()];
+    unsafe {
+        ggml_sys::sys::ggml_fp32_to_fp16_row(v.as_ptr(), half.as_mut_ptr().cast(), v.len() as i64);
+        ggml_sys::sys::ggml_fp16_to_fp32_row(half.as_ptr().cast(), back.as_mut_ptr(), v.len() as i64);
+    }
+    back
 }
