@@ -32,6 +32,10 @@
 #   vk_replay   Vulkan patch 0008's graph replay: kernel tests, Vulkan parity, and full-size Turbo F16,
 #               Multilingual F16 (guidance batch) and Supertonic v2/v3 (10 s) with replay on and off,
 #               CUDA in the same call (three rounds); Turbo with ggml-vulkan's transposed convolution in HiFT
+#   decode_fusion  Vulkan patch 0009 and CUDA patch 0010 (residual adds in the epilogue of two-column
+#               products): kernel tests and parity on both (Multilingual's included), then full-size
+#               Turbo, Multilingual (guidance batch) and Supertonic v2/v3, three rounds; per-op logs of
+#               both backends
 #   module      only the CUDA module (every other stage but stream builds it first too)
 # Work that takes long (the module, checkpoints) stays in /tmp/tts-gpu while
 # the machine does. Results go to $OUT (or /tmp/tts-gpu/out).
@@ -338,12 +342,11 @@ stage_vk_fusion() { # Vulkan patch 0007's fusions: kernel tests, parity, launche
   done
 }
 
-stage_vk_replay() { # Vulkan patch 0008: recorded graphs resubmitted, on and off (GGML_VK_DISABLE_GRAPH_REPLAY), CUDA beside
-  echo "== kernel tests on Vulkan"
-  suite vulkan_kernels vulkan vk-kernels.log "err|test result|panicked"
-  echo "== parity suites on Vulkan"
-  suite parity_vulkan vulkan parity-vulkan.log "rel err|agree|test result|panicked|FAILED|skipped"
-  local turbo=$root/target/chatterbox-full mtl=$root/target/chatterbox-mtl-full
+# Full-size Turbo and Multilingual (F16) and Supertonic v2/v3 (10 s), made
+# once per machine, and the profiles and bench commands the decode-step
+# stages share.
+decode_bench_prepare() {
+  turbo=$root/target/chatterbox-full mtl=$root/target/chatterbox-mtl-full
   chatterbox_ckpt "$turbo" turbo || return 1
   [ -f "$turbo/gguf-f16/t3-turbo.gguf" ] || python3 tools/chatterbox/convert.py "$turbo" "$turbo/gguf-f16" --weights f16 > /dev/null || return 1
   mtl_ckpt "$mtl" || return 1
@@ -352,39 +355,73 @@ stage_vk_replay() { # Vulkan patch 0008: recorded graphs resubmitted, on and off
     python3 bench/supertonic_vs_ort.py --versions v2 v3 --backends vulkan --runs 1 --rounds 1 --threads 16 --duration 10.5 > "$out/st-make.log" 2>&1
   profile cuda cuda
   profile vulkan vulkan
+  text="The quick brown fox jumps over the lazy dog near the quiet river bank." text10="$(cat bench/utterance_10s.txt)"
+}
+bench_turbo() { # profile runs warmup
+  "$rel/tts" bench --profile "$work/$1.toml" --plugin-dir "$rel" --model "$turbo/gguf-f16/t3-turbo.gguf" --model "$turbo/gguf-f16/s3gen-meanflow.gguf" \
+    --text "$text" --runs "$2" --warmup "$3" --set max_new_tokens=99 --set min_new_tokens=100 --set seed=0
+}
+bench_mtl() { # profile runs warmup
+  "$rel/tts" bench --profile "$work/$1.toml" --plugin-dir "$rel" --model "$mtl/gguf-f16/t3-mtl.gguf" --model "$mtl/gguf-f16/s3gen.gguf" \
+    --text "$text" --runs "$2" --warmup "$3" --set max_new_tokens=100 --set min_new_tokens=100 --set seed=0 --set guidance=batch
+}
+stages() { grep -E "ms_per_token|s3gen|hift|total" | sed "s/^/$1 /"; }
+bench_all() { # profile: Turbo, Multilingual, Supertonic v2 and v3
+  bench_turbo "$1" 5 1 | stages turbo
+  bench_mtl "$1" 4 1 | stages mtl
+  for v in v2 v3; do
+    "$rel/tts" bench --profile "$work/$1.toml" --plugin-dir "$rel" --model "$root/target/supertonic-models/$v-d10.5-f32.gguf" \
+      --text "$text10" --runs 5 --warmup 1 | grep -E "total" | sed "s/^/supertonic $v /"
+  done
+}
+
+stage_vk_replay() { # Vulkan patch 0008: recorded graphs resubmitted, on and off (GGML_VK_DISABLE_GRAPH_REPLAY), CUDA beside
+  echo "== kernel tests on Vulkan"
+  suite vulkan_kernels vulkan vk-kernels.log "err|test result|panicked"
+  echo "== parity suites on Vulkan"
+  suite parity_vulkan vulkan parity-vulkan.log "rel err|agree|test result|panicked|FAILED|skipped"
+  decode_bench_prepare || return 1
   profile vulkan-native-ct vulkan $'[policies]\nconv_transpose_1d = "on"\n'
-  local text="The quick brown fox jumps over the lazy dog near the quiet river bank." text10="$(cat bench/utterance_10s.txt)"
-  bench_turbo() { # profile runs warmup
-    "$rel/tts" bench --profile "$work/$1.toml" --plugin-dir "$rel" --model "$turbo/gguf-f16/t3-turbo.gguf" --model "$turbo/gguf-f16/s3gen-meanflow.gguf" \
-      --text "$text" --runs "$2" --warmup "$3" --set max_new_tokens=99 --set min_new_tokens=100 --set seed=0
-  }
-  bench_mtl() { # profile runs warmup
-    "$rel/tts" bench --profile "$work/$1.toml" --plugin-dir "$rel" --model "$mtl/gguf-f16/t3-mtl.gguf" --model "$mtl/gguf-f16/s3gen.gguf" \
-      --text "$text" --runs "$2" --warmup "$3" --set max_new_tokens=100 --set min_new_tokens=100 --set seed=0 --set guidance=batch
-  }
-  stages() { grep -E "ms_per_token|s3gen|hift|total" | sed "s/^/$1 /"; }
-  run_all() { # backend
-    bench_turbo "$1" 5 1 | stages turbo
-    bench_mtl "$1" 4 1 | stages mtl
-    for v in v2 v3; do
-      "$rel/tts" bench --profile "$work/$1.toml" --plugin-dir "$rel" --model "$root/target/supertonic-models/$v-d10.5-f32.gguf" \
-        --text "$text10" --runs 5 --warmup 1 | grep -E "total" | sed "s/^/supertonic $v /"
-    done
-  }
   for round in 1 2 3; do
     echo "== round $round: Vulkan, graph replay on"
-    run_all vulkan
+    bench_all vulkan
     echo "== round $round: Vulkan, graph replay on, ggml-vulkan's CONV_TRANSPOSE_1D in HiFT (auto decomposes it)"
     bench_turbo vulkan-native-ct 5 1 | stages turbo
     echo "== round $round: Vulkan, graph replay off"
-    ( export GGML_VK_DISABLE_GRAPH_REPLAY=1; run_all vulkan )
+    ( export GGML_VK_DISABLE_GRAPH_REPLAY=1; bench_all vulkan )
     echo "== round $round: CUDA"
-    run_all cuda
+    bench_all cuda
   done
   echo "== Vulkan per-op times (GGML_VK_PERF_LOGGER: a timestamp and a barrier around each dispatch, no replay)"
   for model in turbo mtl; do
     GGML_VK_PERF_LOGGER=1 "bench_$model" vulkan 1 0 > /dev/null 2> "$out/vk-perf-$model.log"
     python3 bench/perf_summary.py "$out/vk-perf-$model.log" --top 10
+  done
+}
+
+stage_decode_fusion() { # Vulkan 0009 and CUDA 0010: fewer decode-step launches, CUDA beside
+  echo "== kernel tests on Vulkan and CUDA"
+  suite vulkan_kernels vulkan vk-kernels.log "err|test result|panicked"
+  suite cuda_kernels cuda kernels.log "err|test result|panicked|skipped"
+  echo "== parity suites on Vulkan and CUDA"
+  suite parity_vulkan vulkan parity-vulkan.log "rel err|agree|test result|panicked|FAILED|skipped"
+  suite parity_cuda cuda parity.log "rel err|agree|test result|panicked|FAILED|skipped"
+  echo "== Multilingual parity on the CPU, Vulkan and CUDA (the rotated K written by the fused ROPE, VIEW, SET_ROWS)"
+  suite mtl_parity cuda mtl-parity.log "rel err|test result|panicked|FAILED|skipped"
+  decode_bench_prepare || return 1
+  for round in 1 2 3; do
+    echo "== round $round: Vulkan"
+    bench_all vulkan
+    echo "== round $round: CUDA"
+    bench_all cuda
+  done
+  echo "== per-op times, Vulkan (GGML_VK_PERF_LOGGER) and CUDA (GGML_CUDA_PERF_LOGGER)"
+  local model
+  for model in turbo mtl; do
+    GGML_VK_PERF_LOGGER=1 "bench_$model" vulkan 1 0 > /dev/null 2> "$out/vk-perf-$model.log"
+    python3 bench/perf_summary.py "$out/vk-perf-$model.log" --top 12
+    GGML_CUDA_PERF_LOGGER=1 "bench_$model" cuda 1 0 > /dev/null 2> "$out/cuda-perf-$model.log"
+    python3 bench/perf_summary.py "$out/cuda-perf-$model.log" --top 12
   done
 }
 

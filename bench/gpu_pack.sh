@@ -11,7 +11,7 @@ tests=$(cargo test --release --no-run --message-format=json -p tts-model-chatter
   python3 -c 'import json, sys
 for line in sys.stdin:
     m = json.loads(line)
-    if m.get("reason") == "compiler-artifact" and m.get("executable") and m["target"]["name"] in ("parity", "parity_cuda", "parity_vulkan", "cuda_kernels", "vulkan_kernels") and m["target"]["kind"] == ["test"]:
+    if m.get("reason") == "compiler-artifact" and m.get("executable") and m["target"]["name"] in ("parity", "parity_cuda", "parity_vulkan", "mtl_parity", "cuda_kernels", "vulkan_kernels") and m["target"]["kind"] == ["test"]:
         print(m["executable"])')
 # A CUDA module brought back earlier stays (gpu_host.sh uses it; the plugin
 # checks its stamp); delete target/gpu/cuda-module.tar.xz after changing patches.
