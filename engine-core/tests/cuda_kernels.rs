@@ -203,7 +203,8 @@ fn wide_f16_matvec_on_two_columns_matches_the_f32_kernel() {
     }
 }
 
-const RESIDUAL_CHILD: &str = "TTS_TEST_CUDA_RESIDUAL_CHILD";
+/// Set in the child processes that [`common::run_as_child`] starts.
+const CHILD_MARKER: &str = "TTS_TEST_CUDA_CHILD";
 
 /// Patch 0010: Multilingual's guided decode step adds the residual to its
 /// out and down products over two columns; the wide F16 kernel now does that
@@ -215,7 +216,7 @@ const RESIDUAL_CHILD: &str = "TTS_TEST_CUDA_RESIDUAL_CHILD";
 #[test]
 fn wide_f16_matvec_adds_a_two_column_residual_in_its_epilogue() {
     let shapes = [(1024, 1024), (4096, 1024), (1024, 3072)];
-    if std::env::var_os(RESIDUAL_CHILD).is_some() {
+    if common::in_child(CHILD_MARKER) {
         let cpu = open_device("cpu", vec![("threads", OptionValue::Int(2))]);
         let gpu = cuda().expect("the parent found a CUDA device");
         for (cols, rows) in shapes {
@@ -231,22 +232,15 @@ fn wide_f16_matvec_adds_a_two_column_residual_in_its_epilogue() {
         }
         return;
     }
-    let _serial = one_at_a_time();
-    if cuda().is_none() {
+    let found = {
+        let _serial = one_at_a_time();
+        cuda().is_some()
+    };
+    if !found {
         return;
     }
-    let child = std::process::Command::new(std::env::current_exe().unwrap())
-        .args(["--exact", "wide_f16_matvec_adds_a_two_column_residual_in_its_epilogue", "--nocapture", "--test-threads=1"])
-        .env(RESIDUAL_CHILD, "1")
-        .env("GGML_CUDA_PERF_LOGGER", "1")
-        .output()
-        .unwrap();
-    let stdout = String::from_utf8_lossy(&child.stdout);
-    let stderr = String::from_utf8_lossy(&child.stderr);
-    println!("{stdout}");
-    assert!(child.status.success(), "child failed:\n{stdout}\n{stderr}");
-    for (cols, rows) in shapes {
-        let fused = format!("FUSED2 MUL_MAT f16 m={rows} n=2 k={cols}:");
-        assert!(stderr.lines().any(|l| l.starts_with(&fused)), "no fused launch `{fused}` in the per-op log:\n{stderr}");
-    }
+    const TEST: &str = "wide_f16_matvec_adds_a_two_column_residual_in_its_epilogue";
+    let stderr = common::run_as_child(CHILD_MARKER, TEST, &[("GGML_CUDA_PERF_LOGGER", "1")], &[]);
+    let fused: Vec<String> = shapes.iter().map(|(cols, rows)| format!("FUSED2 MUL_MAT f16 m={rows} n=2 k={cols}:")).collect();
+    common::assert_logged(&stderr, &fused);
 }

@@ -14,7 +14,7 @@
 
 mod common;
 
-use common::{check_close, layer_norm, matvec_gelu, matvec_residual, one_at_a_time, open_device, values, Chain, Gelu};
+use common::{assert_logged, check_close, layer_norm, matvec_gelu, matvec_residual, one_at_a_time, open_device, values, Chain, Gelu};
 use engine_core::abi::{BackendHandle, OptionValue};
 use ggml_sys::{ComputeGraph, Context, GraphIo, TYPE_F16, TYPE_F32, TYPE_I32};
 
@@ -69,40 +69,17 @@ fn matvec_with_gelu_matches_the_cpu_and_the_unfused_dispatches() {
     }
 }
 
-/// Runs `test` of this binary again in a child process with `CHILD_MARKER`
-/// and `env` set (ggml-vulkan reads its loggers' variables when the device
-/// starts), asserts that it passed and returns its stderr.
-fn run_as_child(test: &str, env: &[(&str, &str)]) -> String {
-    let _serial = one_at_a_time();
-    let mut command = std::process::Command::new(std::env::current_exe().unwrap());
-    command.args(["--exact", test, "--nocapture", "--test-threads=1"]).env(CHILD_MARKER, "1");
-    for (k, v) in env {
-        command.env(k, v);
-    }
-    let child = command.env_remove("GGML_VK_DISABLE_GRAPH_REPLAY").output().unwrap();
-    let stdout = String::from_utf8_lossy(&child.stdout);
-    let stderr = String::from_utf8_lossy(&child.stderr).into_owned();
-    println!("{stdout}");
-    assert!(
-        child.status.success(),
-        "child failed:\n{stdout}\n{}",
-        stderr.lines().filter(|l| !l.starts_with(|c: char| c.is_ascii_digit())).collect::<Vec<_>>().join("\n")
-    );
-    stderr
-}
-
-/// Set in the child processes of [`run_as_child`].
+/// Set in the child processes that [`run_as_child`] starts.
 const CHILD_MARKER: &str = "TTS_TEST_VULKAN_CHILD";
 
 fn in_child() -> bool {
-    std::env::var_os(CHILD_MARKER).is_some()
+    common::in_child(CHILD_MARKER)
 }
 
-/// Asserts that ggml-vulkan's per-op log names each of `dispatches`.
-fn assert_logged(stderr: &str, dispatches: &[String]) {
-    for d in dispatches {
-        assert!(stderr.lines().any(|l| l.starts_with(d.as_str())), "no dispatch `{d}` in the per-op log:\n{stderr}");
-    }
+/// Runs `test` again in a child process with `env` set (ggml-vulkan reads its
+/// loggers' variables when the device starts) and graph replay at its default.
+fn run_as_child(test: &str, env: &[(&str, &str)]) -> String {
+    common::run_as_child(CHILD_MARKER, test, env, &["GGML_VK_DISABLE_GRAPH_REPLAY"])
 }
 
 /// The products with a residual add that Multilingual's guided decode step

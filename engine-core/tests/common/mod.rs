@@ -23,6 +23,47 @@ pub fn one_at_a_time() -> std::sync::MutexGuard<'static, ()> {
     LOCK.lock().unwrap_or_else(|e| e.into_inner())
 }
 
+/// Whether this process is a child started by [`run_as_child`] with `marker`.
+pub fn in_child(marker: &str) -> bool {
+    std::env::var_os(marker).is_some()
+}
+
+/// Runs `test` of this test binary again in a child process with `marker`
+/// and `env` set and `unset` removed, for what a backend reads only when its
+/// device starts (the per-op loggers); asserts that the child passed and
+/// returns its stderr.
+pub fn run_as_child(marker: &str, test: &str, env: &[(&str, &str)], unset: &[&str]) -> String {
+    let _serial = one_at_a_time();
+    let mut command = std::process::Command::new(std::env::current_exe().unwrap());
+    command.args(["--exact", test, "--nocapture", "--test-threads=1"]).env(marker, "1");
+    for (k, v) in env {
+        command.env(k, v);
+    }
+    for k in unset {
+        command.env_remove(k);
+    }
+    let child = command.output().unwrap();
+    let stdout = String::from_utf8_lossy(&child.stdout);
+    let stderr = String::from_utf8_lossy(&child.stderr).into_owned();
+    println!("{stdout}");
+    // The per-op log lines (which start with a digit on Vulkan) are left out
+    // of a failure's message.
+    assert!(
+        child.status.success(),
+        "child failed:\n{stdout}\n{}",
+        stderr.lines().filter(|l| !l.starts_with(|c: char| c.is_ascii_digit())).collect::<Vec<_>>().join("\n")
+    );
+    stderr
+}
+
+/// Asserts that a backend's per-op log (a child's stderr) has a line starting
+/// with each of `dispatches`.
+pub fn assert_logged(stderr: &str, dispatches: &[String]) {
+    for d in dispatches {
+        assert!(stderr.lines().any(|l| l.starts_with(d.as_str())), "no dispatch `{d}` in the per-op log:\n{stderr}");
+    }
+}
+
 /// Deterministic values in [-1, 1).
 pub fn values(n: usize, seed: u64) -> Vec<f32> {
     let mut s = seed.wrapping_mul(0x9E37_79B9_7F4A_7C15).wrapping_add(1);
