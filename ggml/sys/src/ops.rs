@@ -93,12 +93,22 @@ impl Context {
     /// heads, tokens, ...]` at the I32 `positions` `[tokens]`. The angle of pair
     /// `i` is `position · base^(-2i/head_dim) / freq_factors[i]`.
     pub fn rope_neox<'a>(&'a self, a: Tensor<'a>, positions: Tensor<'a>, freq_factors: Option<Tensor<'a>>, base: f32) -> Result<Tensor<'a>> {
+        self.rope_neox_impl(a, positions, freq_factors, base, false)
+    }
+
+    /// [`rope_neox`](Self::rope_neox) written over `a` itself: the result is
+    /// a view of `a`'s memory, so the rotated heads stay where `a` lies (in a
+    /// wider tensor, next to what was not rotated). `a` may be a strided view.
+    pub fn rope_neox_inplace<'a>(&'a self, a: Tensor<'a>, positions: Tensor<'a>, freq_factors: Option<Tensor<'a>>, base: f32) -> Result<Tensor<'a>> {
+        self.rope_neox_impl(a, positions, freq_factors, base, true)
+    }
+
+    fn rope_neox_impl<'a>(&'a self, a: Tensor<'a>, positions: Tensor<'a>, freq_factors: Option<Tensor<'a>>, base: f32, inplace: bool) -> Result<Tensor<'a>> {
         const GGML_ROPE_TYPE_NEOX: i32 = 2;
         let ff = freq_factors.map_or(std::ptr::null_mut(), |t| t.as_ptr());
         let n_dims = a.ne()[0] as i32;
-        self.wrap(unsafe {
-            sys::ggml_rope_ext(self.as_ptr(), a.as_ptr(), positions.as_ptr(), ff, n_dims, GGML_ROPE_TYPE_NEOX, 0, base, 1.0, 0.0, 1.0, 0.0, 0.0)
-        })
+        let rope = if inplace { sys::ggml_rope_ext_inplace } else { sys::ggml_rope_ext };
+        self.wrap(unsafe { rope(self.as_ptr(), a.as_ptr(), positions.as_ptr(), ff, n_dims, GGML_ROPE_TYPE_NEOX, 0, base, 1.0, 0.0, 1.0, 0.0, 0.0) })
     }
 
     /// `softmax(a * scale + mask)` along ne0.

@@ -299,7 +299,7 @@ fn llama_items(
     let n = cond_len + lengths.text_tokens + 2;
     let cache = cache_positions((n + lengths.new_tokens).min(hp.n_ctx), hp.n_ctx);
     let dims = KvDims { n_layer: hp.n_layer, width: l.kv_width(), n_ctx: cache, rows: 2 };
-    let kv = KvCache::for_measuring(backend, dims, attention.kv_type, attention.path, KvLayout::Split)?;
+    let kv = KvCache::for_measuring(backend, dims, attention.kv_type, attention.path, KvLayout::Fused)?;
     let span = |used: usize| attention_span(Some(&kv), used);
     let graph = |shape: llama::Shape| measure(t3::guided::MAX_NODES, &|b| llama::build(b, hp, l, &kv, shape));
     let one_row = llama::Rows { first: 0, count: 1 };

@@ -178,7 +178,7 @@ impl GuidedT3 {
         self.cached = None;
         self.kv = None;
         let dims = KvDims { n_layer: self.hp.n_layer, width: self.llama().kv_width(), n_ctx, rows: 2 };
-        self.kv = Some(self.attention.new_cache(&self.backend, dims, KvLayout::Split)?);
+        self.kv = Some(self.attention.new_cache(&self.backend, dims, KvLayout::Fused)?);
         Ok(())
     }
 

@@ -10,10 +10,10 @@ use ggml_sys::{Backend, Buffer, Context, Result, Tensor, Type};
 /// How attention reads the cache.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 pub enum AttentionPath {
-    /// `flash_attn_ext` over row-major K and V in `KvCache::ty`. Where the
-    /// projection lays K and V out side by side (GPT-2), both live in one
-    /// tensor whose row per position is K then V (`KvLayout::Fused`), written
-    /// with one `set_rows`; otherwise (rotated K, Llama) in two.
+    /// `flash_attn_ext` over row-major K and V in `KvCache::ty`. The T3s'
+    /// projections lay K and V out side by side (Llama's K rotated in place),
+    /// so both live in one tensor whose row per position is K then V
+    /// (`KvLayout::Fused`), written with one `set_rows`.
     Flash,
     /// Explicit QK^T, softmax, V products: V is stored transposed (one row per
     /// channel and sequence) so the product reads it contiguously; both F32.

@@ -14,7 +14,7 @@
 //! grouped-query attention, SwiGLU over the fused gate/up projection; the
 //! learned text and speech position tables are added to the embeddings.
 
-use super::kv_cache::{AttentionPath, KvCache};
+use super::kv_cache::{AttentionPath, KvCache, KvLayout};
 use crate::hparams::{LlamaHparams, T3Hparams};
 use crate::tensors::T3_ROPE_FREQ_FACTORS;
 use engine_core::model_kit::Builder;
@@ -264,41 +264,56 @@ fn attention<'c>(
     let batch = shape.batch() as i64;
     let n = cols / batch;
     let row = qkv.nb()[1];
-    let q = ctx.rope_neox(ctx.view(qkv, &[hd, nh, cols], &[hd as usize * f, row], 0)?, io.positions, io.freq_factors, l.rope_base)?;
-    let k = ctx.rope_neox(ctx.view(qkv, &[hd, nkv, cols], &[hd as usize * f, row], q_width as usize * f)?, io.positions, io.freq_factors, l.rope_base)?;
-    let v = ctx.view(qkv, &[w, cols], &[row], (q_width + w) as usize * f)?;
-    // A view rather than a reshape of the rotated K: ROPE, VIEW, SET_ROWS is
-    // the chain the GPU backends fuse into one kernel.
-    let (mut k_src, mut v_src) = (ctx.view(k, &[w, cols], &[w as usize * f], 0)?, v);
-    // The conditioning is computed once and written to every cache row.
+    // Each column of `qkv` is Q's heads, then K's, then V. One rotation over
+    // Q and K together, written in place, leaves rotated K next to V, so the
+    // flash path stores both with one write into a cache whose row per
+    // position is K then V (three kernels a layer become two on the GPUs).
+    let qk = ctx.rope_neox_inplace(ctx.view(qkv, &[hd, nh + nkv, cols], &[hd as usize * f, row], 0)?, io.positions, io.freq_factors, l.rope_base)?;
+    // Views of `qk` (not of `qkv`): they read what the rotation wrote.
+    let column = |width: i64, offset: i64| ctx.view(qk, &[width, cols], &[row], offset as usize * f);
     let written = shape.written_rows(kv.rows).len();
-    if written > batch as usize {
-        v_src = ctx.cont(v_src)?;
-        let (k1, v1) = (k_src, v_src);
-        for _ in 1..written {
-            k_src = ctx.concat(k_src, k1, 1)?;
-            v_src = ctx.concat(v_src, v1, 1)?;
-        }
-    }
-    let k_all = ctx.set_rows(kv.tensor(ctx, "k", layer), k_src, io.kv_rows)?;
     let kv_len = shape.kv_len as i64;
     let first = shape.rows.first;
-    let pos_bytes = Context::row_size(kv.ty, w);
     let head_bytes = Context::row_size(kv.ty, hd);
+    let pos_bytes = match kv.layout {
+        KvLayout::Fused => Context::row_size(kv.ty, 2 * w),
+        KvLayout::Split => Context::row_size(kv.ty, w),
+    };
     let seq_bytes = pos_bytes * kv.n_ctx;
-    let k_view = ctx.view(k_all, &[hd, kv_len, nkv, batch], &[pos_bytes, head_bytes, seq_bytes], first * seq_bytes)?;
-    let q4 = ctx.permute(ctx.reshape(q, &[hd, nh, n, batch])?, [0, 2, 1, 3])?; // [hd, n, nh, B]
+    // The conditioning is computed once and written to every cache row.
+    let repeated = |src: Tensor<'c>| -> Result<Tensor<'c>> {
+        let one = ctx.cont(src)?;
+        let mut all = one;
+        for _ in 1..written {
+            all = ctx.concat(all, one, 1)?;
+        }
+        Ok(all)
+    };
+    let rows_of = |src: Tensor<'c>| if written > batch as usize { repeated(src) } else { Ok(src) };
+    let cache_view = |all: Tensor<'c>, offset: usize| ctx.view(all, &[hd, kv_len, nkv, batch], &[pos_bytes, head_bytes, seq_bytes], first * seq_bytes + offset);
+    let (k_all, k_view, v_view) = match kv.layout {
+        KvLayout::Fused => {
+            let kv_all = ctx.set_rows(kv.tensor(ctx, "kv", layer), rows_of(column(2 * w, q_width)?)?, io.kv_rows)?;
+            (kv_all, cache_view(kv_all, 0)?, Some(cache_view(kv_all, Context::row_size(kv.ty, w))?))
+        }
+        KvLayout::Split => {
+            let k_all = ctx.set_rows(kv.tensor(ctx, "k", layer), rows_of(column(w, q_width)?)?, io.kv_rows)?;
+            (k_all, cache_view(k_all, 0)?, None)
+        }
+    };
+    // Q as [hd, n, nh, B]: head h of token t of row b at b·n·row + t·row + h·hd.
+    let q4 = ctx.permute(ctx.view(qk, &[hd, nh, n, batch], &[hd as usize * f, row, n as usize * row], 0)?, [0, 2, 1, 3])?;
     let scale = 1.0 / (hd as f32).sqrt();
 
     let out = match kv.path {
         AttentionPath::Flash => {
-            let v_all = ctx.set_rows(kv.tensor(ctx, "v", layer), v_src, io.kv_rows)?;
-            let v_view = ctx.view(v_all, &[hd, kv_len, nkv, batch], &[pos_bytes, head_bytes, seq_bytes], first * seq_bytes)?;
+            let v_view = v_view.ok_or_else(|| ggml_sys::Error::Msg("the flash path reads a fused K|V cache (a bug in the caller)".into()))?;
             ctx.flash_attn_ext(q4, k_view, v_view, Some(io.mask), scale)? // [hd, nh, n, B]
         }
         AttentionPath::Explicit => {
             // V^T per row: element (channel e, position p) of row r at (r·width + e)·n_ctx + p.
             let n_ctx = kv.n_ctx as i64;
+            let v_src = rows_of(column(w, q_width + w)?)?;
             let total = v_src.ne()[1];
             let v_t = ctx.cont(ctx.transpose(v_src)?)?; // [tokens, w]
             let v_flat = ctx.reshape(kv.tensor(ctx, "v", layer), &[1, n_ctx * w * kv.rows as i64])?;
@@ -319,7 +334,7 @@ fn attention<'c>(
     if let Some(mask_m) = io.aligned_mask {
         let group = (nh / nkv) as usize;
         for &(_, head) in l.aligned_heads.iter().filter(|(al, _)| *al == layer) {
-            let q_h = ctx.view(q, &[hd, m], &[nh as usize * hd as usize * f], (((n - m) * nh) as usize + head) * hd as usize * f)?;
+            let q_h = ctx.view(qk, &[hd, m], &[row], (n - m) as usize * row + head * hd as usize * f)?;
             let k_h = ctx.view(k_all, &[hd, kv_len], &[pos_bytes], (head / group) * head_bytes)?;
             let p = ctx.soft_max_ext(ctx.mul_mat(k_h, ctx.cont(q_h)?)?, Some(mask_m), scale)?;
             probs = Some(match probs {
