@@ -6,7 +6,9 @@
 
 mod common;
 
-use common::{artifact_dir, layer_norm, matvec_gelu, matvec_residual, one_at_a_time, open_device, run_graph, through_f16, values, Chain, Gelu};
+use common::{
+    artifact_dir, check_close, layer_norm, matvec_gelu, matvec_residual, matvec_swiglu, one_at_a_time, open_device, run_graph, through_f16, values, Chain, Gelu,
+};
 use engine_core::abi::{BackendHandle, OptionValue};
 use engine_core::loader;
 use ggml_sys::{Type, TYPE_F16, TYPE_F32};
@@ -206,6 +208,17 @@ fn wide_f16_matvec_on_two_columns_matches_the_f32_kernel() {
 /// Set in the child processes that [`common::run_as_child`] starts.
 const CHILD_MARKER: &str = "TTS_TEST_CUDA_CHILD";
 
+/// Runs `test` again in a child process with ggml-cuda's per-op log on
+/// (patch 0003 reads the variable when the device starts) and returns the
+/// child's stderr; `None` (the test is skipped) without a CUDA device.
+fn in_child_with_perf_log(test: &str) -> Option<String> {
+    let found = {
+        let _serial = one_at_a_time();
+        cuda().is_some()
+    };
+    found.then(|| common::run_as_child(CHILD_MARKER, test, &[("GGML_CUDA_PERF_LOGGER", "1")], &[]))
+}
+
 /// Patch 0010: Multilingual's guided decode step adds the residual to its
 /// out and down products over two columns; the wide F16 kernel now does that
 /// add in its epilogue (upstream fuses an add only into one-column products).
@@ -232,15 +245,40 @@ fn wide_f16_matvec_adds_a_two_column_residual_in_its_epilogue() {
         }
         return;
     }
-    let found = {
-        let _serial = one_at_a_time();
-        cuda().is_some()
+    let Some(stderr) = in_child_with_perf_log("wide_f16_matvec_adds_a_two_column_residual_in_its_epilogue") else {
+        return;
     };
-    if !found {
+    let fused: Vec<String> = shapes.iter().map(|(cols, rows)| format!("FUSED2 MUL_MAT f16 m={rows} n=2 k={cols}:")).collect();
+    common::assert_logged(&stderr, &fused);
+}
+
+/// Patch 0011: the Llama T3's feed-forward multiplies by one `[gate | up]`
+/// matrix and applies a single-input SWIGLU; the wide F16 kernel computes both
+/// halves' rows in one launch and writes silu(gate)·up, for one column and for
+/// the guided decoder's two. 4096 output rows (Multilingual) take a warp a
+/// row, 512 split each row over the block. Fused against unfused (the same
+/// sums) and against the CPU's F32 product; the fused launch is read from the
+/// per-op log in a child process, as above.
+#[test]
+fn wide_f16_matvec_applies_swiglu_over_the_halves_of_a_gate_up_product() {
+    let cases = [(1024, 4096, 1), (1024, 4096, 2), (1024, 512, 1), (1024, 512, 2)];
+    if common::in_child(CHILD_MARKER) {
+        let cpu = open_device("cpu", vec![("threads", OptionValue::Int(2))]);
+        let gpu = cuda().expect("the parent found a CUDA device");
+        for (cols, rows, n) in cases {
+            let fused = matvec_swiglu(&gpu, TYPE_F16, cols, rows, n, Chain::Fused);
+            let unfused = matvec_swiglu(&gpu, TYPE_F16, cols, rows, n, Chain::Unfused);
+            check_close(&format!("matvec F16 + swiglu [{cols} -> 2x{rows}] x {n} fused vs unfused"), &fused, &unfused, 1e-6);
+            let want = matvec_swiglu(&cpu, TYPE_F32, cols, rows, n, Chain::Fused);
+            check_close(&format!("matvec F16 + swiglu [{cols} -> 2x{rows}] x {n} vs CPU"), &fused, &want, 1e-5);
+        }
         return;
     }
-    const TEST: &str = "wide_f16_matvec_adds_a_two_column_residual_in_its_epilogue";
-    let stderr = common::run_as_child(CHILD_MARKER, TEST, &[("GGML_CUDA_PERF_LOGGER", "1")], &[]);
-    let fused: Vec<String> = shapes.iter().map(|(cols, rows)| format!("FUSED2 MUL_MAT f16 m={rows} n=2 k={cols}:")).collect();
+    let Some(stderr) = in_child_with_perf_log("wide_f16_matvec_applies_swiglu_over_the_halves_of_a_gate_up_product") else {
+        return;
+    };
+    // The log names one-column products MUL_MAT_VEC.
+    let op = |n: usize| if n == 1 { "MUL_MAT_VEC" } else { "MUL_MAT" };
+    let fused: Vec<String> = cases.iter().map(|&(cols, rows, n)| format!("FUSED2 {} f16 m={} n={n} k={cols}:", op(n), 2 * rows)).collect();
     common::assert_logged(&stderr, &fused);
 }

@@ -199,6 +199,30 @@ pub fn matvec_residual(handle: &BackendHandle, ty: Type, cols: usize, rows: usiz
     })
 }
 
+/// `swiglu(W x)` for a fused gate-and-up `W` `[cols, 2 * rows]` of type `ty`
+/// (gate rows first, as the Llama T3's feed-forward) and `n` columns in `x`:
+/// `[rows, n]`. With `Chain::Unfused` the product is also read by a view, so
+/// the SWIGLU runs as its own kernel.
+pub fn matvec_swiglu(handle: &BackendHandle, ty: Type, cols: usize, rows: usize, n: usize, chain: Chain) -> Vec<f32> {
+    run_graph(handle, |ctx| {
+        let w = ctx.new_tensor(ty, &[cols as i64, 2 * rows as i64]).unwrap();
+        let x = ctx.new_tensor(TYPE_F32, &[cols as i64, n as i64]).unwrap();
+        let product = ctx.mul_mat(w, x).unwrap();
+        let out = ctx.swiglu(product).unwrap();
+        let out = match chain {
+            Chain::Fused => out,
+            Chain::Unfused => {
+                let gate = ctx.cont(ctx.view(product, &[rows as i64, n as i64], &[product.nb()[1]], 0).unwrap()).unwrap();
+                first_half(ctx, ctx.concat(out, gate, 1).unwrap(), rows, n)
+            }
+        };
+        let spread = 2.0 / (cols as f32).sqrt();
+        // Weights F16 holds exactly, so F32 and F16 weights are the same matrix.
+        let weights = through_f16(&values(cols * 2 * rows, (cols * 5 + rows) as u64).iter().map(|v| v * spread).collect::<Vec<_>>());
+        (vec![(w, weights), (x, values(cols * n, 53))], out)
+    })
+}
+
 /// Values as F16 holds them (so an F32 copy of the weights is the same matrix).
 pub fn through_f16(v: &[f32]) -> Vec<f32> {
     let mut half = vec![0u16; v.len()];
