@@ -32,10 +32,10 @@
 #   vk_replay   Vulkan patch 0008's graph replay: kernel tests, Vulkan parity, and full-size Turbo F16,
 #               Multilingual F16 (guidance batch) and Supertonic v2/v3 (10 s) with replay on and off,
 #               CUDA in the same call (three rounds); Turbo with ggml-vulkan's transposed convolution in HiFT
-#   decode_fusion  Vulkan patch 0009 and CUDA patch 0010 (residual adds in the epilogue of two-column
-#               products): kernel tests and parity on both (Multilingual's included), then full-size
-#               Turbo, Multilingual (guidance batch) and Supertonic v2/v3, three rounds; per-op logs of
-#               both backends
+#   decode_fusion  the decode-step fusions (Vulkan 0009, CUDA 0010 and 0011, the Llama T3's shared
+#               rotation and K|V write): kernel tests and parity on both (Multilingual's included), then
+#               full-size Turbo, Multilingual (guidance batch) and Supertonic v2/v3, three rounds; per-op
+#               logs of both backends
 #   module      only the CUDA module (every other stage but stream builds it first too)
 # Work that takes long (the module, checkpoints) stays in /tmp/tts-gpu while
 # the machine does. Results go to $OUT (or /tmp/tts-gpu/out).
@@ -399,14 +399,14 @@ stage_vk_replay() { # Vulkan patch 0008: recorded graphs resubmitted, on and off
   done
 }
 
-stage_decode_fusion() { # Vulkan 0009 and CUDA 0010: fewer decode-step launches, CUDA beside
+stage_decode_fusion() { # fewer decode-step launches on both backends, CUDA beside
   echo "== kernel tests on Vulkan and CUDA"
   suite vulkan_kernels vulkan vk-kernels.log "err|test result|panicked"
   suite cuda_kernels cuda kernels.log "err|test result|panicked|skipped"
   echo "== parity suites on Vulkan and CUDA"
   suite parity_vulkan vulkan parity-vulkan.log "rel err|agree|test result|panicked|FAILED|skipped"
   suite parity_cuda cuda parity.log "rel err|agree|test result|panicked|FAILED|skipped"
-  echo "== Multilingual parity on the CPU, Vulkan and CUDA (the rotated K written by the fused ROPE, VIEW, SET_ROWS)"
+  echo "== Multilingual parity on the CPU, Vulkan and CUDA"
   suite mtl_parity cuda mtl-parity.log "rel err|test result|panicked|FAILED|skipped"
   decode_bench_prepare || return 1
   for round in 1 2 3; do
