@@ -275,41 +275,38 @@ fn attention<'c>(
     let kv_len = shape.kv_len as i64;
     let first = shape.rows.first;
     let head_bytes = Context::row_size(kv.ty, hd);
-    let pos_bytes = match kv.layout {
-        KvLayout::Fused => Context::row_size(kv.ty, 2 * w),
-        KvLayout::Split => Context::row_size(kv.ty, w),
+    let pos_bytes = match (kv.path, kv.layout) {
+        (AttentionPath::Flash, KvLayout::Fused) => Context::row_size(kv.ty, 2 * w),
+        (AttentionPath::Explicit, KvLayout::Split) => Context::row_size(kv.ty, w),
+        _ => {
+            return Err(ggml_sys::Error::Msg(
+                "the Llama T3 reads a fused K|V cache on the flash path and a split one on the explicit path (a bug in the caller)".into(),
+            ))
+        }
     };
     let seq_bytes = pos_bytes * kv.n_ctx;
     // The conditioning is computed once and written to every cache row.
-    let repeated = |src: Tensor<'c>| -> Result<Tensor<'c>> {
+    let rows_of = |src: Tensor<'c>| -> Result<Tensor<'c>> {
+        if written <= batch as usize {
+            return Ok(src);
+        }
         let one = ctx.cont(src)?;
-        let mut all = one;
-        for _ in 1..written {
-            all = ctx.concat(all, one, 1)?;
-        }
-        Ok(all)
+        (1..written).try_fold(one, |all, _| ctx.concat(all, one, 1))
     };
-    let rows_of = |src: Tensor<'c>| if written > batch as usize { repeated(src) } else { Ok(src) };
     let cache_view = |all: Tensor<'c>, offset: usize| ctx.view(all, &[hd, kv_len, nkv, batch], &[pos_bytes, head_bytes, seq_bytes], first * seq_bytes + offset);
-    let (k_all, k_view, v_view) = match kv.layout {
-        KvLayout::Fused => {
-            let kv_all = ctx.set_rows(kv.tensor(ctx, "kv", layer), rows_of(column(2 * w, q_width)?)?, io.kv_rows)?;
-            (kv_all, cache_view(kv_all, 0)?, Some(cache_view(kv_all, Context::row_size(kv.ty, w))?))
-        }
-        KvLayout::Split => {
-            let k_all = ctx.set_rows(kv.tensor(ctx, "k", layer), rows_of(column(w, q_width)?)?, io.kv_rows)?;
-            (k_all, cache_view(k_all, 0)?, None)
-        }
+    // Flash: one write of K|V; explicit: K here, V transposed below.
+    let k_all = match kv.layout {
+        KvLayout::Fused => ctx.set_rows(kv.tensor(ctx, "kv", layer), rows_of(column(2 * w, q_width)?)?, io.kv_rows)?,
+        KvLayout::Split => ctx.set_rows(kv.tensor(ctx, "k", layer), rows_of(column(w, q_width)?)?, io.kv_rows)?,
     };
+    let k_view = cache_view(k_all, 0)?;
     // Q as [hd, n, nh, B]: head h of token t of row b at b·n·row + t·row + h·hd.
     let q4 = ctx.permute(ctx.view(qk, &[hd, nh, n, batch], &[hd as usize * f, row, n as usize * row], 0)?, [0, 2, 1, 3])?;
     let scale = 1.0 / (hd as f32).sqrt();
 
     let out = match kv.path {
-        AttentionPath::Flash => {
-            let v_view = v_view.ok_or_else(|| ggml_sys::Error::Msg("the flash path reads a fused K|V cache (a bug in the caller)".into()))?;
-            ctx.flash_attn_ext(q4, k_view, v_view, Some(io.mask), scale)? // [hd, nh, n, B]
-        }
+        // V sits after K in each position's row of the fused cache.
+        AttentionPath::Flash => ctx.flash_attn_ext(q4, k_view, cache_view(k_all, Context::row_size(kv.ty, w))?, Some(io.mask), scale)?, // [hd, nh, n, B]
         AttentionPath::Explicit => {
             // V^T per row: element (channel e, position p) of row r at (r·width + e)·n_ctx + p.
             let n_ctx = kv.n_ctx as i64;
