@@ -84,6 +84,8 @@ pub struct TensorTable {
     bound: IndexMap<&'static str, usize>,
     /// Whether [`check`](Self::check) passed.
     checked: bool,
+    /// Matrices kept side by side in one tensor at load ([`stack`](Self::stack)).
+    stacks: IndexMap<String, Vec<String>>,
 }
 
 impl TensorTable {
@@ -141,6 +143,26 @@ impl TensorTable {
         self
     }
 
+    /// Loads the matrices `members` (declared already, each `[inputs, rows]`
+    /// with the same inputs) as one tensor `name` of all their rows, in this
+    /// order: graphs multiply by `name` once where they would by each member
+    /// (Q, K and V over one input). The file keeps its layout; the members
+    /// remain weights of their own names (views of the stack).
+    pub fn stack(&mut self, name: impl Into<String>, members: &[String]) -> &mut Self {
+        self.stacks.insert(name.into(), members.to_vec());
+        self
+    }
+
+    /// The [`stack`](Self::stack)s declared, as (name, members).
+    pub fn stacks(&self) -> Vec<(String, Vec<String>)> {
+        self.stacks.iter().map(|(name, members)| (name.clone(), members.clone())).collect()
+    }
+
+    /// Whether `name` is a declared [`stack`](Self::stack).
+    pub fn is_stack(&self, name: &str) -> bool {
+        self.stacks.contains_key(name)
+    }
+
     /// Names of the matrix-product weights (storage [`Storage::Matrix`]).
     pub fn matrices(&self) -> impl Iterator<Item = &str> {
         self.specs.iter().filter(|(_, s)| s.storage == Storage::Matrix).map(|(n, _)| n.as_str())
@@ -191,6 +213,11 @@ impl TensorTable {
                 }
             }
         }
+        for (name, members) in &self.stacks {
+            if let Some(m) = members.iter().find(|m| self.specs.get(*m).is_none_or(|s| s.storage != Storage::Matrix)) {
+                return Err(format!("stack '{name}': '{m}' is not a matrix of the table (a bug in the plugin)").into());
+            }
+        }
         for t in gguf.ctx.tensors() {
             let name = t.name();
             if !self.specs.contains_key(&name) && !self.carried.iter().any(|p| name.starts_with(p.as_str())) {
@@ -214,6 +241,8 @@ impl TensorTable {
     pub fn retain(&mut self, keep: impl Fn(&str) -> bool) -> usize {
         let before = self.specs.len();
         self.specs.retain(|name, _| keep(name));
+        let specs = &self.specs;
+        self.stacks.retain(|_, members| members.iter().all(|m| specs.contains_key(m)));
         before - self.specs.len()
     }
 }

@@ -1,7 +1,8 @@
 //! A model file's tensors, checked against the family's [`TensorTable`] and
 //! resident in backend buffers, plus the tensors a family derives from them
 //! once at load. Graphs get weights only through [`Weights::tensor`], which
-//! serves only names the table checked and derived ones.
+//! serves only names the table checked, its stacks (matrices kept side by
+//! side in one tensor, [`TensorTable::stack`]) and derived ones.
 
 use super::tensors::TensorTable;
 use crate::abi::WeightStorage;
@@ -88,6 +89,7 @@ impl Weights {
         }
         let left_out = table.retain(&keep);
         apply_storage(&mut gguf, &table, storage)?;
+        gguf.stack(&table.stacks())?;
         // Every float weight is checked finite as it is read (docs/reliability.md,
         // "Model files"): a NaN weight must be an error, not silence.
         let path = gguf.file.path().display().to_string();
@@ -113,6 +115,7 @@ impl Weights {
             table.check(&gguf)?;
         }
         apply_storage(&mut gguf, &table, storage)?;
+        gguf.stack(&table.stacks())?;
         Ok(Weights { _buffers: Vec::new(), gguf, table, left_out: 0, derived: Vec::new(), measuring: true, in_extra_buffers: 0 })
     }
 
@@ -150,7 +153,7 @@ impl Weights {
         }
         let ctx = Context::new_no_alloc(tensors.len(), 0)?;
         for t in &tensors {
-            if self.table.contains(&t.name) || self.derived_tensor(&t.name).is_some() || ctx.get_tensor(&t.name).is_some() {
+            if self.table.contains(&t.name) || self.table.is_stack(&t.name) || self.derived_tensor(&t.name).is_some() || ctx.get_tensor(&t.name).is_some() {
                 return Err(Error::Msg(format!("derived tensor '{}' is already defined (a bug in the plugin)", t.name)));
             }
             let n: i64 = t.ne.iter().product();
@@ -183,6 +186,9 @@ impl Weights {
     fn checked(&self, name: &str) -> Result<Tensor<'_>> {
         if let Some(t) = self.derived_tensor(name) {
             return Ok(t);
+        }
+        if self.table.is_stack(name) {
+            return self.gguf.stacked(name).ok_or_else(|| Error::Msg(format!("stack '{name}' was not made (a bug in the plugin)")));
         }
         if !self.table.contains(name) {
             if self.left_out > 0 && self.gguf.ctx.get_tensor(name).is_some() {

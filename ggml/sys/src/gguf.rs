@@ -333,6 +333,16 @@ pub struct GgufTensors {
     pub ctx: crate::Context,
     /// The whole file, when it was opened from memory ([`GgufTensors::from_bytes`]).
     memory: Option<Vec<u8>>,
+    /// Tensors that hold several file tensors side by side
+    /// ([`stack`](Self::stack)), in a context of their own, with their
+    /// members' names in order.
+    stacks: Option<(crate::Context, Vec<Stack>)>,
+}
+
+/// One [`GgufTensors::stack`]ed tensor: its name and its members', in order.
+struct Stack {
+    name: String,
+    members: Vec<String>,
 }
 
 impl GgufTensors {
@@ -374,7 +384,7 @@ impl GgufTensors {
                 ));
             }
         }
-        Ok(GgufTensors { file, ctx, memory })
+        Ok(GgufTensors { file, ctx, memory, stacks: None })
     }
 
     /// Like [`load_into`](Self::load_into), but the matrices `matmul_weight`
@@ -422,6 +432,7 @@ impl GgufTensors {
             }
             buffers.push(buffer);
         }
+        self.place_stack_members(&keep)?;
         self.read_data(keep, inspect)?;
         Ok((buffers, in_extra))
     }
@@ -449,7 +460,23 @@ impl GgufTensors {
         let default = backend.buffer_type().as_ptr();
         let mut groups: Vec<(sys::ggml_backend_buffer_type_t, Vec<crate::Tensor<'_>>)> = Vec::new();
         let mut in_extra = 0;
+        // A stack whose members are all kept takes its first member's place;
+        // the members have no memory of their own.
+        let stacks = self.stacks.as_ref().map(|(ctx, list)| (ctx, list.as_slice()));
+        let in_stack = |name: &str| {
+            stacks.and_then(|(ctx, list)| list.iter().find(|s| s.members.iter().any(|m| m == name) && s.members.iter().all(|m| keep(m))).map(|s| (ctx, s)))
+        };
         for t in self.ctx.tensors().into_iter().filter(|t| keep(&t.name())) {
+            if let Some((ctx, stack)) = in_stack(&t.name()) {
+                if stack.members[0] == t.name() {
+                    let whole = ctx.get_tensor(&stack.name).expect("created with the stack");
+                    match groups.iter_mut().find(|(b, _)| *b == default) {
+                        Some((_, list)) => list.push(whole),
+                        None => groups.push((default, vec![whole])),
+                    }
+                }
+                continue;
+            }
             let buft = match &device {
                 Some(d) if matmul_weight(&t.name()) => extras.iter().copied().find(|b| d.supports_weight_in(*b, t)),
                 _ => None,
@@ -462,6 +489,100 @@ impl GgufTensors {
             }
         }
         (groups, in_extra)
+    }
+
+    /// Keeps each group of 2-D tensors `members` (one type, one row length)
+    /// in one tensor `name`, their rows one after another in the order given:
+    /// a graph multiplies by `name` once where it would by each member (a
+    /// transformer's Q, K and V products over one input, one launch instead
+    /// of three). Files are unchanged; the members stay readable by their own
+    /// names as views of the stack, and cost no memory beyond it. Stacks are
+    /// placed in the backend's default buffer (never an extra, repacked one,
+    /// whose layout is per tensor). Call after any [`store_as`](Self::store_as),
+    /// before loading or sizing; a group whose members differ in type, row
+    /// length or rank is refused, naming them.
+    pub fn stack(&mut self, groups: &[(String, Vec<String>)]) -> Result<()> {
+        if self.stacks.is_some() {
+            return err("gguf: tensors were already stacked (a bug in the caller)".to_string());
+        }
+        if groups.is_empty() {
+            return Ok(());
+        }
+        let path = self.file.path.display().to_string();
+        let ctx = crate::Context::new_no_alloc(groups.len(), 0)?;
+        let mut stacks: Vec<Stack> = Vec::new();
+        for (name, members) in groups {
+            let mut rows = 0;
+            let mut first: Option<crate::Tensor<'_>> = None;
+            for m in members {
+                let t = self.ctx.get_tensor(m).ok_or_else(|| crate::Error::Msg(format!("{path}: tensor '{m}' is missing")))?;
+                let taken = stacks.iter().any(|s| s.members.contains(m)) || members.iter().filter(|n| *n == m).count() > 1;
+                if taken || unsafe { !(*t.as_ptr()).buffer.is_null() } {
+                    return err(format!("tensor '{m}' cannot be stacked twice or after loading (a bug in the caller)"));
+                }
+                let [ne0, ne1, ne2, ne3] = t.ne();
+                if let Some(f) = first {
+                    if f.ty() != t.ty() || f.ne()[0] != ne0 {
+                        return err(format!(
+                            "{path}: tensors '{}' ({} [{}, ..]) and '{m}' ({} [{ne0}, ..]) cannot be stored as one '{name}': type or row length differ",
+                            f.name(),
+                            crate::type_name(f.ty()),
+                            f.ne()[0],
+                            crate::type_name(t.ty())
+                        ));
+                    }
+                }
+                if ne2 != 1 || ne3 != 1 {
+                    return err(format!("{path}: tensor '{m}' is not 2-D, so it cannot be stored in '{name}'"));
+                }
+                first.get_or_insert(t);
+                rows += ne1;
+            }
+            let Some(first) = first else {
+                return err(format!("stack '{name}' has no members (a bug in the caller)"));
+            };
+            if self.ctx.get_tensor(name).is_some() || ctx.get_tensor(name).is_some() {
+                return err(format!("{path}: stack name '{name}' is already a tensor's (a bug in the caller)"));
+            }
+            let whole = ctx.new_tensor(first.ty(), &[first.ne()[0], rows])?.set_name(name);
+            if whole.name() != *name {
+                return err(format!("stack name '{name}' is longer than ggml keeps (a bug in the caller)"));
+            }
+            stacks.push(Stack { name: name.clone(), members: members.clone() });
+        }
+        self.stacks = Some((ctx, stacks));
+        Ok(())
+    }
+
+    /// A stacked tensor ([`stack`](Self::stack)) by name.
+    pub fn stacked(&self, name: &str) -> Option<crate::Tensor<'_>> {
+        self.stacks.as_ref().and_then(|(ctx, _)| ctx.get_tensor(name))
+    }
+
+    /// Points the members of every placed stack at their rows of it, so
+    /// that reading a member's data fills the stack.
+    fn place_stack_members(&self, keep: impl Fn(&str) -> bool) -> Result<()> {
+        let Some((ctx, stacks)) = &self.stacks else { return Ok(()) };
+        for stack in stacks.iter().filter(|s| s.members.iter().all(|m| keep(m))) {
+            let whole = ctx.get_tensor(&stack.name).expect("created with the stack");
+            let mut offset = 0;
+            for m in &stack.members {
+                let t = self.ctx.get_tensor(m).expect("checked when stacked");
+                // `whole` is allocated and lives as long as `self`; a view
+                // takes its buffer and data pointer from it.
+                let status = unsafe {
+                    let raw = &mut *t.as_ptr();
+                    raw.view_src = whole.as_ptr();
+                    raw.view_offs = offset;
+                    sys::ggml_backend_view_init(t.as_ptr())
+                };
+                if status != sys::GGML_STATUS_SUCCESS {
+                    return err(format!("could not place tensor '{m}' in '{}'", stack.name));
+                }
+                offset += t.n_bytes();
+            }
+        }
+        Ok(())
     }
 
     /// Stores tensor `name` as `to` instead of its file type, before the

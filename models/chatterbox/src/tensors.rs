@@ -288,9 +288,12 @@ fn cfm(t: &mut TensorTable, c: &CfmHparams, mel: usize, meanflow: bool) {
         for i in 0..c.n_transformer {
             let q = format!("{p}.{i}");
             t.norm(&format!("{q}.norm1"), ch).norm(&format!("{q}.norm3"), ch);
-            for m in ["to_q", "to_k", "to_v"] {
-                t.matrix(format!("{q}.attn1.{m}.weight"), ch, inner);
+            let qkv: Vec<String> = ["to_q", "to_k", "to_v"].iter().map(|m| format!("{q}.attn1.{m}.weight")).collect();
+            for m in &qkv {
+                t.matrix(m.as_str(), ch, inner);
             }
+            // One product for the three over the same input (cfm.rs).
+            t.stack(format!("{q}.attn1.to_qkv.weight"), &qkv);
             t.linear(&format!("{q}.attn1.to_out.0"), inner, ch);
             t.linear(&format!("{q}.ff.net.0.proj"), ch, c.ff_dim).linear(&format!("{q}.ff.net.2"), c.ff_dim, ch);
         }

@@ -252,19 +252,23 @@ fn transformer_block<'c>(b: &Builder<'c, '_>, c: &CfmHparams, x: Tensor<'c>, blo
     let [_, t, n, _] = x.ne();
     let (hd, nh) = (c.head_dim as i64, c.n_head as i64);
     let h = b.layer_norm(x, &format!("{prefix}.norm1"), c.layer_norm_eps)?;
-    let proj = |name: &str| b.linear_no_bias(h, &format!("{prefix}.attn1.{name}.weight"));
-    let heads = |y: Tensor<'c>| ctx.reshape(y, &[hd, nh, t, n]);
+    // Q, K and V from one product with the stacked weights (tensors.rs):
+    // each frame's column holds Q's heads, then K's, then V's.
+    let qkv = b.linear_no_bias(h, &format!("{prefix}.attn1.to_qkv.weight"))?; // [3·hd·nh, t, rows]
+    let width = hd * nh;
+    let [es, column, item, _] = qkv.nb();
+    let heads = |part: i64| ctx.view(qkv, &[hd, nh, t, n], &[hd as usize * es, column, item], (part * width) as usize * es);
     let by_head = |y: Tensor<'c>| ctx.permute(y, [0, 2, 1, 3]); // [hd, t, nh, rows]
-    let q = heads(proj("to_q")?)?;
+    let q = heads(0)?;
     let (k, v, mask) = match block {
         // Every frame of every row is valid: no mask.
-        None => (heads(proj("to_k")?)?, heads(proj("to_v")?)?, None),
+        None => (heads(1)?, heads(2)?, None),
         Some(block) => {
             let layer = block.layer.replace(block.layer.get() + 1);
-            let width = hd * nh;
-            let new = |y: Tensor<'c>| ctx.reshape(y, &[width, t * n]);
-            let k_all = ctx.set_rows(block.cache.tensor(ctx, "k", layer), new(proj("to_k")?)?, block.kv_rows)?;
-            let v_all = ctx.set_rows(block.cache.tensor(ctx, "v", layer), new(proj("to_v")?)?, block.kv_rows)?;
+            // Part `part` of every frame of every row, one cache row each.
+            let new = |part: i64| ctx.view(qkv, &[width, t * n], &[column], (part * width) as usize * es);
+            let k_all = ctx.set_rows(block.cache.tensor(ctx, "k", layer), new(1)?, block.kv_rows)?;
+            let v_all = ctx.set_rows(block.cache.tensor(ctx, "v", layer), new(2)?, block.kv_rows)?;
             // Row r's first `span` frames of the cache.
             let first = |all: Tensor<'c>| {
                 let row = all.nb()[1];
