@@ -412,6 +412,8 @@ stage_decode_fusion() { # fewer decode-step launches on both backends, CUDA besi
   for round in 1 2 3; do
     echo "== round $round: Vulkan"
     bench_all vulkan
+    echo "== round $round: Vulkan, Multilingual without the SwiGLU epilogue (patch 0010 off)"
+    ( export GGML_VK_DISABLE_MAT_VEC_SWIGLU_FUSION=1; bench_mtl vulkan 4 1 | stages mtl )
     echo "== round $round: CUDA"
     bench_all cuda
   done

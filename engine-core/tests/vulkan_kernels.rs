@@ -14,7 +14,7 @@
 
 mod common;
 
-use common::{assert_logged, check_close, layer_norm, matvec_gelu, matvec_residual, one_at_a_time, open_device, values, Chain, Gelu};
+use common::{assert_logged, check_close, layer_norm, matvec_gelu, matvec_residual, matvec_swiglu, one_at_a_time, open_device, values, Chain, Gelu};
 use engine_core::abi::{BackendHandle, OptionValue};
 use ggml_sys::{ComputeGraph, Context, GraphIo, TYPE_F16, TYPE_F32, TYPE_I32};
 
@@ -117,6 +117,35 @@ fn multi_column_matvec_with_residual_is_fused_and_matches_the_cpu_and_the_unfuse
             let name = ggml_sys::type_name(ty);
             check_close(&format!("matvec + residual {name} [{cols} -> {rows}] x {n} fused against unfused"), &fused, &unfused, 1e-6);
         }
+    }
+}
+
+/// The Llama T3's feed-forward over one and two columns (`[gate | up]` of
+/// 2x4096 rows over 1024 inputs), an odd number of output rows, and an odd
+/// number of inputs (the unaligned loads).
+const SWIGLU_SHAPES: [(usize, usize, usize); 4] = [(1024, 4096, 1), (1024, 4096, 2), (80, 33, 3), (81, 16, 2)];
+
+/// A product by one `[gate | up]` F16 matrix followed by a single-input SWIGLU
+/// runs as one matrix-vector dispatch (patch 0010): each workgroup computes
+/// gate row r and up row r + F and writes silu(gate)·up. Checked in a child
+/// process with the per-op log on, whose lines name the fused dispatches.
+#[test]
+fn matvec_swiglu_is_fused_and_matches_the_cpu_and_the_unfused_dispatches() {
+    const TEST: &str = "matvec_swiglu_is_fused_and_matches_the_cpu_and_the_unfused_dispatches";
+    if !in_child() {
+        let stderr = run_as_child(TEST, &[("GGML_VK_PERF_LOGGER", "1")]);
+        let fused: Vec<String> = SWIGLU_SHAPES.iter().map(|(cols, rows, n)| format!("MUL_MAT_SWIGLU MUL_MAT_VEC f16 m={} n={n} k={cols}:", 2 * rows)).collect();
+        assert_logged(&stderr, &fused);
+        return;
+    }
+    let cpu = cpu();
+    let gpu = vulkan();
+    for (cols, rows, n) in SWIGLU_SHAPES {
+        let want = matvec_swiglu(&cpu, TYPE_F32, cols, rows, n, Chain::Fused);
+        let fused = matvec_swiglu(&gpu, TYPE_F16, cols, rows, n, Chain::Fused);
+        let unfused = matvec_swiglu(&gpu, TYPE_F16, cols, rows, n, Chain::Unfused);
+        check_close(&format!("matvec F16 + swiglu [{cols} -> 2x{rows}] x {n} against the CPU"), &fused, &want, 1e-5);
+        check_close(&format!("matvec F16 + swiglu [{cols} -> 2x{rows}] x {n} fused against unfused"), &fused, &unfused, 1e-6);
     }
 }
 
