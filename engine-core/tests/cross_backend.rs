@@ -152,9 +152,7 @@ fn cpu_and_vulkan_agree_with_reference_and_each_other() {
     let want = reference();
     let cpu = compute(&open_device("cpu", vec![("threads", OptionValue::Int(2))]));
     check("cpu vs reference", &cpu, &want, [1e-5, 4e-3, 1e-5]);
-    let vk_options =
-        vec![("allow_software", OptionValue::Bool(true)), ("pipeline_cache", OptionValue::Bool(false)), ("pipeline_cache_dir", OptionValue::Str("".into()))];
-    let vulkan = compute(&open_device("vulkan", vk_options));
+    let vulkan = compute(&common::open_lavapipe());
     check("vulkan vs reference", &vulkan, &want, [1e-3, 1e-2, 1e-5]);
     check("vulkan vs cpu", &vulkan, &cpu, [1e-3, 1e-2, 1e-5]);
 }
@@ -223,9 +221,7 @@ fn host_staging_changes_no_bit() {
     let cpu = open_device("cpu", vec![("threads", OptionValue::Int(2))]);
     // The CPU device offers no pinned memory; its own buffer type is host memory.
     staged_vs_direct(&cpu, cpu.ggml_backend().buffer_type());
-    let vk_options =
-        vec![("allow_software", OptionValue::Bool(true)), ("pipeline_cache", OptionValue::Bool(false)), ("pipeline_cache_dir", OptionValue::Str("".into()))];
-    let vulkan = open_device("vulkan", vk_options);
+    let vulkan = common::open_lavapipe();
     let pinned = vulkan.ggml_backend().device().and_then(|d| d.host_buffer_type()).expect("Vulkan offers pinned host memory");
     staged_vs_direct(&vulkan, pinned);
 }

@@ -5,7 +5,7 @@
 
 mod common;
 
-use common::{one_at_a_time, open_device};
+use common::{one_at_a_time, open_device, open_lavapipe};
 use engine_core::abi::{BackendHandle, OptionValue};
 use ggml_sys::{ComputeGraph, Context, GraphIo, TYPE_F16, TYPE_F32};
 
@@ -72,7 +72,5 @@ fn measured_sizes_are_the_sizes_allocated_on_the_cpu() {
 #[test]
 fn measured_sizes_are_the_sizes_allocated_on_vulkan() {
     let _one = one_at_a_time();
-    let options =
-        vec![("allow_software", OptionValue::Bool(true)), ("pipeline_cache", OptionValue::Bool(false)), ("pipeline_cache_dir", OptionValue::Str("".into()))];
-    check(&open_device("vulkan", options));
+    check(&open_lavapipe());
 }

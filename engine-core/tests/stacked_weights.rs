@@ -6,7 +6,7 @@
 
 mod common;
 
-use common::{check_close, one_at_a_time, open_device, run_graph, through_f16, values};
+use common::{check_close, one_at_a_time, open_device, open_lavapipe, run_graph, through_f16, values};
 use engine_core::abi::{BackendHandle, OptionValue, WeightStorage};
 use engine_core::model_kit::{Storage, TensorTable, Weights};
 use ggml_sys::gguf::{GgufTensors, GgufWriter};
@@ -113,9 +113,7 @@ fn a_stack_holds_its_members_in_order_on_the_cpu() {
 #[test]
 fn a_stack_holds_its_members_in_order_on_vulkan() {
     let _one = one_at_a_time();
-    let options =
-        vec![("allow_software", OptionValue::Bool(true)), ("pipeline_cache", OptionValue::Bool(false)), ("pipeline_cache_dir", OptionValue::Str("".into()))];
-    check_on(&open_device("vulkan", options));
+    check_on(&open_lavapipe());
 }
 
 #[test]

@@ -19,10 +19,7 @@ use engine_core::abi::{BackendHandle, OptionValue};
 use ggml_sys::{ComputeGraph, Context, GraphIo, TYPE_F16, TYPE_F32, TYPE_I32};
 
 fn vulkan() -> BackendHandle {
-    open_device(
-        "vulkan",
-        vec![("allow_software", OptionValue::Bool(true)), ("pipeline_cache", OptionValue::Bool(false)), ("pipeline_cache_dir", OptionValue::Str("".into()))],
-    )
+    common::open_lavapipe()
 }
 
 fn cpu() -> BackendHandle {

@@ -16,6 +16,14 @@ pub fn open_device(backend: &str, options: Vec<(&str, OptionValue)>) -> BackendH
     loader::open_backend_device(&path, options, 0).unwrap_or_else(|e| panic!("{e} (run `cargo build --workspace` first)"))
 }
 
+/// The Vulkan plugin on the first device, software ones (lavapipe) allowed,
+/// with no pipeline cache on disk.
+pub fn open_lavapipe() -> BackendHandle {
+    let options =
+        vec![("allow_software", OptionValue::Bool(true)), ("pipeline_cache", OptionValue::Bool(false)), ("pipeline_cache_dir", OptionValue::Str("".into()))];
+    open_device("vulkan", options)
+}
+
 /// Held by each test that drives a device: two lavapipe devices initialised
 /// from parallel test threads abort the process inside the driver.
 pub fn one_at_a_time() -> std::sync::MutexGuard<'static, ()> {
