@@ -282,3 +282,25 @@ fn wide_f16_matvec_applies_swiglu_over_the_halves_of_a_gate_up_product() {
     let fused: Vec<String> = cases.iter().map(|&(cols, rows, n)| format!("FUSED2 {} f16 m={} n={n} k={cols}:", op(n), 2 * rows)).collect();
     common::assert_logged(&stderr, &fused);
 }
+
+/// Patch 0012: the guided decode step's attention (two sequences, one mask row
+/// broadcast over both) no longer scans its mask in a kernel of its own. That
+/// scan served nothing here (both sequences see the same keys) and read the
+/// second sequence's mask past the end of the broadcast one, which is where
+/// the helper places a row hiding every key: there the unpatched scan would
+/// give the second sequence no keys. Both step lengths of the cache (256 and
+/// 512 positions) against the f64 reference.
+#[test]
+fn flash_attention_reads_a_broadcast_mask_as_broadcast() {
+    let _serial = one_at_a_time();
+    // The CPU side runs everywhere, so the helper and its reference are checked
+    // without a GPU (the CPU kernel sums V in F16: 2.6e-3 here, hence its looser tolerance).
+    let cpu = open_device("cpu", vec![("threads", OptionValue::Int(2))]);
+    let (got, want) = common::broadcast_mask_attention(&cpu, 16, 2, 256, 100, false);
+    check_close("CPU flash attention, 16 heads x 2 sequences, 100 of 256 keys, broadcast mask", &got, &want, 5e-3);
+    let Some(gpu) = cuda() else { return };
+    for (kv, visible) in [(256, 100), (512, 300), (256, 256)] {
+        let (got, want) = common::broadcast_mask_attention(&gpu, 16, 2, kv, visible, false);
+        check_close(&format!("flash attention, 16 heads x 2 sequences, {visible} of {kv} keys, broadcast mask"), &got, &want, 1e-5);
+    }
+}

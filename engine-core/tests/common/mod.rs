@@ -241,3 +241,70 @@ pub fn through_f16(v: &[f32]) -> Vec<f32> {
     }
     back
 }
+
+/// A decode step's fused attention as the guided Multilingual T3 runs it: one
+/// query row for each of `heads` heads and `sequences` sequences (the
+/// conditional and unconditional rows), F16 K and V over `kv` cached positions,
+/// and one F16 mask row broadcast over the sequences that hides every position
+/// from `visible` on. Right after the mask, in the same buffer, the graph
+/// allocates a "trap" row that hides every position: a kernel that steps
+/// through the mask per sequence instead of broadcasting it reads the trap and
+/// gives the second sequence no keys. With `f32_accumulation` the op asks
+/// for F32 precision (ggml's default lets a device sum in F16). Returns
+/// `(output, reference)`, the reference computed here in f64 from the same
+/// F16-rounded values.
+pub fn broadcast_mask_attention(
+    handle: &BackendHandle,
+    heads: usize,
+    sequences: usize,
+    kv: usize,
+    visible: usize,
+    f32_accumulation: bool,
+) -> (Vec<f32>, Vec<f32>) {
+    const D: usize = 64;
+    let scale = 0.125f32;
+    let q_vals = through_f16(&values(D * heads * sequences, 61));
+    let k_vals = through_f16(&values(D * kv * heads * sequences, 62));
+    let v_vals = through_f16(&values(D * kv * heads * sequences, 63));
+    let mask_vals: Vec<f32> = (0..kv).map(|i| if i < visible { 0.0 } else { f32::NEG_INFINITY }).collect();
+    let backend = handle.ggml_backend();
+    let ctx = Context::new_no_alloc(16, 16).unwrap();
+    let (d, h, s, n) = (D as i64, heads as i64, sequences as i64, kv as i64);
+    let q = ctx.new_tensor(TYPE_F32, &[d, 1, h, s]).unwrap();
+    let k = ctx.new_tensor(ggml_sys::TYPE_F16, &[d, n, h, s]).unwrap();
+    let v = ctx.new_tensor(ggml_sys::TYPE_F16, &[d, n, h, s]).unwrap();
+    let mask = ctx.new_tensor(ggml_sys::TYPE_F16, &[n, 1, 1, 1]).unwrap();
+    let trap = ctx.new_tensor(ggml_sys::TYPE_F16, &[n, 1, 1, 1]).unwrap();
+    let out = ctx.flash_attn_ext(q, k, v, Some(mask), scale).unwrap();
+    if f32_accumulation {
+        unsafe { ggml_sys::sys::ggml_flash_attn_ext_set_prec(out.as_ptr(), ggml_sys::sys::GGML_PREC_F32) };
+    }
+    let mut graph = ctx.new_graph(16).unwrap();
+    graph.build_forward(out);
+    let _buffer = backend.alloc_ctx_tensors(&ctx).unwrap();
+    // The trap only tests anything where it follows the mask directly.
+    let (mask_at, trap_at) = unsafe { ((*mask.as_ptr()).data as usize, (*trap.as_ptr()).data as usize) };
+    assert_eq!(trap_at, mask_at + kv * 2, "the trap row must follow the mask in its buffer");
+    for (t, data) in [(q, &q_vals), (k, &k_vals), (v, &v_vals), (mask, &mask_vals), (trap, &vec![f32::NEG_INFINITY; kv])] {
+        t.set_f32(data).unwrap();
+    }
+    backend.compute(&graph).unwrap();
+    // out is [D, heads, 1, sequences]; K/V row p of head hh in sequence ss.
+    let mut want = vec![0f32; D * heads * sequences];
+    for ss in 0..sequences {
+        for hh in 0..heads {
+            let qrow = &q_vals[(ss * heads + hh) * D..][..D];
+            let at = |p: usize| ((ss * heads + hh) * kv + p) * D;
+            let logits: Vec<f64> =
+                (0..visible).map(|p| qrow.iter().zip(&k_vals[at(p)..at(p) + D]).map(|(a, b)| *a as f64 * *b as f64).sum::<f64>() * scale as f64).collect();
+            let max = logits.iter().cloned().fold(f64::NEG_INFINITY, f64::max);
+            let weights: Vec<f64> = logits.iter().map(|l| (l - max).exp()).collect();
+            let total: f64 = weights.iter().sum();
+            for i in 0..D {
+                let acc: f64 = weights.iter().enumerate().map(|(p, w)| w * v_vals[at(p) + i] as f64).sum();
+                want[(ss * heads + hh) * D + i] = (acc / total) as f32;
+            }
+        }
+    }
+    (out.get_f32().unwrap(), want)
+}
