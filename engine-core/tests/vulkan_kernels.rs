@@ -217,3 +217,69 @@ fn replayed_decode_steps_match_the_cpu_and_rerecord_after_a_buffer_is_freed() {
     let replays = stderr.lines().filter(|l| l.starts_with("replay graph ")).count();
     assert_eq!(replays, 4, "replayed evaluations");
 }
+
+/// The guided decode step's attention: two sequences (the conditional and
+/// unconditional rows) under one mask row broadcast over both, at both step
+/// lengths of the cache, against the f64 reference; a row hiding every key
+/// sits right after the mask, where a kernel stepping through the mask per
+/// sequence would read (CUDA's did before its patch 0012). On a GPU the
+/// keys are split over workgroups and the splits reduced.
+#[test]
+fn flash_attention_reads_a_broadcast_mask_as_broadcast() {
+    let _serial = one_at_a_time();
+    let gpu = vulkan();
+    for (kv, visible) in [(256, 100), (512, 300), (256, 256)] {
+        let (got, want) = common::broadcast_mask_attention(&gpu, 16, 2, kv, visible, false);
+        check_close(&format!("flash attention, 16 heads x 2 sequences, {visible} of {kv} keys, broadcast mask"), &got, &want, 5e-3);
+    }
+}
+
+/// Patch 0011: a decode step's attention splits its keys over workgroups, and
+/// the last workgroup to finish a row tile now reduces the splits itself,
+/// where a reduce dispatch behind a barrier did. Turbo's step (16 heads, 512
+/// keys), the guided step (16 heads × 2 sequences, 256 keys) and shapes that
+/// lavapipe also splits (4 heads: 4 or 8 splits), with F32 and with default
+/// (F16 on a device that has it) accumulation: against the f64 reference, and
+/// the fused reduce against the dispatch (`GGML_VK_DISABLE_FA_FUSED_REDUCE`),
+/// which combine the same partials in another order (1e-6). The sync logger's
+/// lines say which reduce ran, so both runs are child processes, each writing
+/// its outputs to a file of a private directory.
+#[test]
+fn flash_attention_reduces_its_splits_in_the_last_workgroup() {
+    const NAME: &str = "flash_attention_reduces_its_splits_in_the_last_workgroup";
+    const OUT: &str = "TTS_TEST_VULKAN_OUT";
+    if in_child() {
+        let gpu = vulkan();
+        let mut outputs = Vec::new();
+        for (heads, sequences, kv, visible) in [(16, 1, 512, 300), (16, 2, 256, 100), (4, 1, 256, 200), (4, 2, 512, 512)] {
+            for f32_accumulation in [true, false] {
+                let (got, want) = common::broadcast_mask_attention(&gpu, heads, sequences, kv, visible, f32_accumulation);
+                let what = format!("attention, {heads} heads x {sequences} sequences, {visible} of {kv} keys, F32 accumulation {f32_accumulation}");
+                check_close(&what, &got, &want, 5e-3);
+                outputs.extend(got);
+            }
+        }
+        let bytes: Vec<u8> = outputs.iter().flat_map(|v| v.to_le_bytes()).collect();
+        std::fs::write(std::env::var_os(OUT).unwrap(), bytes).unwrap();
+        return;
+    }
+    let dir = tempfile::tempdir().unwrap();
+    let (fused_out, unfused_out) = (dir.path().join("fused"), dir.path().join("unfused"));
+    let (fused_at, unfused_at) = (fused_out.to_str().unwrap(), unfused_out.to_str().unwrap());
+    let fused = common::run_as_child(
+        CHILD_MARKER,
+        NAME,
+        &[("GGML_VK_SYNC_LOGGER", "1"), (OUT, fused_at)],
+        &["GGML_VK_DISABLE_GRAPH_REPLAY", "GGML_VK_DISABLE_FA_FUSED_REDUCE"],
+    );
+    let unfused = run_as_child(NAME, &[("GGML_VK_SYNC_LOGGER", "1"), ("GGML_VK_DISABLE_FA_FUSED_REDUCE", "1"), (OUT, unfused_at)]);
+    let count = |stderr: &str, how: &str| stderr.lines().filter(|l| l.starts_with("flash attention: ") && l.ends_with(how)).count();
+    let split = count(&fused, "reduced in the last workgroup");
+    assert!(split >= 4, "split attentions reduced in their last workgroup: {split}");
+    assert_eq!(count(&fused, "reduced by a dispatch"), 0, "reduce dispatches with the fusion on");
+    assert_eq!(count(&unfused, "reduced by a dispatch"), split, "reduce dispatches with the fusion off");
+    assert_eq!(count(&unfused, "reduced in the last workgroup"), 0, "fused reduces with the fusion off");
+    let read =
+        |path: &std::path::Path| -> Vec<f32> { std::fs::read(path).unwrap().chunks_exact(4).map(|b| f32::from_le_bytes(b.try_into().unwrap())).collect() };
+    check_close("attention, splits reduced in the last workgroup against a reduce dispatch", &read(&fused_out), &read(&unfused_out), 1e-6);
+}
