@@ -32,10 +32,13 @@
 #   vk_replay   Vulkan patch 0008's graph replay: kernel tests, Vulkan parity, and full-size Turbo F16,
 #               Multilingual F16 (guidance batch) and Supertonic v2/v3 (10 s) with replay on and off,
 #               CUDA in the same call (three rounds); Turbo with ggml-vulkan's transposed convolution in HiFT
-#   decode_fusion  the decode-step fusions (Vulkan 0009, CUDA 0010 and 0011, the Llama T3's shared
+#   decode_fusion  the decode-step work (Vulkan 0009-0011, CUDA 0010-0012, the Llama T3's shared
 #               rotation and K|V write): kernel tests and parity on both (Multilingual's included), then
-#               full-size Turbo, Multilingual (guidance batch) and Supertonic v2/v3, three rounds; per-op
-#               logs of both backends
+#               full-size Turbo, Multilingual (guidance batch) and Supertonic v2/v3, four rounds, beside
+#               Vulkan's attention reduce as a dispatch (0011 off) and CUDA's mask scan back (0012 off),
+#               in alternating order; per-op logs of both backends
+#   fa_ab       Vulkan 0011 on and off in alternating order, with environments of one size (needs
+#               decode_fusion's checkpoints on the machine)
 #   module      only the CUDA module (every other stage but stream builds it first too)
 # Work that takes long (the module, checkpoints) stays in /tmp/tts-gpu while
 # the machine does. Results go to $OUT (or /tmp/tts-gpu/out).
@@ -409,13 +412,20 @@ stage_decode_fusion() { # fewer decode-step launches on both backends, CUDA besi
   echo "== Multilingual parity on the CPU, Vulkan and CUDA"
   suite mtl_parity cuda mtl-parity.log "rel err|test result|panicked|FAILED|skipped"
   decode_bench_prepare || return 1
-  for round in 1 2 3; do
-    echo "== round $round: Vulkan"
-    bench_all vulkan
-    echo "== round $round: Vulkan, Multilingual without the SwiGLU epilogue (patch 0010 off)"
-    ( export GGML_VK_DISABLE_MAT_VEC_SWIGLU_FUSION=1; bench_mtl vulkan 4 1 | stages mtl )
-    echo "== round $round: CUDA"
-    bench_all cuda
+  # Each patch's "off" run goes before its "on" run in even rounds and after it
+  # in odd ones, so that the order of the runs does not pass for the patch.
+  vk_on() { echo "== round $round: Vulkan"; bench_all vulkan; }
+  vk_off() {
+    echo "== round $round: Vulkan, attention splits reduced by a dispatch (patch 0011 off)"
+    ( export GGML_VK_DISABLE_FA_FUSED_REDUCE=1; bench_turbo vulkan 5 1 | stages turbo; bench_mtl vulkan 4 1 | stages mtl )
+  }
+  cuda_on() { echo "== round $round: CUDA"; bench_all cuda; }
+  cuda_off() {
+    echo "== round $round: CUDA, Multilingual with the broadcast mask scanned (patch 0012 off)"
+    ( export GGML_CUDA_FA_SCAN_BROADCAST_MASK=1; bench_mtl cuda 4 1 | stages mtl )
+  }
+  for round in 1 2 3 4; do
+    if (( round % 2 )); then vk_on; vk_off; cuda_on; cuda_off; else vk_off; vk_on; cuda_off; cuda_on; fi
   done
   echo "== per-op times, Vulkan (GGML_VK_PERF_LOGGER) and CUDA (GGML_CUDA_PERF_LOGGER)"
   local model
@@ -424,6 +434,27 @@ stage_decode_fusion() { # fewer decode-step launches on both backends, CUDA besi
     python3 bench/perf_summary.py "$out/vk-perf-$model.log" --top 12
     GGML_CUDA_PERF_LOGGER=1 "bench_$model" cuda 1 0 > /dev/null 2> "$out/cuda-perf-$model.log"
     python3 bench/perf_summary.py "$out/cuda-perf-$model.log" --top 12
+  done
+}
+
+stage_fa_ab() { # Vulkan 0011 on and off, each run's environment of one size, alternating
+  # A variable in the environment changed stage times that no patch touches by
+  # up to 7 % (decode_fusion's "off" runs): here the "on" runs carry a placebo
+  # variable as long as the switch, so the environments differ only in name.
+  turbo=$root/target/chatterbox-full mtl=$root/target/chatterbox-mtl-full
+  [ -f "$turbo/gguf-f16/t3-turbo.gguf" ] && [ -f "$mtl/gguf-f16/t3-mtl.gguf" ] || { echo "checkpoints missing"; return 1; }
+  profile vulkan vulkan
+  text="The quick brown fox jumps over the lazy dog near the quiet river bank."
+  local round v
+  for round in 1 2 3 4; do
+    for v in $( (( round % 2 )) && echo "on off" || echo "off on" ); do
+      echo "== round $round: Vulkan, attention splits reduced in the last workgroup (0011) $v"
+      if [ $v = on ]; then
+        ( export GGML_VK_PLACEBO_ENV_OF_THE_SAME=1; bench_turbo vulkan 5 1 | stages turbo; bench_mtl vulkan 4 1 | stages mtl )
+      else
+        ( export GGML_VK_DISABLE_FA_FUSED_REDUCE=1; bench_turbo vulkan 5 1 | stages turbo; bench_mtl vulkan 4 1 | stages mtl )
+      fi
+    done
   done
 }
 
@@ -444,7 +475,7 @@ stage_stream_cost() {
 for s in "$@"; do
   echo "=== $s"
   start=$(date +%s)
-  case $s in stream) ;; *) cuda_module || exit 1 ;; esac
+  case $s in stream|fa_ab) ;; *) cuda_module || exit 1 ;; esac
   "stage_$s"
   echo "=== $s: $(( $(date +%s) - start )) s"
 done
