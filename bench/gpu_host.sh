@@ -438,8 +438,8 @@ stage_decode_fusion() { # fewer decode-step launches on both backends, CUDA besi
 }
 
 stage_fa_ab() { # Vulkan 0011 on and off, each run's environment of one size, alternating
-  # A variable in the environment changed stage times that no patch touches by
-  # up to 7 % (decode_fusion's "off" runs): here the "on" runs carry a placebo
+  # Exporting the switch alone slowed HiFT, which no patch touches, by up to
+  # 9 % in decode_fusion's "off" runs: here the "on" runs carry a placebo
   # variable as long as the switch, so the environments differ only in name.
   turbo=$root/target/chatterbox-full mtl=$root/target/chatterbox-mtl-full
   [ -f "$turbo/gguf-f16/t3-turbo.gguf" ] && [ -f "$mtl/gguf-f16/t3-mtl.gguf" ] || { echo "checkpoints missing"; return 1; }
