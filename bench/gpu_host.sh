@@ -37,8 +37,7 @@
 #               full-size Turbo, Multilingual (guidance batch) and Supertonic v2/v3, four rounds, beside
 #               Vulkan's attention reduce as a dispatch (0011 off) and CUDA's mask scan back (0012 off),
 #               in alternating order; per-op logs of both backends
-#   fa_ab       Vulkan 0011 on and off in alternating order, with environments of one size (needs
-#               decode_fusion's checkpoints on the machine)
+#   fa_ab       Vulkan 0011 on and off in alternating order, with environments of one size
 #   module      only the CUDA module (every other stage but stream builds it first too)
 # Work that takes long (the module, checkpoints) stays in /tmp/tts-gpu while
 # the machine does. Results go to $OUT (or /tmp/tts-gpu/out).
@@ -441,10 +440,7 @@ stage_fa_ab() { # Vulkan 0011 on and off, each run's environment of one size, al
   # Exporting the switch alone slowed HiFT, which no patch touches, by up to
   # 9 % in decode_fusion's "off" runs: here the "on" runs carry a placebo
   # variable as long as the switch, so the environments differ only in name.
-  turbo=$root/target/chatterbox-full mtl=$root/target/chatterbox-mtl-full
-  [ -f "$turbo/gguf-f16/t3-turbo.gguf" ] && [ -f "$mtl/gguf-f16/t3-mtl.gguf" ] || { echo "checkpoints missing"; return 1; }
-  profile vulkan vulkan
-  text="The quick brown fox jumps over the lazy dog near the quiet river bank."
+  decode_bench_prepare || return 1
   local round v
   for round in 1 2 3 4; do
     for v in $( (( round % 2 )) && echo "on off" || echo "off on" ); do

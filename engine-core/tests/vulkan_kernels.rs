@@ -73,10 +73,15 @@ fn in_child() -> bool {
     common::in_child(CHILD_MARKER)
 }
 
+/// The patches' switches a child runs at their defaults unless `env` sets them.
+const SWITCHES: [&str; 2] = ["GGML_VK_DISABLE_GRAPH_REPLAY", "GGML_VK_DISABLE_FA_FUSED_REDUCE"];
+
 /// Runs `test` again in a child process with `env` set (ggml-vulkan reads its
-/// loggers' variables when the device starts) and graph replay at its default.
+/// loggers' variables when the device starts) and every other switch of
+/// [`SWITCHES`] at its default.
 fn run_as_child(test: &str, env: &[(&str, &str)]) -> String {
-    common::run_as_child(CHILD_MARKER, test, env, &["GGML_VK_DISABLE_GRAPH_REPLAY"])
+    let unset: Vec<&str> = SWITCHES.into_iter().filter(|s| !env.iter().any(|(k, _)| k == s)).collect();
+    common::run_as_child(CHILD_MARKER, test, env, &unset)
 }
 
 /// The products with a residual add that Multilingual's guided decode step
@@ -266,12 +271,7 @@ fn flash_attention_reduces_its_splits_in_the_last_workgroup() {
     let dir = tempfile::tempdir().unwrap();
     let (fused_out, unfused_out) = (dir.path().join("fused"), dir.path().join("unfused"));
     let (fused_at, unfused_at) = (fused_out.to_str().unwrap(), unfused_out.to_str().unwrap());
-    let fused = common::run_as_child(
-        CHILD_MARKER,
-        NAME,
-        &[("GGML_VK_SYNC_LOGGER", "1"), (OUT, fused_at)],
-        &["GGML_VK_DISABLE_GRAPH_REPLAY", "GGML_VK_DISABLE_FA_FUSED_REDUCE"],
-    );
+    let fused = run_as_child(NAME, &[("GGML_VK_SYNC_LOGGER", "1"), (OUT, fused_at)]);
     let unfused = run_as_child(NAME, &[("GGML_VK_SYNC_LOGGER", "1"), ("GGML_VK_DISABLE_FA_FUSED_REDUCE", "1"), (OUT, unfused_at)]);
     let count = |stderr: &str, how: &str| stderr.lines().filter(|l| l.starts_with("flash attention: ") && l.ends_with(how)).count();
     let split = count(&fused, "reduced in the last workgroup");

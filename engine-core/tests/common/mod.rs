@@ -3,7 +3,7 @@
 
 use engine_core::abi::{BackendHandle, OptionValue};
 use engine_core::loader;
-use ggml_sys::{Context, Tensor, Type, TYPE_F32};
+use ggml_sys::{Context, Tensor, Type, TYPE_F16, TYPE_F32};
 use std::path::PathBuf;
 
 pub fn artifact_dir() -> PathBuf {
@@ -271,10 +271,10 @@ pub fn broadcast_mask_attention(
     let ctx = Context::new_no_alloc(16, 16).unwrap();
     let (d, h, s, n) = (D as i64, heads as i64, sequences as i64, kv as i64);
     let q = ctx.new_tensor(TYPE_F32, &[d, 1, h, s]).unwrap();
-    let k = ctx.new_tensor(ggml_sys::TYPE_F16, &[d, n, h, s]).unwrap();
-    let v = ctx.new_tensor(ggml_sys::TYPE_F16, &[d, n, h, s]).unwrap();
-    let mask = ctx.new_tensor(ggml_sys::TYPE_F16, &[n, 1, 1, 1]).unwrap();
-    let trap = ctx.new_tensor(ggml_sys::TYPE_F16, &[n, 1, 1, 1]).unwrap();
+    let k = ctx.new_tensor(TYPE_F16, &[d, n, h, s]).unwrap();
+    let v = ctx.new_tensor(TYPE_F16, &[d, n, h, s]).unwrap();
+    let mask = ctx.new_tensor(TYPE_F16, &[n, 1, 1, 1]).unwrap();
+    let trap = ctx.new_tensor(TYPE_F16, &[n, 1, 1, 1]).unwrap();
     let out = ctx.flash_attn_ext(q, k, v, Some(mask), scale).unwrap();
     if f32_accumulation {
         unsafe { ggml_sys::sys::ggml_flash_attn_ext_set_prec(out.as_ptr(), ggml_sys::sys::GGML_PREC_F32) };
