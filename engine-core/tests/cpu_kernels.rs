@@ -117,3 +117,152 @@ fn conv_2d_matches_the_definition() {
         }
     }
 }
+
+/// One F32 product `[k, m] x [k, n]` per batch item (both operands batched).
+#[derive(Debug, Clone, Copy)]
+struct Product {
+    m: usize,
+    n: usize,
+    k: usize,
+    batch: usize,
+}
+
+impl Product {
+    fn inputs(&self) -> (Vec<f32>, Vec<f32>) {
+        (values(self.k * self.m * self.batch, (self.m * 13 + self.k) as u64), values(self.k * self.n * self.batch, (self.n * 17 + self.k) as u64))
+    }
+
+    /// The definition, in f64: `[m, n, batch]`.
+    fn reference(&self) -> Vec<f32> {
+        let (a, b) = self.inputs();
+        let mut out = vec![0f32; self.m * self.n * self.batch];
+        for t in 0..self.batch {
+            for j in 0..self.n {
+                for i in 0..self.m {
+                    let row = &a[(t * self.m + i) * self.k..][..self.k];
+                    let col = &b[(t * self.n + j) * self.k..][..self.k];
+                    out[(t * self.n + j) * self.m + i] = row.iter().zip(col).map(|(x, y)| *x as f64 * *y as f64).sum::<f64>() as f32;
+                }
+            }
+        }
+        out
+    }
+
+    fn run(&self, threads: i64) -> Vec<f32> {
+        let cpu = open_device("cpu", vec![("threads", OptionValue::Int(threads))]);
+        let (a, b) = self.inputs();
+        let p = *self;
+        run_graph(&cpu, |ctx| {
+            let x = ctx.new_tensor(TYPE_F32, &[p.k as i64, p.m as i64, p.batch as i64]).unwrap();
+            let y = ctx.new_tensor(TYPE_F32, &[p.k as i64, p.n as i64, p.batch as i64]).unwrap();
+            (vec![(x, a), (y, b)], ctx.mul_mat(x, y).unwrap())
+        })
+    }
+}
+
+/// Patches 0003 (AVX-512) and 0007 (AVX2): F32 products as outer products
+/// over packed panels of A, in the shapes the models use (the encoder's
+/// relative-position scores, k = 64 over 8 heads; the decoder's k = 256;
+/// HiFT's convolution products, whose m is a frame count) and the kernel's
+/// edges: a last panel of one to fifteen rows (AVX2 packs it with zeros and
+/// stores under a mask), column counts that leave remainder tiles, k across
+/// its 128-value blocks and below one vector, and the products that keep
+/// tinyBLAS (fewer than 16 columns; fewer than 8 rows on AVX2, m not a
+/// multiple of 16 on AVX-512). 1 and 2 workers; tolerance 1e-5 of the
+/// largest output.
+#[test]
+fn f32_products_match_the_definition() {
+    let _serial = one_at_a_time();
+    let cases = [
+        ("relative-position scores: k = 64, 8 heads, m % 8 = 4", Product { m: 60, n: 262, k: 64, batch: 8 }),
+        ("decoder: k = 256, whole panels", Product { m: 256, n: 300, k: 256, batch: 1 }),
+        ("k = 704 over six blocks, m % 16 = 4", Product { m: 100, n: 258, k: 704, batch: 1 }),
+        ("last panel of 5 rows, k = 300", Product { m: 37, n: 263, k: 300, batch: 1 }),
+        ("last panel of one vector exactly", Product { m: 24, n: 256, k: 129, batch: 1 }),
+        ("9 rows: a panel of two vectors, one row in the second", Product { m: 9, n: 259, k: 7, batch: 1 }),
+        ("15 rows, each column remainder", Product { m: 15, n: 287, k: 33, batch: 2 }),
+        ("HiFT-like: 64 columns", Product { m: 100, n: 64, k: 704, batch: 1 }),
+        ("fewer than 16 columns: tinyBLAS", Product { m: 64, n: 15, k: 64, batch: 1 }),
+        ("fewer than 8 rows: tinyBLAS", Product { m: 5, n: 260, k: 64, batch: 1 }),
+    ];
+    for (what, product) in cases {
+        let want = product.reference();
+        for threads in [1, 2] {
+            let got = product.run(threads);
+            let err = engine_core::compare::max_rel_err(&got, &want).unwrap();
+            println!("mul_mat F32, {what}, {threads} worker(s): rel err {err:.2e} (tolerance 1e-5)");
+            assert!(err <= 1e-5, "{what} ({threads} workers): {err:e}, {product:?}");
+        }
+    }
+}
+
+const CHILD_MARKER: &str = "TTS_TEST_CPU_CHILD";
+
+/// The graph the per-op log test runs: a 1-D convolution (im2col, then a
+/// product), a bias add and a GELU, over 2 workers. Returns its output.
+fn logged_graph() -> Vec<f32> {
+    let cpu = open_device("cpu", vec![("threads", OptionValue::Int(2))]);
+    let (t, c_in, c_out, k) = (50usize, 6usize, 8usize, 3usize);
+    run_graph(&cpu, |ctx| {
+        let x = ctx.new_tensor(TYPE_F32, &[t as i64, c_in as i64]).unwrap();
+        let w = ctx.new_tensor(TYPE_F32, &[k as i64, c_in as i64, c_out as i64]).unwrap();
+        let b = ctx.new_tensor(TYPE_F32, &[1, c_out as i64]).unwrap();
+        let y = ctx.conv_1d_time_first(w, x, 1, 1, 1).unwrap(); // [t, c_out]
+        let y = ctx.gelu(ctx.add(y, b).unwrap()).unwrap();
+        (vec![(x, values(t * c_in, 1)), (w, values(k * c_in * c_out, 2)), (b, values(c_out, 3))], y)
+    })
+}
+
+/// One line of the per-op log: the op's name, its count and its total µs.
+type LoggedOp = (String, usize, f64);
+
+/// The per-op lines of each "CPU Timings" block in `stderr`, and the block's total.
+fn timing_blocks(stderr: &str) -> Vec<(Vec<LoggedOp>, f64)> {
+    let mut blocks = Vec::new();
+    for block in stderr.split("----------------\n").skip(1) {
+        let mut lines = block.lines();
+        assert_eq!(lines.next(), Some("CPU Timings:"), "a log block without its header:\n{block}");
+        let mut ops = Vec::new();
+        for line in lines {
+            if let Some(total) = line.strip_prefix("Total time: ").and_then(|r| r.strip_suffix(" us.")) {
+                blocks.push((std::mem::take(&mut ops), total.parse().unwrap()));
+                break;
+            }
+            let (name, rest) = line.rsplit_once(": ").unwrap_or_else(|| panic!("not a per-op line: {line}"));
+            let (count, rest) = rest.split_once(" x ").unwrap();
+            let total = rest.rsplit_once(" = ").unwrap().1.strip_suffix(" us").unwrap();
+            ops.push((name.to_string(), count.parse().unwrap(), total.parse().unwrap()));
+        }
+    }
+    blocks
+}
+
+/// Patch 0006: with `GGML_CPU_PERF_LOGGER` set, each graph prints one line per
+/// op kind, products named with their type and m, n, k and im2col with its
+/// output shape, each node counted once, and the total is the lines' sum;
+/// unset, nothing is printed and the values are the same.
+#[test]
+fn per_op_log_names_every_node_once() {
+    const TEST: &str = "per_op_log_names_every_node_once";
+    if common::in_child(CHILD_MARKER) {
+        let out = logged_graph();
+        eprintln!("values {}", out.iter().map(|v| format!("{v:e}")).collect::<Vec<_>>().join(","));
+        return;
+    }
+    let values_of = |stderr: &str| stderr.lines().find(|l| l.starts_with("values ")).map(str::to_string).expect("the child's values");
+    let logged = common::run_as_child(CHILD_MARKER, TEST, &[("GGML_CPU_PERF_LOGGER", "1")], &[]);
+    let quiet = common::run_as_child(CHILD_MARKER, TEST, &[], &["GGML_CPU_PERF_LOGGER"]);
+    assert!(!quiet.contains("CPU Timings"), "a log without GGML_CPU_PERF_LOGGER:\n{quiet}");
+    assert_eq!(values_of(&logged), values_of(&quiet), "the log changed the values");
+    let blocks = timing_blocks(&logged);
+    assert_eq!(blocks.len(), 1, "one graph, one block:\n{logged}");
+    let (ops, total) = &blocks[0];
+    let names: Vec<&str> = ops.iter().map(|(n, _, _)| n.as_str()).collect();
+    // im2col writes [k·c_in, t] patches; the product is [t, c_out] over k·c_in.
+    for want in ["IM2COL 18x50x1", "MUL_MAT f32 m=50 n=8 k=18", "ADD", "GELU"] {
+        assert!(names.contains(&want), "no `{want}` in the log: {names:?}");
+    }
+    assert!(ops.iter().all(|(_, count, _)| *count == 1), "a node counted twice: {ops:?}");
+    let sum: f64 = ops.iter().map(|(_, _, t)| t).sum();
+    assert!((sum - total).abs() <= 1e-3 * ops.len() as f64, "lines sum to {sum} us, the total says {total}");
+}
