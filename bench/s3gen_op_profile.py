@@ -64,8 +64,13 @@ def tts_graphs(stderr):
     return graphs
 
 
+def op_of(name):
+    """The ggml op of a log line's name ("FUSED3 ADD" -> "ADD", "MUL_MAT f32 m=..." -> "MUL_MAT")."""
+    return name.split(" ")[1] if name.startswith("FUSED") else name.split(" ")[0]
+
+
 def op_names(ops):
-    return {name.split(" ")[1] if name.startswith("FUSED") else name.split(" ")[0] for name, _, _ in ops}
+    return {op_of(name) for name, _, _ in ops}
 
 
 def tts_stage_graphs(graphs):
@@ -84,13 +89,13 @@ def tts_stage_graphs(graphs):
     if not cfm:
         sys.exit("no CFM graph before HiFT's in the per-op log")
     encoder = i
-    if "MUL_MAT_VEC" in " ".join(n for n, _, _ in graphs[encoder]):
+    if "MUL_MAT_VEC" in op_names(graphs[encoder]):
         sys.exit("the graph before the CFM is a T3 step, not the S3Gen encoder")
     return {"encoder": [graphs[encoder]], "cfm": [graphs[j] for j in cfm], "hift": [graphs[f0], graphs[hift]]}
 
 
 def tts_kind(name):
-    op = name.split(" ")[1] if name.startswith("FUSED") else name.split(" ")[0]
+    op = op_of(name)
     if op in ("MUL_MAT", "MUL_MAT_VEC", "OUT_PROD", "CONV_TRANSPOSE_1D", "CONV_2D", "IM2COL"):
         return "products and convolutions"
     if op in ("FLASH_ATTN_EXT", "SOFT_MAX"):
@@ -127,7 +132,7 @@ def run_tts(a, t3, s3):
         for g in graphs:
             for name, count, us in g:
                 kinds[tts_kind(name)] += us / 1e3
-                if name.startswith("IM2COL") or name.startswith("FUSED") and " IM2COL" in name:
+                if op_of(name) == "IM2COL":
                     kinds["of which im2col"] += us / 1e3
                 ops[name][0] += count
                 ops[name][1] += us / 1e3
