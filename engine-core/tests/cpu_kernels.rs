@@ -87,8 +87,9 @@ impl Conv2d {
 /// shapes (3×3, 32 channels, stride 2 along frequency; W is time), and the
 /// strips' edges: widths around 64, strides and dilation along W (the
 /// gathering path without contiguous runs), padding wider than the kernel
-/// reach, one input channel, a batch, 1 and 2 workers. Tolerance 1e-5 of the
-/// largest output (F32 sums over at most 288 taps).
+/// reach, one input channel, a batch, 1 and 2 workers; and HiFT's 1-D
+/// convolutions as images of height 1 (`Builder::conv_1d` on the CPU).
+/// Tolerance 1e-5 of the largest output (F32 sums over at most 704 taps).
 #[test]
 fn conv_2d_matches_the_definition() {
     let _serial = one_at_a_time();
@@ -106,6 +107,14 @@ fn conv_2d_matches_the_definition() {
         ("padding beyond the kernel's reach", Conv2d { pad: [3, 2], c_in: 2, c_out: 5, ..base }),
         ("a batch of 2, 5 output channels", Conv2d { n: 2, c_in: 3, c_out: 5, ..base }),
         ("5x3 kernel", Conv2d { kw: 5, kh: 3, pad: [2, 1], c_in: 4, ..base }),
+        (
+            "HiFT's resblock: height 1, 11 taps at dilation 5, 64 channels",
+            Conv2d { w: 300, h: 1, c_in: 64, kw: 11, kh: 1, c_out: 64, pad: [25, 0], dilation: [5, 1], stride: [1, 1], ..base },
+        ),
+        (
+            "HiFT's source branch: height 1, 30 taps at stride 15",
+            Conv2d { w: 600, h: 1, c_in: 18, kw: 30, kh: 1, c_out: 16, pad: [7, 0], stride: [15, 1], ..base },
+        ),
     ];
     for (what, conv) in cases {
         let want = conv.reference();
@@ -265,4 +274,104 @@ fn per_op_log_names_every_node_once() {
     assert!(ops.iter().all(|(_, count, _)| *count == 1), "a node counted twice: {ops:?}");
     let sum: f64 = ops.iter().map(|(_, _, t)| t).sum();
     assert!((sum - total).abs() <= 1e-3 * ops.len() as f64, "lines sum to {sum} us, the total says {total}");
+}
+
+/// Snake's inputs: `x` `[t, c, n]` whose channels span the sine's argument
+/// ranges (scaled by 1, 30, 3000, 2·10⁴ and 10⁻³: the last but one beyond the
+/// vector sine's 8192, so its rows take `sinf`), and per channel `a` and
+/// `inv_b = 1/(a + 1e-9)`.
+fn snake_inputs(t: usize, n: usize) -> (Vec<f32>, Vec<f32>, Vec<f32>) {
+    const SCALES: [f32; 5] = [1.0, 30.0, 3000.0, 2e4, 1e-3];
+    let c = SCALES.len();
+    let x: Vec<f32> = values(t * c * n, 11).iter().enumerate().map(|(i, v)| v * SCALES[i / t % c]).collect();
+    let a: Vec<f32> = values(c, 12).iter().map(|v| 0.2 + 2.0 * v.abs()).collect();
+    let inv_b = a.iter().map(|a| 1.0 / (a + 1e-9)).collect();
+    (x, a, inv_b)
+}
+
+/// The definition: `x + inv_b · sin²(a·x)`, the product `a·x` rounded to f32
+/// as the graph computes it, the rest in f64.
+fn snake_reference(t: usize, n: usize) -> Vec<f32> {
+    let (x, a, inv_b) = snake_inputs(t, n);
+    let c = a.len();
+    x.iter()
+        .enumerate()
+        .map(|(i, &x)| {
+            let ch = i / t % c;
+            let s = ((x * a[ch]) as f64).sin();
+            (x as f64 + inv_b[ch] as f64 * s * s) as f32
+        })
+        .collect()
+}
+
+/// Snake as HiFT builds it (MUL, SIN, SQR, MUL, ADD) on `[t, 5, n]`, over 2
+/// workers; with `also_sine`, the SIN node is read outside the chain too
+/// (the output adds it), which must keep the five nodes apart.
+fn snake_graph(t: usize, n: usize, also_sine: bool) -> Vec<f32> {
+    let cpu = open_device("cpu", vec![("threads", OptionValue::Int(2))]);
+    let (xs, a_values, inv_b_values) = snake_inputs(t, n);
+    let c = a_values.len() as i64;
+    run_graph(&cpu, |ctx| {
+        let x = ctx.new_tensor(TYPE_F32, &[t as i64, c, n as i64]).unwrap();
+        let a = ctx.new_tensor(TYPE_F32, &[1, c]).unwrap();
+        let inv_b = ctx.new_tensor(TYPE_F32, &[1, c]).unwrap();
+        let sine = ctx.sin(ctx.mul(x, a).unwrap()).unwrap();
+        let y = ctx.add(x, ctx.mul(ctx.sqr(sine).unwrap(), inv_b).unwrap()).unwrap();
+        let out = if also_sine { ctx.add(y, sine).unwrap() } else { y };
+        (vec![(x, xs), (a, a_values), (inv_b, inv_b_values)], out)
+    })
+}
+
+/// Largest error of `got` against `want` in units of `|x| + inv_b` (the
+/// scale of each term), and whether every value is within `tolerance` of it.
+fn snake_error(got: &[f32], want: &[f32], t: usize, n: usize) -> f64 {
+    let (x, _, inv_b) = snake_inputs(t, n);
+    let c = inv_b.len();
+    got.iter().zip(want).enumerate().map(|(i, (g, w))| (*g as f64 - *w as f64).abs() / (x[i].abs() as f64 + inv_b[i / t % c] as f64)).fold(0.0, f64::max)
+}
+
+/// Patch 0008: Snake's five nodes run as one pass where they can (the log
+/// names one `FUSED5 MUL` per chain and no `SIN`), and not where the sine is
+/// read elsewhere; fused, unfused (`GGML_CPU_DISABLE_FUSION=1`) and the
+/// non-fusable chain all match the definition within 1e-6 of `|x| + inv_b`
+/// (f32 rounding; measured ~1e-7). Shapes: a row length that leaves a
+/// vector tail, rows longer than the 16 Ki values a worker takes at once,
+/// and a batch of two.
+#[test]
+fn snake_is_one_pass_and_matches_the_definition() {
+    const TEST: &str = "snake_is_one_pass_and_matches_the_definition";
+    const SHAPES: [(usize, usize); 3] = [(1003, 1), (40_000, 1), (77, 2)];
+    if common::in_child(CHILD_MARKER) {
+        for (t, n) in SHAPES {
+            let want = snake_reference(t, n);
+            for also_sine in [false, true] {
+                let got = snake_graph(t, n, also_sine);
+                let want: Vec<f32> = if also_sine {
+                    let (x, a, _) = snake_inputs(t, n);
+                    want.iter().enumerate().map(|(i, w)| w + (x[i] * a[i / t % a.len()]).sin()).collect()
+                } else {
+                    want.clone()
+                };
+                let err = snake_error(&got, &want, t, n);
+                println!("snake [{t}, 5, {n}], sine read elsewhere: {also_sine}: err {err:.2e} (tolerance 1e-6)");
+                assert!(err <= 1e-6, "snake [{t}, 5, {n}] (sine read elsewhere: {also_sine}): {err:e}");
+            }
+        }
+        return;
+    }
+    let blocks = |stderr: &str| {
+        timing_blocks(stderr).into_iter().map(|(ops, _)| ops.into_iter().map(|(name, count, _)| (name, count)).collect::<Vec<_>>()).collect::<Vec<_>>()
+    };
+    let fused = blocks(&common::run_as_child(CHILD_MARKER, TEST, &[("GGML_CPU_PERF_LOGGER", "1")], &["GGML_CPU_DISABLE_FUSION"]));
+    let unfused = blocks(&common::run_as_child(CHILD_MARKER, TEST, &[("GGML_CPU_PERF_LOGGER", "1"), ("GGML_CPU_DISABLE_FUSION", "1")], &[]));
+    assert_eq!(fused.len(), 2 * SHAPES.len(), "one log block per graph: {fused:?}");
+    for (i, ops) in fused.iter().enumerate() {
+        let has = |name: &str| ops.iter().any(|(n, _)| n == name);
+        if i % 2 == 0 {
+            assert!(has("FUSED5 MUL") && !has("SIN"), "graph {i}: Snake not fused: {ops:?}");
+        } else {
+            assert!(has("SIN") && !has("FUSED5 MUL"), "graph {i}: fused although the sine is read elsewhere: {ops:?}");
+        }
+    }
+    assert!(unfused.iter().all(|ops| ops.iter().any(|(n, _)| n == "SIN")), "GGML_CPU_DISABLE_FUSION=1 left a fusion: {unfused:?}");
 }

@@ -154,6 +154,33 @@ impl<'c, 'w> Builder<'c, 'w> {
         c.conv_2d(kernel, x, stride, pad)
     }
 
+    /// 1-D convolution along time in the time-first layout: `x` `[T, C_in]`
+    /// (T fastest; any row stride), kernel `[K, C_in, C_out]` (PyTorch's
+    /// `[C_out, C_in, K]` in ggml order), symmetric zero padding →
+    /// `[T_out, C_out]`, no bias. On the CPU with an F32 kernel, one direct
+    /// `CONV_2D` node of height 1 (patch 0005 gathers the taps of 64 outputs
+    /// in cache instead of writing every patch to memory, `K·C_in` times the
+    /// input); elsewhere, or where a deny rule forbids the node, im2col and a
+    /// product.
+    pub fn conv_1d(&self, kernel: Tensor<'c>, x: Tensor<'c>, stride: usize, pad: usize, dilation: usize) -> Result<Tensor<'c>> {
+        let c = self.ctx;
+        let on_cpu = self.device.is_none_or(|d| d.kind() == ggml_sys::DeviceKind::Cpu);
+        if on_cpu && kernel.ty() == ggml_sys::TYPE_F32 && self.policy.denial("CONV_2D").is_none() {
+            let [k, c_in, c_out, _] = kernel.ne();
+            let [t, x_channels, _, _] = x.ne();
+            let row = x.nb()[1];
+            // Height 1: the H stride is never followed, the channel stride is the row stride.
+            let image = c.view(x, &[t, 1, x_channels, 1], &[row, row, row * x_channels as usize], 0)?;
+            let kernel = c.reshape(kernel, &[k, 1, c_in, c_out])?;
+            let y = c.conv_2d_direct(kernel, image, [stride as i32, 1], [pad as i32, 0], [dilation as i32, 1])?;
+            if self.device.is_none_or(|dev| dev.supports_op(y)) {
+                let [t_out, _, _, _] = y.ne();
+                return c.reshape(y, &[t_out, c_out]);
+            }
+        }
+        c.conv_1d_time_first(kernel, x, stride as i32, pad as i32, dilation as i32)
+    }
+
     /// Transposed 1-D convolution, no padding, dilation 1: kernel `[K, Cout,
     /// Cin]`, input `[T, Cin]` → `[(T−1)·stride + K, Cout]`. The backend's
     /// `CONV_TRANSPOSE_1D`, or: one product gives every tap's contribution

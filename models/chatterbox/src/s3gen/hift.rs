@@ -6,8 +6,8 @@
 //! DFT bases derived at load ([`stft_bases`]); `source.rs` keeps FFT
 //! versions of them as the host reference.
 //!
-//! Layout: time-first `[frames, channels]` (ne0 = time), which is what ggml's
-//! im2col convolution and transposed convolution take.
+//! Layout: time-first `[frames, channels]` (ne0 = time), which is what the
+//! builder's 1-D convolution and ggml's transposed convolution take.
 
 use crate::hparams::HiftHparams;
 use engine_core::model_kit::{Builder, DerivedTensor};
@@ -102,7 +102,7 @@ fn stft<'c>(b: &Builder<'c, '_>, hp: &HiftHparams, x: Tensor<'c>) -> Result<Tens
     let len = x.ne()[0];
     let padded = ctx.pad_reflect_1d(ctx.reshape(x, &[len, 1])?, (n / 2) as i32, (n / 2) as i32)?;
     let basis = ctx.reshape(b.w(STFT_BASIS)?, &[n, 1, n + 2])?;
-    ctx.conv_1d_time_first(basis, padded, hp.hop as i32, 0, 1)
+    b.conv_1d(basis, padded, hp.hop, 0, 1)
 }
 
 /// The head on `conv_post` `[F, 2·bins]`: magnitude `min(e^x, 100)`, phase
@@ -184,44 +184,10 @@ fn channel_vec<'c>(b: &Builder<'c, '_>, name: &str) -> Result<Tensor<'c>> {
     b.ctx.reshape(w, &[1, w.ne()[0]])
 }
 
-/// The CPU's blocked F32 GEMM (tinyBLAS) takes a product only when its output
-/// rows (here: frames) come in fours and, on non-x86 SIMD, its patch rows
-/// (kernel × input channels) in whole vectors; anything else falls back to
-/// per-row dot products, several times slower. Convolutions are padded to both
-/// with zeros (extra frames at the end, extra input channels) and cropped.
-const FRAME_ALIGN: i64 = 4;
-const PATCH_ALIGN: i64 = 16;
-
+/// A convolution with `prefix.weight` and `prefix.bias` on time-first `x`.
 fn conv<'c>(b: &Builder<'c, '_>, x: Tensor<'c>, prefix: &str, stride: usize, pad: usize, dilation: usize) -> Result<Tensor<'c>> {
-    let ctx = b.ctx;
-    let mut w = b.w(&format!("{prefix}.weight"))?;
-    let mut x = x;
-    let [k, cin, _, _] = w.ne();
-    if (k * cin) % PATCH_ALIGN != 0 {
-        let step = PATCH_ALIGN / gcd(k, PATCH_ALIGN);
-        let extra = ((step - cin % step) % step) as i32;
-        w = ctx.pad_ext(w, [[0, 0], [0, extra], [0, 0], [0, 0]])?;
-        x = ctx.pad_ext(x, [[0, 0], [0, extra], [0, 0], [0, 0]])?;
-    }
-    let (s, p, d) = (stride as i64, pad as i64, dilation as i64);
-    let frames = (x.ne()[0] + 2 * p - d * (k - 1) - 1) / s + 1;
-    let extra = (FRAME_ALIGN - frames % FRAME_ALIGN) % FRAME_ALIGN;
-    if extra > 0 {
-        x = ctx.pad_ext(x, [[0, (extra * s) as i32], [0, 0], [0, 0], [0, 0]])?;
-    }
-    let mut y = ctx.conv_1d_time_first(w, x, stride as i32, pad as i32, dilation as i32)?;
-    if extra > 0 {
-        y = ctx.view(y, &[frames, y.ne()[1]], &[y.nb()[1]], 0)?;
-    }
-    ctx.add(y, channel_vec(b, &format!("{prefix}.bias"))?)
-}
-
-fn gcd(a: i64, b: i64) -> i64 {
-    if b == 0 {
-        a
-    } else {
-        gcd(b, a % b)
-    }
+    let y = b.conv_1d(b.w(&format!("{prefix}.weight"))?, x, stride, pad, dilation)?;
+    b.ctx.add(y, channel_vec(b, &format!("{prefix}.bias"))?)
 }
 
 /// ConvTranspose1d with padding (k − rate)/2: the full transposed convolution,
