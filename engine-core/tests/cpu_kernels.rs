@@ -375,3 +375,144 @@ fn snake_is_one_pass_and_matches_the_definition() {
     }
     assert!(unfused.iter().all(|ops| ops.iter().any(|(n, _)| n == "SIN")), "GGML_CPU_DISABLE_FUSION=1 left a fusion: {unfused:?}");
 }
+
+/// Which keys each query of an [`Attention`] sees.
+#[derive(Debug, Clone, Copy, PartialEq)]
+enum Visible {
+    /// Every key, no mask.
+    All,
+    /// Query i (the last n_q positions) sees keys up to its own position: a
+    /// decoding step over a cache, as T3's mask gives it.
+    Causal,
+    /// Keys beyond the first `n` hidden for every query (a cache's unused
+    /// tail), and query 0 sees none.
+    FirstAndRowHidden(usize),
+}
+
+/// One fused attention: `heads` query heads over `kv_heads` K/V heads
+/// (grouped when fewer), K/V in F32 or rounded to F16 inside the graph.
+#[derive(Debug, Clone, Copy)]
+struct Attention {
+    d: usize,
+    n_q: usize,
+    n_kv: usize,
+    heads: usize,
+    kv_heads: usize,
+    f16_kv: bool,
+    visible: Visible,
+}
+
+impl Attention {
+    fn inputs(&self) -> (Vec<f32>, Vec<f32>, Vec<f32>) {
+        let (q, k, v) = (self.d * self.n_q * self.heads, self.d * self.n_kv * self.kv_heads, self.d * self.n_kv * self.kv_heads);
+        // K scaled up so that the softmax is peaked, as trained attention is.
+        (values(q, 21), values(k, 22).iter().map(|x| 4.0 * x).collect(), values(v, 23))
+    }
+
+    fn scale(&self) -> f32 {
+        1.0 / (self.d as f32).sqrt()
+    }
+
+    fn sees(&self, i: usize, j: usize) -> bool {
+        match self.visible {
+            Visible::All => true,
+            Visible::Causal => j <= self.n_kv - self.n_q + i,
+            Visible::FirstAndRowHidden(n) => i != 0 && j < n,
+        }
+    }
+
+    /// The mask `[n_kv, n_q]`: 0 where a key is visible, -inf elsewhere.
+    fn mask(&self) -> Vec<f32> {
+        (0..self.n_q).flat_map(|i| (0..self.n_kv).map(move |j| (i, j))).map(|(i, j)| if self.sees(i, j) { 0.0 } else { f32::NEG_INFINITY }).collect()
+    }
+
+    /// The definition in f64 on the values the graph sees (F16-rounded K/V
+    /// where it rounds them): `[d, heads, n_q]`.
+    fn reference(&self) -> Vec<f32> {
+        let (q, k, v) = self.inputs();
+        let (k, v) = if self.f16_kv { (common::through_f16(&k), common::through_f16(&v)) } else { (k, v) };
+        let (d, group) = (self.d, self.heads / self.kv_heads);
+        let mut out = vec![0f32; d * self.heads * self.n_q];
+        for h in 0..self.heads {
+            let kh = h / group;
+            for i in 0..self.n_q {
+                let qi = &q[(h * self.n_q + i) * d..][..d];
+                let scores: Vec<f64> = (0..self.n_kv)
+                    .map(|j| match self.sees(i, j) {
+                        true => qi.iter().zip(&k[(kh * self.n_kv + j) * d..][..d]).map(|(a, b)| *a as f64 * *b as f64).sum::<f64>() * self.scale() as f64,
+                        false => f64::NEG_INFINITY,
+                    })
+                    .collect();
+                let max = scores.iter().cloned().fold(f64::NEG_INFINITY, f64::max);
+                if max == f64::NEG_INFINITY {
+                    continue; // no visible key: zeros
+                }
+                let weights: Vec<f64> = scores.iter().map(|s| (s - max).exp()).collect();
+                let sum: f64 = weights.iter().sum();
+                for c in 0..d {
+                    let acc: f64 = weights.iter().enumerate().map(|(j, w)| w * v[(kh * self.n_kv + j) * d + c] as f64).sum();
+                    out[(i * self.heads + h) * d + c] = (acc / sum) as f32;
+                }
+            }
+        }
+        out
+    }
+
+    fn run(&self, threads: i64) -> Vec<f32> {
+        let cpu = open_device("cpu", vec![("threads", OptionValue::Int(threads))]);
+        let (qv, kv, vv) = self.inputs();
+        let a = *self;
+        run_graph(&cpu, |ctx| {
+            let q = ctx.new_tensor(TYPE_F32, &[a.d as i64, a.n_q as i64, a.heads as i64]).unwrap();
+            let k = ctx.new_tensor(TYPE_F32, &[a.d as i64, a.n_kv as i64, a.kv_heads as i64]).unwrap();
+            let v = ctx.new_tensor(TYPE_F32, &[a.d as i64, a.n_kv as i64, a.kv_heads as i64]).unwrap();
+            let (kc, vc) = if a.f16_kv { (ctx.cast(k, ggml_sys::TYPE_F16).unwrap(), ctx.cast(v, ggml_sys::TYPE_F16).unwrap()) } else { (k, v) };
+            let mut inputs = vec![(q, qv), (k, kv), (v, vv)];
+            let mask = (a.visible != Visible::All).then(|| {
+                let m = ctx.new_tensor(TYPE_F32, &[a.n_kv as i64, a.n_q as i64]).unwrap();
+                inputs.push((m, a.mask()));
+                ctx.cast(m, ggml_sys::TYPE_F16).unwrap()
+            });
+            let y = ctx.flash_attn_ext(q, kc, vc, mask, a.scale()).unwrap();
+            (inputs, y)
+        })
+    }
+}
+
+/// Patches 0009 (unmasked attention of 16 or more queries in blocks of whole
+/// score rows) and 0010 (fewer than 16 queries, one row per job): the CFM's
+/// heads (d = 64, 8 heads), key counts that leave a remainder of the
+/// product's column tiles, enough keys that a job takes fewer query rows
+/// (2000: 30 rows a job), grouped K/V heads, F16 K/V; T3's decoding step
+/// (one query, 16 heads, F16 cache, a causal mask), a few queries with a
+/// hidden cache tail and a row that sees no key; and a masked attention of
+/// many queries (ggml's tiled path). 1 and 2 workers; tolerance 1e-5 of the
+/// largest output.
+#[test]
+fn attention_matches_the_definition() {
+    let _serial = one_at_a_time();
+    let base = Attention { d: 64, n_q: 200, n_kv: 300, heads: 8, kv_heads: 8, f16_kv: false, visible: Visible::All };
+    let cases = [
+        ("CFM-like: 8 heads of 64, 200 queries over 300 keys", base),
+        ("17 queries over 43 keys", Attention { n_q: 17, n_kv: 43, heads: 2, kv_heads: 2, ..base }),
+        ("2000 keys: 30 query rows a job, d = 80", Attention { d: 80, n_q: 100, n_kv: 2000, heads: 2, kv_heads: 2, ..base }),
+        ("4 query heads over 2 K/V heads", Attention { heads: 4, kv_heads: 2, n_q: 50, ..base }),
+        ("F16 K/V", Attention { f16_kv: true, heads: 2, kv_heads: 2, ..base }),
+        (
+            "T3's step: 1 query, 16 heads, F16 cache, causal",
+            Attention { n_q: 1, n_kv: 517, heads: 16, kv_heads: 16, f16_kv: true, visible: Visible::Causal, ..base },
+        ),
+        ("8 queries, unmasked", Attention { n_q: 8, heads: 2, kv_heads: 2, ..base }),
+        ("5 queries, cache tail hidden, a row with no key", Attention { n_q: 5, heads: 4, kv_heads: 2, visible: Visible::FirstAndRowHidden(250), ..base }),
+        ("40 queries, causal: ggml's tiled path", Attention { n_q: 40, n_kv: 90, heads: 2, kv_heads: 2, visible: Visible::Causal, ..base }),
+    ];
+    for (what, attention) in cases {
+        let want = attention.reference();
+        for threads in [1, 2] {
+            let got = attention.run(threads);
+            let err = engine_core::compare::max_rel_err(&got, &want).unwrap();
+            println!("flash_attn_ext, {what}, {threads} worker(s): rel err {err:.2e} (tolerance 1e-5)");
+            assert!(err <= 1e-5, "{what} ({threads} workers): {err:e}, {attention:?}");
+        }
+    }
+}
