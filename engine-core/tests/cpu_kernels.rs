@@ -480,14 +480,14 @@ impl Attention {
 }
 
 /// Patches 0009 (unmasked attention of 16 or more queries in blocks of whole
-/// score rows) and 0010 (fewer than 16 queries, one row per job): the CFM's
-/// heads (d = 64, 8 heads), key counts that leave a remainder of the
-/// product's column tiles, enough keys that a job takes fewer query rows
-/// (2000: 30 rows a job), grouped K/V heads, F16 K/V; T3's decoding step
-/// (one query, 16 heads, F16 cache, a causal mask), a few queries with a
-/// hidden cache tail and a row that sees no key; and a masked attention of
-/// many queries (ggml's tiled path). 1 and 2 workers; tolerance 1e-5 of the
-/// largest output.
+/// score rows) and 0010 (fewer than 16 queries, keys outside and a thread's
+/// heads inside): the CFM's heads (d = 64, 8 heads), key counts that leave a
+/// remainder of the product's column tiles, enough keys that a job takes
+/// fewer query rows (2000: 30 rows a job), grouped K/V heads, F16 K/V; T3's
+/// decoding step (one query, 16 heads, F16 cache, a causal mask), a few
+/// queries with a hidden cache tail and a row that sees no key; and what
+/// stays on ggml's paths (a masked attention of many queries; one head on two
+/// workers). 1 and 2 workers; tolerance 1e-5 of the largest output.
 #[test]
 fn attention_matches_the_definition() {
     let _serial = one_at_a_time();
@@ -503,6 +503,10 @@ fn attention_matches_the_definition() {
             Attention { n_q: 1, n_kv: 517, heads: 16, kv_heads: 16, f16_kv: true, visible: Visible::Causal, ..base },
         ),
         ("8 queries, unmasked", Attention { n_q: 8, heads: 2, kv_heads: 2, ..base }),
+        (
+            "1 query, 1 head, 600 keys: ggml's path (fewer heads than workers)",
+            Attention { n_q: 1, n_kv: 600, heads: 1, kv_heads: 1, visible: Visible::Causal, ..base },
+        ),
         ("5 queries, cache tail hidden, a row with no key", Attention { n_q: 5, heads: 4, kv_heads: 2, visible: Visible::FirstAndRowHidden(250), ..base }),
         ("40 queries, causal: ggml's tiled path", Attention { n_q: 40, n_kv: 90, heads: 2, kv_heads: 2, visible: Visible::Causal, ..base }),
     ];
